@@ -1,0 +1,126 @@
+#pragma once
+// Out-of-band bootstrap over a TCP control port: a computenode proves it holds the cluster
+// token, both sides exchange fabric addresses, the memnode sends its region descriptor and
+// region header. The connection stays open and carries heartbeats: it is how a computenode
+// learns within seconds that a memnode has gone away.
+#include <array>
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/fabric/transport.hpp"
+
+namespace dmhnsw::fabric {
+
+inline constexpr uint32_t kControlMagic = 0x43484D44;  // "DMHC" little-endian
+inline constexpr uint16_t kControlVersion = 1;
+
+/// Index mode carried in the hello and in the region header: 0 = none (any client).
+enum class Mode : uint8_t { None = 0, Shine = 1, Dhnsw = 2 };
+const char* mode_name(Mode m);
+Mode parse_mode(const std::string& s);  // "shine" | "dhnsw" | "none"; throws naming --mode
+
+/// Frame header of every control message. Pinned: it is the one thing every version shares.
+struct ControlFrame {
+  uint32_t magic;
+  uint16_t version;
+  uint16_t type;
+  uint32_t length;  // payload bytes that follow
+  uint32_t reserved;
+};
+static_assert(sizeof(ControlFrame) == 16);
+static_assert(offsetof(ControlFrame, version) == 4 && offsetof(ControlFrame, length) == 8);
+
+/// "host:port" → (host, port); throws naming `flag`.
+std::pair<std::string, uint16_t> parse_host_port(const std::string& s, const std::string& flag);
+/// The cluster token from `token_file` or, when empty, the DMHNSW_TOKEN variable ("" if neither).
+std::string load_token(const std::string& token_file);
+
+/// What the memnode tells a computenode at connect time.
+struct Welcome {
+  uint16_t memnode_id = 0;
+  Mode mode = Mode::None;
+  uint64_t region_base = 0;  // address of region byte 0 in the peer's RMA address space
+  uint64_t region_size = 0;
+  uint64_t region_key = 0;
+  std::vector<char> fabric_addr;
+  std::array<char, kHeaderBlobBytes> header{};
+};
+
+struct Hello {
+  Mode mode = Mode::None;
+  Provider provider = Provider::Shm;
+  uint32_t cn_id = 0;
+  std::string token;
+  std::vector<char> fabric_addr;
+};
+
+/// A computenode's open control connection to one memnode (client side).
+class ControlClient {
+ public:
+  /// Connects (3 s timeout), sends the hello, reads the welcome. Throws FabricError naming
+  /// the memnode and the mismatch when refused. `version` is overridable for tests only.
+  ControlClient(const std::string& host_port, uint16_t version = kControlVersion);
+  ~ControlClient();
+  ControlClient(const ControlClient&) = delete;
+  ControlClient& operator=(const ControlClient&) = delete;
+
+  /// The local IP address of this connection: the interface that reaches the memnode.
+  std::string local_ip() const;
+  Welcome handshake(const Hello& h);
+  const std::string& peer() const { return peer_; }
+  int fd() const { return fd_; }
+  /// Heartbeat: send a ping (non-blocking best effort). Returns false when the socket failed.
+  bool send_ping();
+  /// Reads pending frames after poll() said readable. Returns false on EOF or error.
+  bool drain(std::string& why);
+
+ private:
+  std::string peer_;
+  uint16_t version_;
+  int fd_ = -1;
+};
+
+/// Server side, run by the memnode: accepts computenodes, checks them, answers heartbeats.
+class ControlServer {
+ public:
+  struct Config {
+    std::string listen;  // host:port (port 0 = pick one)
+    std::string token;   // "" = no token: only loopback allowed
+    uint16_t memnode_id = 0;
+    Provider provider = Provider::Shm;
+    uint64_t region_base = 0, region_size = 0, region_key = 0;
+    std::vector<char> fabric_addr;
+    std::function<Mode()> mode;                                                 // current region mode
+    std::function<std::array<char, kHeaderBlobBytes>()> header;                 // current header bytes
+    std::function<void(uint32_t cn_id, const std::vector<char>& addr)> on_join;  // accepted computenode
+    std::function<void(uint32_t cn_id)> on_leave;
+  };
+  explicit ControlServer(Config c);
+  ~ControlServer();
+  /// The bound "host:port" (with the real port when 0 was asked).
+  std::string bound() const { return bound_; }
+  /// Serves until stop() (poll loop in the calling thread).
+  void run();
+  void stop() { stop_.store(true); }
+
+ private:
+  void accept_one();
+  bool serve(int fd);  // false: drop connection
+  Config c_;
+  int listen_fd_ = -1;
+  std::string bound_;
+  std::atomic<bool> stop_{false};
+  struct Client {
+    int fd;
+    uint32_t cn_id;
+    std::string from;
+  };
+  std::vector<Client> clients_;
+};
+
+}  // namespace dmhnsw::fabric

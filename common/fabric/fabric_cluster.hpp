@@ -1,0 +1,63 @@
+#pragma once
+// libfabric implementation of the transport: the compute side (connect_cluster) and the
+// memory side (RegionServer, which registers a region and drives target-side progress).
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/fabric/bootstrap.hpp"
+#include "common/fabric/transport.hpp"
+
+namespace dmhnsw::fabric {
+
+struct ClusterOptions {
+  Provider provider = Provider::Shm;
+  std::vector<std::string> memnodes;  // "host:port" control addresses
+  std::string token;
+  Mode mode = Mode::None;
+  uint32_t cn_id = 0;
+  uint16_t control_version = kControlVersion;  // tests only
+  int heartbeat_timeout_ms = 3000;             // a memnode silent this long is declared dead
+};
+
+/// Connects to every memnode (bootstrap + fabric address exchange) and starts the liveness
+/// monitor. Memnode ids must be exactly 0..N-1. Throws FabricError naming the memnode.
+std::shared_ptr<Cluster> connect_cluster(const ClusterOptions& opts);
+
+/// Memory side: a registered region served over one endpoint, plus message handling.
+class RegionServer {
+ public:
+  /// Handles one message from a computenode; `reply` sends an answer back to it.
+  using Handler = std::function<void(const Message& in, const std::function<void(const void*, size_t)>& reply)>;
+
+  RegionServer(Provider p, const std::string& listen_host, char* region, uint64_t size, uint16_t memnode_id);
+  ~RegionServer();
+  RegionServer(const RegionServer&) = delete;
+  RegionServer& operator=(const RegionServer&) = delete;
+
+  std::vector<char> fabric_address() const;
+  uint64_t remote_base() const;
+  uint64_t key() const;
+  std::string describe() const;
+
+  void add_client(uint32_t cn_id, const std::vector<char>& fabric_addr);
+  void remove_client(uint32_t cn_id);
+  void set_handler(Handler h);
+
+  /// Drives progress until `stop`: spins while work arrives, blocks on the completion
+  /// queue's wait object (with a short timeout) when idle.
+  void run(const std::atomic<bool>& stop);
+
+  struct Stats {
+    uint64_t spins = 0, waits = 0, messages = 0;
+  };
+  Stats stats() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace dmhnsw::fabric

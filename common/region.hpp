@@ -1,0 +1,75 @@
+#pragma once
+// The region header: the first page of every memory node's region, readable by any compute
+// node with one READ. Pinned by static_asserts; it crosses machines and files.
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <type_traits>
+
+#include "common/fabric/bootstrap.hpp"
+#include "common/fabric/transport.hpp"
+
+namespace dmhnsw {
+
+using fabric::Mode;
+
+inline constexpr uint64_t kRegionMagic = 0x47'5257'534E'484D'44;  // "DMHNSWRG" little-endian
+inline constexpr uint32_t kRegionFormatVersion = 1;
+inline constexpr uint64_t kHeaderPageBytes = 4096;
+inline constexpr uint64_t kMinRegionBytes = 1u << 20;
+
+enum class ElemType : uint8_t { F32 = 0, U8 = 1, I8 = 2 };
+enum class MetricCode : uint8_t { L2 = 0, IP = 1 };
+
+struct RegionHeader {
+  uint64_t magic;
+  uint32_t version;
+  uint8_t mode;       // fabric::Mode
+  uint8_t metric;     // MetricCode
+  uint8_t elem_type;  // ElemType
+  uint8_t reserved0;
+  uint32_t dim;
+  uint16_t memnode_id;
+  uint16_t memnode_count;
+  uint64_t region_size;
+  uint64_t epoch;
+  uint64_t scratch_offset;  // area for self-tests and benchmarks
+  uint64_t scratch_size;
+  uint64_t data_offset;     // first byte of the mode's data area
+  uint64_t reserved1[8];
+  // Mode-specific words at fixed 8-byte-aligned offsets (index into mode_words).
+  uint64_t mode_words[48];
+};
+static_assert(std::is_trivially_copyable_v<RegionHeader> && std::is_standard_layout_v<RegionHeader>);
+static_assert(sizeof(RegionHeader) == fabric::kHeaderBlobBytes);
+static_assert(offsetof(RegionHeader, version) == 8);
+static_assert(offsetof(RegionHeader, mode) == 12);
+static_assert(offsetof(RegionHeader, dim) == 16);
+static_assert(offsetof(RegionHeader, memnode_id) == 20);
+static_assert(offsetof(RegionHeader, region_size) == 24);
+static_assert(offsetof(RegionHeader, epoch) == 32);
+static_assert(offsetof(RegionHeader, scratch_offset) == 40);
+static_assert(offsetof(RegionHeader, data_offset) == 56);
+static_assert(offsetof(RegionHeader, mode_words) == 128);
+
+/// SHINE mode words (indexes into mode_words). The bump pointer is the FETCH_ADD target.
+namespace shine_word {
+inline constexpr size_t kBump = 0, kEntryPoint = 1, kMaxLevel = 2, kM = 3, kEfConstruction = 4, kNodeCount = 5,
+                        kEntryLock = 6;
+}
+/// d-HNSW mode words.
+namespace dhnsw_word {
+inline constexpr size_t kMetadataOffset = 0, kMetadataSize = 1;
+}
+/// Byte offset of a mode word inside the region (for one-sided atomics on it).
+constexpr uint64_t mode_word_offset(size_t i) { return offsetof(RegionHeader, mode_words) + 8 * i; }
+
+/// Fills a fresh header for a region of `size` bytes (mode None; scratch then data area).
+RegionHeader make_region_header(uint16_t memnode_id, uint64_t size);
+/// Checks magic, version and internal bounds; throws std::runtime_error naming `what`.
+void validate_region_header(const RegionHeader& h, const std::string& what);
+RegionHeader header_from_blob(const std::array<char, fabric::kHeaderBlobBytes>& blob, const std::string& what);
+std::string describe(const RegionHeader& h);
+
+}  // namespace dmhnsw

@@ -1,0 +1,61 @@
+#include "memory/region_memory.hpp"
+
+#include <numa.h>
+#include <spdlog/spdlog.h>
+#include <sys/mman.h>
+
+#include <cerrno>
+#include <cstring>
+#include <stdexcept>
+
+#include "common/units.hpp"
+
+namespace dmhnsw::memory {
+
+namespace {
+constexpr uint64_t kHugePage = 2u << 20;
+}
+
+RegionMemory::RegionMemory(uint64_t bytes, bool hugepages, int numa_node) : size_(bytes), numa_node_(numa_node) {
+  if (numa_node >= 0) {
+    if (numa_available() < 0)
+      throw std::runtime_error("--numa-node " + std::to_string(numa_node) + ": this kernel has no NUMA support");
+    if (numa_node > numa_max_node())
+      throw std::runtime_error("--numa-node " + std::to_string(numa_node) + ": this machine has NUMA nodes 0.." +
+                               std::to_string(numa_max_node()));
+  }
+  void* p = MAP_FAILED;
+  if (hugepages) {
+    mapped_ = (bytes + kHugePage - 1) / kHugePage * kHugePage;
+    p = ::mmap(nullptr, mapped_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_HUGETLB, -1, 0);
+    if (p == MAP_FAILED)
+      spdlog::warn("--hugepages: cannot map {} on 2 MiB hugepages ({}); falling back to normal pages "
+                   "(reserve some with: echo N > /proc/sys/vm/nr_hugepages)",
+                   format_bytes(mapped_), std::strerror(errno));
+    else
+      huge_ = true;
+  }
+  if (p == MAP_FAILED) {
+    mapped_ = (bytes + 4095) / 4096 * 4096;
+    p = ::mmap(nullptr, mapped_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED)
+      throw std::runtime_error("--region " + format_bytes(bytes) + ": cannot map the region: " + std::strerror(errno));
+    if (hugepages) ::madvise(p, mapped_, MADV_HUGEPAGE);  // transparent hugepages, best effort
+  }
+  data_ = static_cast<char*>(p);
+  if (numa_node >= 0) {
+    numa_tonode_memory(data_, mapped_, numa_node);
+    spdlog::info("region bound to NUMA node {}", numa_node);
+  }
+}
+
+RegionMemory::~RegionMemory() {
+  if (data_ != nullptr) ::munmap(data_, mapped_);
+}
+
+std::string RegionMemory::describe() const {
+  return format_bytes(size_) + (huge_ ? " on 2 MiB hugepages" : " on normal pages") +
+         (numa_node_ >= 0 ? ", NUMA node " + std::to_string(numa_node_) : std::string());
+}
+
+}  // namespace dmhnsw::memory

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Installs every build and run dependency of dmhnsw from Debian packages.
+# Idempotent: does nothing when all packages are present. Needs root (or sudo).
+set -euo pipefail
+
+PKGS=(
+  build-essential cmake ninja-build pkg-config
+  libfabric-dev libfabric1 libibverbs-dev librdmacm-dev rdma-core ibverbs-utils
+  libhnswlib-dev libfaiss-dev libopenblas-dev liblapack-dev
+  libspdlog-dev libfmt-dev libcli11-dev catch2 libnuma-dev nlohmann-json3-dev
+  python3-numpy python3-matplotlib iproute2 procps
+)
+
+missing=()
+for p in "${PKGS[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+
+if ((${#missing[@]} == 0)); then
+  echo "install-deps: all ${#PKGS[@]} packages present"
+  exit 0
+fi
+
+SUDO=""
+if [[ $(id -u) -ne 0 ]]; then
+  command -v sudo >/dev/null || { echo "install-deps: need root or sudo to install: ${missing[*]}" >&2; exit 1; }
+  SUDO=sudo
+fi
+
+echo "install-deps: installing ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+# Refresh the package lists when they are missing or older than a day.
+if [[ -z $(find /var/lib/apt/lists -maxdepth 1 -name '*Packages*' -mmin -1440 2>/dev/null | head -1) ]]; then
+  $SUDO apt-get update -q
+fi
+$SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
