@@ -33,6 +33,7 @@ void print_headers(const fabric::Cluster& c) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);  // progress lines reach logs and pipes at once
   CLI::App app{"dmhnsw computenode: builds and searches HNSW indexes held by memnodes, over one-sided "
                "remote memory operations.\nWithout a subcommand it connects to every memnode and prints their "
                "region headers."};

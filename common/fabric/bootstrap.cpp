@@ -108,9 +108,8 @@ void read_all(int fd, void* data, size_t n, const std::string& peer) {
 
 void send_frame(int fd, uint16_t version, uint16_t type, const std::vector<char>& payload, const std::string& peer) {
   ControlFrame f{kControlMagic, version, type, static_cast<uint32_t>(payload.size()), 0};
-  std::vector<char> out(sizeof f + payload.size());
-  std::memcpy(out.data(), &f, sizeof f);
-  if (!payload.empty()) std::memcpy(out.data() + sizeof f, payload.data(), payload.size());
+  std::vector<char> out(reinterpret_cast<const char*>(&f), reinterpret_cast<const char*>(&f) + sizeof f);
+  out.insert(out.end(), payload.begin(), payload.end());
   write_all(fd, out.data(), out.size(), peer);
 }
 

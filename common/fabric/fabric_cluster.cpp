@@ -2,6 +2,7 @@
 #include "common/fabric/fabric_cluster.hpp"
 
 #include <poll.h>
+#include <sched.h>
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
@@ -77,6 +78,7 @@ class FabricEndpoint final : public Endpoint {
   std::vector<OpCtx*> free_;
   size_t in_flight_ = 0;
   uint64_t seen_deaths_ = 0;
+  uint64_t empty_polls_ = 0;
   std::deque<Message> inbox_;
   std::vector<Buffer> msg_bufs_;
   std::vector<char> my_name_;  // this endpoint's fabric address, carried by its messages
@@ -92,6 +94,8 @@ class FabricCluster final : public Cluster, public std::enable_shared_from_this<
 
   void connect() {
     if (opts_.memnodes.empty()) throw FabricError("--memnodes: no memory node given");
+    // Fail at start, before any connection, when the provider cannot work on this machine.
+    if (opts_.provider == Provider::Verbs) lf::Domain::open(Provider::Verbs, "");
     std::vector<std::unique_ptr<PeerState>> peers;
     for (const auto& hp : opts_.memnodes) {
       auto cc = std::make_unique<ControlClient>(hp, opts_.control_version);
@@ -430,6 +434,9 @@ size_t FabricEndpoint::fail_dead(std::span<Completion> out) {
 
 size_t FabricEndpoint::poll_impl(std::span<Completion> out) {
   size_t n = read_cq(out);
+  // On hosts with fewer cores than spinning processes (memnodes serve shm and tcp with
+  // their CPU), give the core away now and then while waiting.
+  if (n == 0 && ++empty_polls_ % 256 == 0) sched_yield();
   uint64_t deaths = cluster_->deaths();
   if (deaths != seen_deaths_ && n < out.size()) {
     size_t m = fail_dead(out.subspan(n));
@@ -676,7 +683,7 @@ void RegionServer::run(const std::atomic<bool>& stop) {
         }
       }
       if (!m.outbox.empty() || now - last_work < spin_window) {
-        ++m.spins;
+        if (++m.spins % 64 == 0) sched_yield();  // share the core with local computenodes
         continue;
       }
       ++m.waits;

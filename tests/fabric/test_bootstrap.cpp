@@ -1,0 +1,106 @@
+// The bootstrap protocol over real TCP sockets on loopback: acceptance and every refusal.
+#include <catch2/catch.hpp>
+
+#include <thread>
+
+#include "common/fabric/bootstrap.hpp"
+
+using namespace dmhnsw::fabric;
+
+namespace {
+struct Server {
+  std::vector<std::string> joined;
+  std::unique_ptr<ControlServer> srv;
+  std::thread th;
+  Server(const std::string& token, Mode mode, const std::string& listen = "127.0.0.1:0") {
+    ControlServer::Config c;
+    c.listen = listen;
+    c.token = token;
+    c.memnode_id = 4;
+    c.provider = Provider::Tcp;
+    c.region_base = 0x1000;
+    c.region_size = 1 << 20;
+    c.region_key = 77;
+    c.fabric_addr = {'a', 'b', 'c'};
+    c.mode = [mode] { return mode; };
+    c.header = [] {
+      std::array<char, kHeaderBlobBytes> h{};
+      h[0] = 'H';
+      return h;
+    };
+    c.on_join = [this](uint32_t cn, const std::vector<char>&) { joined.push_back(std::to_string(cn)); };
+    srv = std::make_unique<ControlServer>(c);
+    th = std::thread([this] { srv->run(); });
+  }
+  ~Server() {
+    srv->stop();
+    th.join();
+  }
+};
+
+Hello hello(const std::string& token, Mode mode = Mode::Shine, Provider p = Provider::Tcp) {
+  Hello h;
+  h.mode = mode;
+  h.provider = p;
+  h.cn_id = 9;
+  h.token = token;
+  h.fabric_addr = {'x'};
+  return h;
+}
+}  // namespace
+
+TEST_CASE("bootstrap: a computenode with the right token gets the region descriptor", "[bootstrap]") {
+  Server s("s3cret", Mode::None);
+  ControlClient c(s.srv->bound());
+  Welcome w = c.handshake(hello("s3cret"));
+  CHECK(w.memnode_id == 4);
+  CHECK(w.region_base == 0x1000);
+  CHECK(w.region_size == 1 << 20);
+  CHECK(w.region_key == 77);
+  CHECK(w.fabric_addr == std::vector<char>{'a', 'b', 'c'});
+  CHECK(w.header[0] == 'H');
+  CHECK(c.local_ip() == "127.0.0.1");
+  CHECK(c.send_ping());
+}
+
+TEST_CASE("bootstrap: a wrong token is refused with a message naming the token", "[bootstrap]") {
+  Server s("s3cret", Mode::None);
+  ControlClient c(s.srv->bound());
+  CHECK_THROWS_WITH(c.handshake(hello("guess")), Catch::Contains("refused") && Catch::Contains("wrong cluster token"));
+  ControlClient c2(s.srv->bound());
+  CHECK_THROWS_WITH(c2.handshake(hello("")), Catch::Contains("wrong cluster token"));
+}
+
+TEST_CASE("bootstrap: a wrong protocol version is refused naming both versions", "[bootstrap]") {
+  Server s("", Mode::None);
+  ControlClient c(s.srv->bound(), kControlVersion + 1);
+  CHECK_THROWS_WITH(c.handshake(hello("")), Catch::Contains("version mismatch") &&
+                                                Catch::Contains("v" + std::to_string(kControlVersion)) &&
+                                                Catch::Contains("v" + std::to_string(kControlVersion + 1)));
+}
+
+TEST_CASE("bootstrap: a wrong mode or provider is refused naming both", "[bootstrap]") {
+  Server s("", Mode::Dhnsw);
+  ControlClient c(s.srv->bound());
+  CHECK_THROWS_WITH(c.handshake(hello("", Mode::Shine)),
+                    Catch::Contains("mode mismatch") && Catch::Contains("dhnsw") && Catch::Contains("shine"));
+  ControlClient c2(s.srv->bound());
+  CHECK_THROWS_WITH(c2.handshake(hello("", Mode::Dhnsw, Provider::Shm)),
+                    Catch::Contains("provider mismatch") && Catch::Contains("tcp") && Catch::Contains("shm"));
+  ControlClient c3(s.srv->bound());
+  CHECK_NOTHROW(c3.handshake(hello("", Mode::None)));  // selftests connect to any mode
+}
+
+TEST_CASE("bootstrap: without a token the control port is bound to loopback only", "[bootstrap]") {
+  Server s("", Mode::None, "0.0.0.0:0");
+  CHECK(s.srv->bound().rfind("127.0.0.1:", 0) == 0);
+}
+
+TEST_CASE("bootstrap: helpers parse addresses and name the flag", "[bootstrap]") {
+  CHECK(parse_host_port("10.0.0.1:7000", "--listen") == std::pair<std::string, uint16_t>{"10.0.0.1", 7000});
+  CHECK_THROWS_WITH(parse_host_port("nohost", "--memnodes"), Catch::Contains("--memnodes"));
+  CHECK_THROWS_WITH(parse_host_port("h:99999", "--listen"), Catch::Contains("--listen"));
+  CHECK_THROWS_WITH(ControlClient("127.0.0.1:1"), Catch::Contains("127.0.0.1:1"));
+  CHECK_THROWS_WITH(parse_provider("ib"), Catch::Contains("--provider"));
+  CHECK_THROWS_WITH(load_token("/nonexistent/token"), Catch::Contains("--token-file") && Catch::Contains("/nonexistent/token"));
+}

@@ -1,0 +1,148 @@
+#pragma once
+// Real processes for integration tests: spawn, wait with a deadline, kill; memnodes started
+// on a free port with their address read from --ready-file. No sleeps to wait for peers:
+// readiness is a file the memnode writes once it serves.
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace dmhnsw::testing {
+
+inline std::string bin(const std::string& name) { return std::string(DMHNSW_BIN_DIR) + "/" + name; }
+
+inline std::string slurp(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+/// A scratch directory removed at the end of the test.
+struct TempDir {
+  std::filesystem::path path;
+  TempDir() {
+    char tmpl[] = "/tmp/dmhnsw-test-XXXXXX";
+    path = ::mkdtemp(tmpl);
+  }
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path, ec);
+  }
+  std::string file(const std::string& name) const { return (path / name).string(); }
+};
+
+class Proc {
+ public:
+  /// Starts argv[0] with the arguments; stdout and stderr go to `log`.
+  Proc(std::vector<std::string> argv, std::string log, std::vector<std::string> env = {})
+      : log_(std::move(log)), argv_(argv) {
+    pid_ = ::fork();
+    if (pid_ < 0) throw std::runtime_error("fork failed");
+    if (pid_ == 0) {
+      int fd = ::open(log_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      ::dup2(fd, 1);
+      ::dup2(fd, 2);
+      for (auto& e : env) ::putenv(const_cast<char*>(e.c_str()));
+      std::vector<char*> a;
+      for (auto& s : argv) a.push_back(const_cast<char*>(s.c_str()));
+      a.push_back(nullptr);
+      ::execvp(a[0], a.data());
+      std::perror("execvp");
+      ::_exit(127);
+    }
+  }
+  Proc(const Proc&) = delete;
+  ~Proc() {
+    if (running()) {
+      ::kill(pid_, SIGKILL);
+      ::waitpid(pid_, nullptr, 0);
+    }
+  }
+  bool running() {
+    if (done_) return false;
+    int st = 0;
+    pid_t r = ::waitpid(pid_, &st, WNOHANG);
+    if (r == pid_) {
+      done_ = true;
+      code_ = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+    }
+    return !done_;
+  }
+  /// Exit code, or -1 when still running after `timeout` (then it is killed).
+  int wait(std::chrono::milliseconds timeout) {
+    auto end = std::chrono::steady_clock::now() + timeout;
+    while (running()) {
+      if (std::chrono::steady_clock::now() > end) {
+        ::kill(pid_, SIGKILL);
+        ::waitpid(pid_, nullptr, 0);
+        done_ = true;
+        return -1;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));  // polling a child, not a peer
+    }
+    return code_;
+  }
+  void signal(int sig) { ::kill(pid_, sig); }
+  std::string output() const { return slurp(log_); }
+  pid_t pid() const { return pid_; }
+
+ private:
+  std::string log_;
+  std::vector<std::string> argv_;
+  pid_t pid_ = -1;
+  bool done_ = false;
+  int code_ = -1;
+};
+
+/// A memnode on a free port. `prefix` runs it inside something (e.g. "ip netns exec NS").
+struct Memnode {
+  std::unique_ptr<Proc> proc;
+  std::string address;
+  Memnode(const TempDir& dir, int id, const std::string& provider, const std::string& listen = "127.0.0.1:0",
+          std::vector<std::string> extra = {}, std::vector<std::string> prefix = {},
+          std::vector<std::string> env = {}) {
+    std::string ready = dir.file("memnode" + std::to_string(id) + ".ready");
+    std::vector<std::string> argv = prefix;
+    for (auto s : {bin("memnode"), std::string("--listen"), listen, std::string("--id"), std::to_string(id),
+                   std::string("--provider"), provider, std::string("--region"), std::string("128MiB"),
+                   std::string("--ready-file"), ready})
+      argv.push_back(s);
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    proc = std::make_unique<Proc>(argv, dir.file("memnode" + std::to_string(id) + ".log"), env);
+    auto end = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    while (!std::filesystem::exists(ready)) {
+      if (!proc->running())
+        throw std::runtime_error("memnode " + std::to_string(id) + " exited at start: " + proc->output());
+      if (std::chrono::steady_clock::now() > end)
+        throw std::runtime_error("memnode " + std::to_string(id) + " not ready in 20 s: " + proc->output());
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    std::ifstream(ready) >> address;
+  }
+};
+
+struct RunResult {
+  int code;
+  std::string output;
+};
+
+inline RunResult run(std::vector<std::string> argv, const TempDir& dir, const std::string& name,
+                     std::chrono::milliseconds timeout = std::chrono::seconds(120),
+                     std::vector<std::string> env = {}) {
+  Proc p(std::move(argv), dir.file(name + ".log"), env);
+  int code = p.wait(timeout);
+  return {code, p.output()};
+}
+
+}  // namespace dmhnsw::testing

@@ -1,0 +1,185 @@
+// fabric-bench: one-sided operation latency and throughput against a live memnode, in the
+// spirit of perftest's ib_read_lat / ib_read_bw. Prints a table and writes a JSON file.
+#include <spdlog/spdlog.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <bit>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "common/fabric/fabric_cluster.hpp"
+#include "common/region.hpp"
+#include "common/units.hpp"
+
+using namespace dmhnsw;
+using fabric::Completion;
+using fabric::Op;
+using fabric::Status;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+struct Bench {
+  fabric::Endpoint& ep;
+  RemotePtr base;      // start of the scratch area
+  uint64_t span;       // scratch bytes usable
+  double seconds;      // time budget per measurement
+
+  static double us(Clock::duration d) { return std::chrono::duration<double, std::micro>(d).count(); }
+
+  void drain(size_t n) {
+    std::array<Completion, 64> out;
+    size_t got = 0;
+    while (got < n) {
+      size_t k = ep.poll(out);
+      for (size_t i = 0; i < k; ++i)
+        if (out[i].status != Status::Ok) throw fabric::FabricError(ep.describe(out[i]));
+      got += k;
+    }
+  }
+
+  // Serial operations, one at a time: latency percentiles.
+  nlohmann::json latency(fabric::OpKind kind, size_t size, size_t max_iters) {
+    fabric::Buffer buf = ep.alloc(std::max<size_t>(size, 8));
+    std::vector<double> lat;
+    auto end = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
+    for (size_t i = 0; i < max_iters + 10 && Clock::now() < end; ++i) {
+      Op op = kind == fabric::OpKind::Read ? Op::read(base, buf.data(), size, i)
+                                           : Op::fetch_add(base, 1, buf.as<uint64_t>(), i);
+      auto t0 = Clock::now();
+      if (ep.post(op) != Status::Ok) throw fabric::FabricError("post failed");
+      drain(1);
+      if (i >= 10) lat.push_back(us(Clock::now() - t0));  // first 10 are warm-up
+    }
+    std::sort(lat.begin(), lat.end());
+    auto pct = [&](double p) { return lat.empty() ? 0.0 : lat[std::min(lat.size() - 1, size_t(p * lat.size()))]; };
+    return {{"op", fabric::op_name(kind)}, {"bytes", size}, {"iters", lat.size()},
+            {"p50_us", pct(0.50)}, {"p99_us", pct(0.99)}, {"min_us", lat.empty() ? 0.0 : lat.front()}};
+  }
+
+  // `depth` reads of `size` kept in flight (or posted as doorbell batches of `batch`).
+  nlohmann::json throughput(size_t size, size_t depth, size_t batch) {
+    std::vector<fabric::Buffer> bufs;
+    for (size_t i = 0; i < depth; ++i) bufs.push_back(ep.alloc(size));
+    uint64_t slots = std::max<uint64_t>(1, span / size);
+    uint64_t done = 0, posted = 0;
+    auto t0 = Clock::now();
+    auto end = t0 + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
+    std::array<Completion, 64> out;
+    std::vector<size_t> free_slots;
+    for (size_t i = 0; i < depth; ++i) free_slots.push_back(i);
+    std::vector<Op> ops;
+    uint64_t doorbells0 = ep.counters().doorbells;
+    while (Clock::now() < end) {
+      // Post whenever a whole batch of buffers is free.
+      while (free_slots.size() >= batch) {
+        ops.clear();
+        for (size_t j = 0; j < batch; ++j) {
+          size_t b = free_slots.back();
+          free_slots.pop_back();
+          ops.push_back(Op::read(base + (posted % slots) * size, bufs[b].data(), size, b));
+          ++posted;
+        }
+        if (ep.post(ops) != Status::Ok) throw fabric::FabricError("post failed");
+      }
+      size_t k = ep.poll(out);
+      for (size_t i = 0; i < k; ++i) {
+        if (out[i].status != Status::Ok) throw fabric::FabricError(ep.describe(out[i]));
+        free_slots.push_back(out[i].tag);
+      }
+      done += k;
+    }
+    drain(posted - done);
+    double secs = std::chrono::duration<double>(Clock::now() - t0).count();
+    double ops_s = static_cast<double>(posted) / secs;
+    return {{"bytes", size}, {"in_flight", depth}, {"batch", batch}, {"ops", posted},
+            {"doorbells", ep.counters().doorbells - doorbells0}, {"mops", ops_s / 1e6},
+            {"gbytes_per_s", ops_s * static_cast<double>(size) / 1e9}};
+  }
+};
+
+std::vector<std::string> split_commas(const std::string& s) {
+  std::vector<std::string> out;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ','))
+    if (!item.empty()) out.push_back(item);
+  return out;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"fabric-bench: READ latency (64 B .. 4 MiB), READ throughput with 1, 8 and 32 in flight and "
+               "with doorbell batches, and fetch_add latency, against the scratch area of a live memnode"};
+  std::string memnodes, provider = "shm", token_file, json_out, max_size = "4MiB";
+  double seconds = 0.5;
+  size_t iters = 20000;
+  uint32_t cn_id = 0;
+  app.add_option("--memnodes", memnodes, "HOST:PORT of the memnode(s); the first one is measured")->required();
+  app.add_option("--provider", provider, "shm, tcp or verbs")->capture_default_str()->check(CLI::IsMember({"shm", "tcp", "verbs"}));
+  app.add_option("--token-file", token_file, "file holding the cluster token (else DMHNSW_TOKEN)");
+  app.add_option("--json", json_out, "write the results to this JSON file");
+  app.add_option("--seconds", seconds, "time budget of each measurement")->capture_default_str();
+  app.add_option("--iters", iters, "max serial operations per latency point")->capture_default_str();
+  app.add_option("--max-size", max_size, "largest READ size of the latency sweep")->capture_default_str();
+  app.add_option("--cn-id", cn_id, "computenode id used to connect")->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
+  spdlog::set_pattern("[%H:%M:%S.%e] [fabric-bench] [%l] %v");
+  try {
+    fabric::ClusterOptions co;
+    co.provider = fabric::parse_provider(provider);
+    co.memnodes = split_commas(memnodes);
+    co.token = fabric::load_token(token_file);
+    co.cn_id = cn_id;
+    auto cluster = fabric::connect_cluster(co);
+    const auto& mn = cluster->memnodes().front();
+    RegionHeader h = header_from_blob(mn.header, "memnode " + mn.address);
+    uint64_t top = std::min<uint64_t>(parse_bytes(max_size, "--max-size"), h.scratch_size);
+    auto ep = cluster->make_endpoint(std::max<uint64_t>(64u << 20, 40 * std::min<uint64_t>(top, 4u << 20)));
+    Bench b{*ep, RemotePtr(mn.id, h.scratch_offset), h.scratch_size, seconds};
+
+    nlohmann::json report;
+    report["provider"] = provider;
+    report["memnode"] = mn.address;
+    std::printf("fabric-bench: provider %s, memnode %u (%s), scratch %s\n\n", provider.c_str(), mn.id,
+                mn.address.c_str(), format_bytes(h.scratch_size).c_str());
+
+    std::printf("%-12s %10s %10s %10s %8s\n", "READ size", "p50 us", "p99 us", "min us", "iters");
+    for (uint64_t s = 64; s <= top; s *= 2) {
+      if (s != 512 && (std::bit_width(s) - std::bit_width(64u)) % 2 != 0) continue;  // 64,256,512,1K,4K,...
+      auto r = b.latency(fabric::OpKind::Read, s, s >= (1u << 20) ? iters / 20 : iters);
+      std::printf("%-12s %10.2f %10.2f %10.2f %8zu\n", format_bytes(s).c_str(), r["p50_us"].get<double>(),
+                  r["p99_us"].get<double>(), r["min_us"].get<double>(), r["iters"].get<size_t>());
+      report["read_latency"].push_back(r);
+    }
+    auto fa = b.latency(fabric::OpKind::FetchAdd, 8, iters);
+    std::printf("%-12s %10.2f %10.2f %10.2f %8zu\n\n", "FETCH_ADD", fa["p50_us"].get<double>(),
+                fa["p99_us"].get<double>(), fa["min_us"].get<double>(), fa["iters"].get<size_t>());
+    report["fetch_add_latency"] = fa;
+
+    std::printf("%-12s %9s %6s %10s %10s %10s\n", "READ size", "in flight", "batch", "Mops/s", "GB/s", "doorbells");
+    for (uint64_t s : {uint64_t{512}, uint64_t{4096}, uint64_t{64} << 10, uint64_t{1} << 20}) {
+      if (s > top) continue;
+      for (auto [depth, batch] : {std::pair<size_t, size_t>{1, 1}, {8, 1}, {32, 1}, {8, 8}, {32, 32}}) {
+        auto r = b.throughput(s, depth, batch);
+        std::printf("%-12s %9zu %6zu %10.3f %10.3f %10llu\n", format_bytes(s).c_str(), depth, batch,
+                    r["mops"].get<double>(), r["gbytes_per_s"].get<double>(),
+                    static_cast<unsigned long long>(r["doorbells"].get<uint64_t>()));
+        report["read_throughput"].push_back(r);
+      }
+    }
+    if (!json_out.empty()) {
+      std::ofstream(json_out) << report.dump(2) << "\n";
+      std::printf("\nwrote %s\n", json_out.c_str());
+    }
+    return 0;
+  } catch (const std::exception& e) {
+    spdlog::error("{}", e.what());
+    return 1;
+  }
+}
