@@ -100,7 +100,8 @@ int main(int argc, char** argv) {
     ctl.join();
     progress.join();
     auto st = server.stats();
-    spdlog::info("stopped (progress loop: {} spins, {} waits, {} messages)", st.spins, st.waits, st.messages);
+    spdlog::info("stopped (progress loop: {} spins, {} waits, {} messages, {} one-sided operations counted)", st.spins,
+                 st.waits, st.messages, st.remote_ops);
     return 0;
   } catch (const std::exception& e) {
     spdlog::error("{}", e.what());

@@ -27,7 +27,8 @@ RegionMemory::RegionMemory(uint64_t bytes, bool hugepages, int numa_node) : size
   void* p = MAP_FAILED;
   if (hugepages) {
     mapped_ = (bytes + kHugePage - 1) / kHugePage * kHugePage;
-    p = ::mmap(nullptr, mapped_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_HUGETLB, -1, 0);
+    p = ::mmap(nullptr, mapped_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_HUGETLB | MAP_POPULATE, -1,
+               0);
     if (p == MAP_FAILED)
       spdlog::warn("--hugepages: cannot map {} on 2 MiB hugepages ({}); falling back to normal pages "
                    "(reserve some with: echo N > /proc/sys/vm/nr_hugepages)",
@@ -37,7 +38,8 @@ RegionMemory::RegionMemory(uint64_t bytes, bool hugepages, int numa_node) : size
   }
   if (p == MAP_FAILED) {
     mapped_ = (bytes + 4095) / 4096 * 4096;
-    p = ::mmap(nullptr, mapped_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    // Populated up front, as RDMA registration pins it: no page faults on the data path.
+    p = ::mmap(nullptr, mapped_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
     if (p == MAP_FAILED)
       throw std::runtime_error("--region " + format_bytes(bytes) + ": cannot map the region: " + std::strerror(errno));
     if (hugepages) ::madvise(p, mapped_, MADV_HUGEPAGE);  // transparent hugepages, best effort

@@ -149,12 +149,14 @@ int main(int argc, char** argv) {
     std::printf("fabric-bench: provider %s, memnode %u (%s), scratch %s\n\n", provider.c_str(), mn.id,
                 mn.address.c_str(), format_bytes(h.scratch_size).c_str());
 
-    std::printf("%-12s %10s %10s %10s %8s\n", "READ size", "p50 us", "p99 us", "min us", "iters");
+    std::printf("%-12s %10s %10s %10s %8s %12s\n", "READ size", "p50 us", "p99 us", "min us", "iters", "GB/s at p50");
     for (uint64_t s = 64; s <= top; s *= 2) {
       if (s != 512 && (std::bit_width(s) - std::bit_width(64u)) % 2 != 0) continue;  // 64,256,512,1K,4K,...
       auto r = b.latency(fabric::OpKind::Read, s, s >= (1u << 20) ? iters / 20 : iters);
-      std::printf("%-12s %10.2f %10.2f %10.2f %8zu\n", format_bytes(s).c_str(), r["p50_us"].get<double>(),
-                  r["p99_us"].get<double>(), r["min_us"].get<double>(), r["iters"].get<size_t>());
+      r["gbytes_per_s_p50"] = static_cast<double>(s) / (r["p50_us"].get<double>() * 1e3);
+      std::printf("%-12s %10.2f %10.2f %10.2f %8zu %12.2f\n", format_bytes(s).c_str(), r["p50_us"].get<double>(),
+                  r["p99_us"].get<double>(), r["min_us"].get<double>(), r["iters"].get<size_t>(),
+                  r["gbytes_per_s_p50"].get<double>());
       report["read_latency"].push_back(r);
     }
     auto fa = b.latency(fabric::OpKind::FetchAdd, 8, iters);
@@ -162,6 +164,8 @@ int main(int argc, char** argv) {
                 fa["p99_us"].get<double>(), fa["min_us"].get<double>(), fa["iters"].get<size_t>());
     report["fetch_add_latency"] = fa;
 
+    std::printf("READs spread over the whole scratch area (%s), as an index is read:\n",
+                format_bytes(h.scratch_size).c_str());
     std::printf("%-12s %9s %6s %10s %10s %10s\n", "READ size", "in flight", "batch", "Mops/s", "GB/s", "doorbells");
     for (uint64_t s : {uint64_t{512}, uint64_t{4096}, uint64_t{64} << 10, uint64_t{1} << 20}) {
       if (s > top) continue;

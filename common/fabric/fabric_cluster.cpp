@@ -653,7 +653,7 @@ void RegionServer::set_handler(Handler h) {
 }
 
 RegionServer::Stats RegionServer::stats() const {
-  return {impl_->spins.load(), impl_->waits.load(), impl_->messages.load()};
+  return {impl_->spins.load(), impl_->waits.load(), impl_->messages.load(), impl_->ep->remote_ops()};
 }
 
 void RegionServer::run(const std::atomic<bool>& stop) {

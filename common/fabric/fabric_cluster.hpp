@@ -51,7 +51,7 @@ class RegionServer {
   void run(const std::atomic<bool>& stop);
 
   struct Stats {
-    uint64_t spins = 0, waits = 0, messages = 0;
+    uint64_t spins = 0, waits = 0, messages = 0, remote_ops = 0;
   };
   Stats stats() const;
 

@@ -177,7 +177,7 @@ TEST_CASE("tcp between two network namespaces", "[integration][netns]") {
   CHECK_THAT(m.proc->output(), Contains("accepted computenode 0 at 10.77.0.2"));
 }
 
-TEST_CASE("--provider verbs without an RDMA device: both binaries fail at start and name shm|tcp", "[integration]") {
+TEST_CASE("verbs provider without an RDMA device: both binaries fail at start and name shm and tcp", "[integration]") {
   if (std::filesystem::exists("/sys/class/infiniband") && !std::filesystem::is_empty("/sys/class/infiniband")) {
     WARN("SKIPPED: this machine has an RDMA device");
     return;

@@ -1,0 +1,664 @@
+#include "common/dataset.hpp"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <bit>
+#include <cctype>
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <type_traits>
+
+namespace dmhnsw {
+
+// ---------------------------------------------------------------------------------------------
+// errors, formats
+
+namespace {
+
+std::string with_offset(const std::string& path, std::uint64_t offset, const std::string& reason) {
+  return path + ": byte offset " + std::to_string(offset) + ": " + reason;
+}
+
+std::string errno_text() { return std::strerror(errno); }
+
+}  // namespace
+
+FormatError::FormatError(const std::string& path, std::uint64_t offset, const std::string& reason)
+    : std::runtime_error(with_offset(path, offset, reason)), path_(path), offset_(offset) {}
+
+FormatError::FormatError(const std::string& path, const std::string& reason)
+    : std::runtime_error(path + ": " + reason), path_(path) {}
+
+FileFormat format_from_path(const std::string& path) {
+  std::string ext = std::filesystem::path(path).extension().string();
+  std::transform(ext.begin(), ext.end(), ext.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  if (ext == ".fvecs") return FileFormat::Fvecs;
+  if (ext == ".bvecs") return FileFormat::Bvecs;
+  if (ext == ".ivecs") return FileFormat::Ivecs;
+  if (ext == ".fbin") return FileFormat::Fbin;
+  if (ext == ".u8bin") return FileFormat::U8bin;
+  if (ext == ".i8bin") return FileFormat::I8bin;
+  if (ext == ".ibin") return FileFormat::Ibin;
+  throw FormatError(path, "unknown file extension '" + ext +
+                              "' (expected .fvecs .bvecs .ivecs .fbin .u8bin .i8bin .ibin)");
+}
+
+std::string_view to_string(FileFormat format) {
+  switch (format) {
+    case FileFormat::Fvecs: return "fvecs";
+    case FileFormat::Bvecs: return "bvecs";
+    case FileFormat::Ivecs: return "ivecs";
+    case FileFormat::Fbin: return "fbin";
+    case FileFormat::U8bin: return "u8bin";
+    case FileFormat::I8bin: return "i8bin";
+    case FileFormat::Ibin: return "ibin";
+  }
+  return "?";
+}
+
+std::string_view to_string(ElementType type) {
+  switch (type) {
+    case ElementType::F32: return "float32";
+    case ElementType::U8: return "uint8";
+    case ElementType::I8: return "int8";
+    case ElementType::I32: return "int32";
+  }
+  return "?";
+}
+
+ElementType element_type(FileFormat format) {
+  switch (format) {
+    case FileFormat::Fvecs:
+    case FileFormat::Fbin: return ElementType::F32;
+    case FileFormat::Bvecs:
+    case FileFormat::U8bin: return ElementType::U8;
+    case FileFormat::I8bin: return ElementType::I8;
+    case FileFormat::Ivecs:
+    case FileFormat::Ibin: return ElementType::I32;
+  }
+  return ElementType::F32;
+}
+
+std::size_t element_size(ElementType type) {
+  switch (type) {
+    case ElementType::F32:
+    case ElementType::I32: return 4;
+    case ElementType::U8:
+    case ElementType::I8: return 1;
+  }
+  return 0;
+}
+
+bool is_vecs(FileFormat format) {
+  return format == FileFormat::Fvecs || format == FileFormat::Bvecs || format == FileFormat::Ivecs;
+}
+
+bool is_id_format(FileFormat format) {
+  return format == FileFormat::Ivecs || format == FileFormat::Ibin;
+}
+
+// ---------------------------------------------------------------------------------------------
+// mmap
+
+MappedFile::MappedFile(const std::string& path) : path_(path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) throw std::runtime_error(path + ": cannot open: " + errno_text());
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    const std::string err = errno_text();
+    ::close(fd);
+    throw std::runtime_error(path + ": cannot stat: " + err);
+  }
+  if (!S_ISREG(st.st_mode)) {
+    ::close(fd);
+    throw std::runtime_error(path + ": not a regular file");
+  }
+  size_ = static_cast<std::uint64_t>(st.st_size);
+  if (size_ > 0) {
+    void* p = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
+    if (p == MAP_FAILED) {
+      const std::string err = errno_text();
+      ::close(fd);
+      throw std::runtime_error(path + ": cannot mmap " + std::to_string(size_) + " bytes: " + err);
+    }
+    ::madvise(p, size_, MADV_SEQUENTIAL);
+    data_ = static_cast<const std::byte*>(p);
+  }
+  ::close(fd);
+}
+
+MappedFile::~MappedFile() {
+  if (data_ != nullptr) ::munmap(const_cast<std::byte*>(data_), size_);
+}
+
+// ---------------------------------------------------------------------------------------------
+// structural parsing
+
+namespace {
+
+template <typename T>
+T load_at(const MappedFile& f, std::uint64_t offset) {
+  T v;
+  std::memcpy(&v, f.data() + offset, sizeof(T));
+  return v;
+}
+
+/// Where the values are. Row i's first value is at data_offset + i * row_bytes.
+struct Layout {
+  FileFormat format{};
+  std::size_t n = 0;  // rows in the file
+  std::size_t d = 0;
+  std::uint64_t data_offset = 0;
+  std::uint64_t row_bytes = 0;
+  bool has_distances = false;  // ibin only
+  std::uint64_t distances_offset = 0;
+};
+
+std::string dims_text(std::uint64_t n, std::uint64_t d) {
+  return "n=" + std::to_string(n) + ", d=" + std::to_string(d);
+}
+
+/// Classic layout. Checks the first header, the per-row header of the first `rows_to_check`
+/// rows and that the file is a whole number of rows.
+Layout parse_vecs(const MappedFile& f, FileFormat format, std::size_t rows_to_check) {
+  const std::string& path = f.path();
+  const std::uint64_t size = f.size();
+  const std::size_t es = element_size(element_type(format));
+  if (size == 0) throw FormatError(path, 0, "empty file (no vectors)");
+  if (size < 4)
+    throw FormatError(path, 0,
+                      "truncated: " + std::to_string(size) +
+                          " bytes, less than one 4-byte dimension header");
+  const std::int32_t d0 = load_at<std::int32_t>(f, 0);
+  if (d0 <= 0 || static_cast<std::uint64_t>(d0) > kMaxDim)
+    throw FormatError(path, 0,
+                      "invalid vector dimension " + std::to_string(d0) + " (expected 1.." +
+                          std::to_string(kMaxDim) + "; is this really a " +
+                          std::string(to_string(format)) + " file of " +
+                          std::string(to_string(element_type(format))) + " values?)");
+  Layout L;
+  L.format = format;
+  L.d = static_cast<std::size_t>(d0);
+  L.row_bytes = 4 + static_cast<std::uint64_t>(L.d) * es;
+  L.data_offset = 4;
+  const std::uint64_t n_full = size / L.row_bytes;
+  const std::uint64_t rem = size % L.row_bytes;
+  L.n = static_cast<std::size_t>(n_full);
+
+  auto check_header = [&](std::uint64_t i) {
+    const std::uint64_t off = i * L.row_bytes;
+    const std::int32_t di = load_at<std::int32_t>(f, off);
+    if (di != d0)
+      throw FormatError(path, off,
+                        "vector " + std::to_string(i) + " has dimension " + std::to_string(di) +
+                            ", expected " + std::to_string(d0) +
+                            " (inconsistent dimension or wrong element type)");
+  };
+  const std::uint64_t check = std::min<std::uint64_t>(rows_to_check, n_full);
+  for (std::uint64_t i = 1; i < check; ++i) check_header(i);
+  if (rem != 0) {
+    const std::uint64_t off = n_full * L.row_bytes;
+    if (check == n_full && rem >= 4) check_header(n_full);
+    throw FormatError(path, off,
+                      "truncated: partial vector at end of file (" + std::to_string(rem) +
+                          " of " + std::to_string(L.row_bytes) + " bytes of a vector of dimension " +
+                          std::to_string(d0) + ")");
+  }
+  return L;
+}
+
+/// big-ann layout: uint32 n, uint32 d, values; ibin optionally followed by float distances.
+Layout parse_bin(const MappedFile& f, FileFormat format) {
+  const std::string& path = f.path();
+  const std::uint64_t size = f.size();
+  const std::uint64_t es = element_size(element_type(format));
+  if (size < 8)
+    throw FormatError(path, 0,
+                      "file has " + std::to_string(size) +
+                          " bytes, smaller than the 8-byte header (uint32 n, uint32 d)");
+  const std::uint32_t n = load_at<std::uint32_t>(f, 0);
+  const std::uint32_t d = load_at<std::uint32_t>(f, 4);
+  if (n == 0) throw FormatError(path, 0, "header says n=0 (no vectors)");
+  if (d == 0 || d > kMaxDim)
+    throw FormatError(path, 4,
+                      "header dimension d=" + std::to_string(d) + " out of range 1.." +
+                          std::to_string(kMaxDim));
+  std::uint64_t values = 0, payload = 0, expected = 0;
+  if (__builtin_mul_overflow(static_cast<std::uint64_t>(n), static_cast<std::uint64_t>(d), &values) ||
+      __builtin_mul_overflow(values, es, &payload) ||
+      __builtin_add_overflow(payload, std::uint64_t{8}, &expected))
+    throw FormatError(path, 0, "header " + dims_text(n, d) + ": size overflows");
+  Layout L;
+  L.format = format;
+  L.n = n;
+  L.d = d;
+  L.data_offset = 8;
+  L.row_bytes = static_cast<std::uint64_t>(d) * es;
+  if (format == FileFormat::Ibin && size != expected) {
+    const std::uint64_t with_dist = expected + payload;  // + n*k float32
+    if (size == with_dist) {
+      L.has_distances = true;
+      L.distances_offset = expected;
+      return L;
+    }
+    if (size < expected)
+      throw FormatError(path, size,
+                        "file ends here but header (" + dims_text(n, d) + ") needs " +
+                            std::to_string(expected) + " bytes of ids (truncated file?)");
+    throw FormatError(path, expected,
+                      "file has " + std::to_string(size) + " bytes; header (" + dims_text(n, d) +
+                          ") allows " + std::to_string(expected) + " (ids) or " +
+                          std::to_string(with_dist) + " (ids + distances)");
+  }
+  if (size < expected)
+    throw FormatError(path, size,
+                      "file ends here but header (" + dims_text(n, d) + ") needs " +
+                          std::to_string(expected) + " bytes (truncated file, or wrong element "
+                          "type for ." + std::string(to_string(format)) + "?)");
+  if (size > expected)
+    throw FormatError(path, expected,
+                      std::to_string(size - expected) + " trailing bytes after the " +
+                          dims_text(n, d) + " " + std::string(to_string(element_type(format))) +
+                          " values (wrong element type for ." + std::string(to_string(format)) +
+                          "?)");
+  return L;
+}
+
+Layout parse(const MappedFile& f, FileFormat format, std::size_t rows_to_check) {
+  return is_vecs(format) ? parse_vecs(f, format, rows_to_check) : parse_bin(f, format);
+}
+
+// ---- value checks ----
+
+void check_finite(const MappedFile& f, const float* values, std::size_t count,
+                  std::uint64_t first_offset, const char* what) {
+  // Branch-free scan for the common all-finite case, then locate the culprit.
+  std::uint32_t bad = 0;
+  for (std::size_t j = 0; j < count; ++j) {
+    const std::uint32_t bits = std::bit_cast<std::uint32_t>(values[j]);
+    bad |= static_cast<std::uint32_t>((bits & 0x7f800000u) == 0x7f800000u);
+  }
+  if (bad == 0) return;
+  for (std::size_t j = 0; j < count; ++j) {
+    if (!std::isfinite(values[j]))
+      throw FormatError(f.path(), first_offset + j * 4,
+                        std::string(what) + " value is " + (std::isnan(values[j]) ? "NaN" : "inf"));
+  }
+}
+
+void check_ids(const MappedFile& f, const std::int32_t* ids, std::size_t count,
+               std::uint64_t first_offset) {
+  std::int32_t lo = 0;
+  for (std::size_t j = 0; j < count; ++j) lo = std::min(lo, ids[j]);
+  if (lo >= 0) return;
+  for (std::size_t j = 0; j < count; ++j)
+    if (ids[j] < 0)
+      throw FormatError(f.path(), first_offset + j * 4,
+                        "negative id " + std::to_string(ids[j]) +
+                            " (wrong element type, or missing neighbours?)");
+}
+
+template <typename T>
+const T* typed_row(const MappedFile& f, const Layout& L, std::size_t i) {
+  // Row starts are 4-byte aligned relative to the page-aligned mapping for every format.
+  return reinterpret_cast<const T*>(f.data() + L.data_offset + i * L.row_bytes);
+}
+
+std::uint64_t row_offset(const Layout& L, std::size_t i) {
+  return L.data_offset + i * L.row_bytes;
+}
+
+template <typename T>
+constexpr ElementType element_of() {
+  if constexpr (std::is_same_v<T, float>) return ElementType::F32;
+  else if constexpr (std::is_same_v<T, std::uint8_t>) return ElementType::U8;
+  else if constexpr (std::is_same_v<T, std::int8_t>) return ElementType::I8;
+  else {
+    static_assert(std::is_same_v<T, std::int32_t>);
+    return ElementType::I32;
+  }
+}
+
+/// Rows [0, rows) of the file as Matrix<T> (file element type == T), view or copy.
+template <typename T>
+Matrix<T> extract(const std::shared_ptr<MappedFile>& f, const Layout& L, std::size_t rows,
+                  bool allow_view) {
+  const T* base = typed_row<T>(*f, L, 0);
+  const std::size_t stride = static_cast<std::size_t>(L.row_bytes / sizeof(T));
+  auto view = Matrix<T>::view(std::shared_ptr<const void>(f, base), base, rows, L.d, stride);
+  if (allow_view) return view;
+  return view.copy();
+}
+
+struct Opened {
+  std::shared_ptr<MappedFile> file;
+  Layout layout;
+  std::size_t rows = 0;
+};
+
+Opened open_checked(const std::string& path, FileFormat format, const LoadOptions& options) {
+  if (options.max_rows == 0)
+    throw std::invalid_argument(path + ": LoadOptions::max_rows must be >= 1");
+  Opened o;
+  o.file = std::make_shared<MappedFile>(path);
+  o.layout = parse(*o.file, format, options.max_rows);
+  o.rows = std::min(o.layout.n, options.max_rows);
+  return o;
+}
+
+void check_float_rows(const MappedFile& f, const Layout& L, std::size_t rows) {
+  for (std::size_t i = 0; i < rows; ++i)
+    check_finite(f, typed_row<float>(f, L, i), L.d, row_offset(L, i), "vector");
+}
+
+void check_id_rows(const MappedFile& f, const Layout& L, std::size_t rows) {
+  for (std::size_t i = 0; i < rows; ++i)
+    check_ids(f, typed_row<std::int32_t>(f, L, i), L.d, row_offset(L, i));
+}
+
+template <typename Src>
+FloatMatrix convert_to_float(const MappedFile& f, const Layout& L, std::size_t rows) {
+  FloatMatrix out(rows, L.d);
+  for (std::size_t i = 0; i < rows; ++i) {
+    const Src* src = typed_row<Src>(f, L, i);
+    float* dst = out.mutable_row(i);
+    for (std::size_t j = 0; j < L.d; ++j) dst[j] = static_cast<float>(src[j]);
+  }
+  return out;
+}
+
+}  // namespace
+
+FileShape probe(const std::string& path) {
+  const FileFormat format = format_from_path(path);
+  MappedFile f(path);
+  const Layout L = parse(f, format, 1);
+  FileShape s;
+  s.format = format;
+  s.n = L.n;
+  s.d = L.d;
+  s.has_distances = L.has_distances;
+  s.file_size = f.size();
+  return s;
+}
+
+FloatMatrix load_vectors_as_float(const std::string& path, const LoadOptions& options) {
+  const FileFormat format = format_from_path(path);
+  if (is_id_format(format))
+    throw FormatError(path, 0,
+                      "holds int32 ids (." + std::string(to_string(format)) +
+                          "), not vectors; wrong element type for a vector file");
+  Opened o = open_checked(path, format, options);
+  switch (element_type(format)) {
+    case ElementType::F32:
+      check_float_rows(*o.file, o.layout, o.rows);
+      return extract<float>(o.file, o.layout, o.rows, options.allow_view);
+    case ElementType::U8: return convert_to_float<std::uint8_t>(*o.file, o.layout, o.rows);
+    case ElementType::I8: return convert_to_float<std::int8_t>(*o.file, o.layout, o.rows);
+    case ElementType::I32: break;
+  }
+  throw std::logic_error("load_vectors_as_float: unreachable");
+}
+
+GroundTruth load_groundtruth(const std::string& path, const LoadOptions& options) {
+  const FileFormat format = format_from_path(path);
+  if (!is_id_format(format))
+    throw FormatError(path, 0,
+                      "is a ." + std::string(to_string(format)) + " file of " +
+                          std::string(to_string(element_type(format))) +
+                          " vectors, not ids (expected .ivecs or .ibin)");
+  Opened o = open_checked(path, format, options);
+  check_id_rows(*o.file, o.layout, o.rows);
+  GroundTruth gt;
+  gt.ids = extract<std::int32_t>(o.file, o.layout, o.rows, options.allow_view);
+  if (o.layout.has_distances) {
+    Layout dl = o.layout;
+    dl.data_offset = o.layout.distances_offset;
+    for (std::size_t i = 0; i < o.rows; ++i)
+      check_finite(*o.file, typed_row<float>(*o.file, dl, i), dl.d, row_offset(dl, i),
+                   "distance");
+    gt.distances = extract<float>(o.file, dl, o.rows, options.allow_view);
+  }
+  return gt;
+}
+
+IdMatrix load_ids(const std::string& path, const LoadOptions& options) {
+  return load_groundtruth(path, options).ids;
+}
+
+template <typename T>
+Matrix<T> load_matrix(const std::string& path, const LoadOptions& options) {
+  const FileFormat format = format_from_path(path);
+  constexpr ElementType want = element_of<T>();
+  if (element_type(format) != want)
+    throw FormatError(path, 0,
+                      "." + std::string(to_string(format)) + " holds " +
+                          std::string(to_string(element_type(format))) + " values, expected " +
+                          std::string(to_string(want)));
+  Opened o = open_checked(path, format, options);
+  if constexpr (std::is_same_v<T, float>) check_float_rows(*o.file, o.layout, o.rows);
+  return extract<T>(o.file, o.layout, o.rows, options.allow_view);
+}
+
+template FloatMatrix load_matrix<float>(const std::string&, const LoadOptions&);
+template U8Matrix load_matrix<std::uint8_t>(const std::string&, const LoadOptions&);
+template I8Matrix load_matrix<std::int8_t>(const std::string&, const LoadOptions&);
+template IdMatrix load_matrix<std::int32_t>(const std::string&, const LoadOptions&);
+
+// ---------------------------------------------------------------------------------------------
+// writers
+
+namespace {
+
+/// Writes "<path>.tmp" and renames it over path on commit(); removes the temp file otherwise.
+class AtomicWriter {
+ public:
+  explicit AtomicWriter(const std::string& path) : path_(path), tmp_(path + ".tmp") {
+    file_ = std::fopen(tmp_.c_str(), "wb");
+    if (file_ == nullptr) throw std::runtime_error(tmp_ + ": cannot create: " + errno_text());
+    std::setvbuf(file_, nullptr, _IOFBF, 1 << 20);
+  }
+  ~AtomicWriter() {
+    if (file_ != nullptr) {
+      std::fclose(file_);
+      std::remove(tmp_.c_str());
+    }
+  }
+  AtomicWriter(const AtomicWriter&) = delete;
+  AtomicWriter& operator=(const AtomicWriter&) = delete;
+
+  void write(const void* p, std::size_t bytes) {
+    if (bytes != 0 && std::fwrite(p, 1, bytes, file_) != bytes)
+      throw std::runtime_error(tmp_ + ": write failed: " + errno_text());
+  }
+  template <typename T>
+  void put(const T& v) {
+    write(&v, sizeof v);
+  }
+  void commit() {
+    std::string err;
+    if (std::fflush(file_) != 0) err = errno_text();
+    if (std::fclose(file_) != 0 && err.empty()) err = errno_text();
+    file_ = nullptr;
+    if (!err.empty()) {
+      std::remove(tmp_.c_str());
+      throw std::runtime_error(tmp_ + ": write failed: " + err);
+    }
+    if (std::rename(tmp_.c_str(), path_.c_str()) != 0) {
+      const std::string e = errno_text();
+      std::remove(tmp_.c_str());
+      throw std::runtime_error(path_ + ": cannot rename " + tmp_ + " to it: " + e);
+    }
+  }
+
+ private:
+  std::string path_, tmp_;
+  std::FILE* file_ = nullptr;
+};
+
+void require_format(const std::string& path, std::initializer_list<FileFormat> allowed,
+                    const char* writer) {
+  const FileFormat f = format_from_path(path);
+  for (FileFormat a : allowed)
+    if (a == f) return;
+  throw std::invalid_argument(path + ": " + writer + " cannot write a ." +
+                              std::string(to_string(f)) + " file (wrong extension)");
+}
+
+template <typename T>
+void check_writable(const std::string& path, const Matrix<T>& m, bool bin_header) {
+  if (m.n() == 0) throw std::invalid_argument(path + ": refusing to write an empty matrix (n=0)");
+  if (m.d() == 0 || m.d() > kMaxDim)
+    throw std::invalid_argument(path + ": dimension " + std::to_string(m.d()) +
+                                " out of range 1.." + std::to_string(kMaxDim));
+  if (bin_header && m.n() > std::numeric_limits<std::uint32_t>::max())
+    throw std::invalid_argument(path + ": " + std::to_string(m.n()) +
+                                " rows do not fit the uint32 header");
+  for (std::size_t i = 0; i < m.n(); ++i) {
+    const T* r = m.row(i);
+    for (std::size_t j = 0; j < m.d(); ++j) {
+      if constexpr (std::is_same_v<T, float>) {
+        if (!std::isfinite(r[j]))
+          throw std::invalid_argument(path + ": row " + std::to_string(i) + ", column " +
+                                      std::to_string(j) + ": value is not finite");
+      } else if constexpr (std::is_same_v<T, std::int32_t>) {
+        if (r[j] < 0)
+          throw std::invalid_argument(path + ": row " + std::to_string(i) + ", column " +
+                                      std::to_string(j) + ": negative id " +
+                                      std::to_string(r[j]));
+      }
+    }
+  }
+}
+
+template <typename T>
+void write_vecs_impl(const std::string& path, const Matrix<T>& m) {
+  check_writable(path, m, false);
+  AtomicWriter w(path);
+  const std::int32_t d = static_cast<std::int32_t>(m.d());
+  for (std::size_t i = 0; i < m.n(); ++i) {
+    w.put(d);
+    w.write(m.row(i), m.d() * sizeof(T));
+  }
+  w.commit();
+}
+
+template <typename T>
+void write_rows(AtomicWriter& w, const Matrix<T>& m) {
+  if (m.contiguous()) {
+    w.write(m.data(), m.n() * m.d() * sizeof(T));
+    return;
+  }
+  for (std::size_t i = 0; i < m.n(); ++i) w.write(m.row(i), m.d() * sizeof(T));
+}
+
+template <typename T>
+void write_bin_impl(const std::string& path, const Matrix<T>& m) {
+  check_writable(path, m, true);
+  AtomicWriter w(path);
+  w.put(static_cast<std::uint32_t>(m.n()));
+  w.put(static_cast<std::uint32_t>(m.d()));
+  write_rows(w, m);
+  w.commit();
+}
+
+template <typename T>
+Matrix<T> float_to_integral(const std::string& path, const FloatMatrix& m) {
+  constexpr float lo = static_cast<float>(std::numeric_limits<T>::min());
+  constexpr float hi = static_cast<float>(std::numeric_limits<T>::max());
+  Matrix<T> out(m.n(), m.d());
+  for (std::size_t i = 0; i < m.n(); ++i) {
+    const float* r = m.row(i);
+    T* o = out.mutable_row(i);
+    for (std::size_t j = 0; j < m.d(); ++j) {
+      const float v = r[j];
+      if (!(v >= lo && v <= hi) || std::nearbyint(v) != v)
+        throw std::invalid_argument(path + ": row " + std::to_string(i) + ", column " +
+                                    std::to_string(j) + ": value " + std::to_string(v) +
+                                    " is not an integer in [" + std::to_string(lo) + ", " +
+                                    std::to_string(hi) + "]");
+      o[j] = static_cast<T>(v);
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+void write_fvecs(const std::string& path, const FloatMatrix& m) {
+  require_format(path, {FileFormat::Fvecs}, "write_fvecs");
+  write_vecs_impl(path, m);
+}
+void write_bvecs(const std::string& path, const U8Matrix& m) {
+  require_format(path, {FileFormat::Bvecs}, "write_bvecs");
+  write_vecs_impl(path, m);
+}
+void write_ivecs(const std::string& path, const IdMatrix& m) {
+  require_format(path, {FileFormat::Ivecs}, "write_ivecs");
+  write_vecs_impl(path, m);
+}
+void write_fbin(const std::string& path, const FloatMatrix& m) {
+  require_format(path, {FileFormat::Fbin}, "write_fbin");
+  write_bin_impl(path, m);
+}
+void write_u8bin(const std::string& path, const U8Matrix& m) {
+  require_format(path, {FileFormat::U8bin}, "write_u8bin");
+  write_bin_impl(path, m);
+}
+void write_i8bin(const std::string& path, const I8Matrix& m) {
+  require_format(path, {FileFormat::I8bin}, "write_i8bin");
+  write_bin_impl(path, m);
+}
+
+void write_ibin(const std::string& path, const IdMatrix& ids, const FloatMatrix* distances) {
+  require_format(path, {FileFormat::Ibin}, "write_ibin");
+  check_writable(path, ids, true);
+  if (distances != nullptr) {
+    if (distances->n() != ids.n() || distances->d() != ids.d())
+      throw std::invalid_argument(path + ": distances shape " + std::to_string(distances->n()) +
+                                  "x" + std::to_string(distances->d()) + " != ids shape " +
+                                  std::to_string(ids.n()) + "x" + std::to_string(ids.d()));
+    check_writable(path, *distances, true);
+  }
+  AtomicWriter w(path);
+  w.put(static_cast<std::uint32_t>(ids.n()));
+  w.put(static_cast<std::uint32_t>(ids.d()));
+  write_rows(w, ids);
+  if (distances != nullptr) write_rows(w, *distances);
+  w.commit();
+}
+
+void write_vectors(const std::string& path, const FloatMatrix& m) {
+  switch (format_from_path(path)) {
+    case FileFormat::Fvecs: return write_fvecs(path, m);
+    case FileFormat::Fbin: return write_fbin(path, m);
+    case FileFormat::Bvecs: return write_bvecs(path, float_to_integral<std::uint8_t>(path, m));
+    case FileFormat::U8bin: return write_u8bin(path, float_to_integral<std::uint8_t>(path, m));
+    case FileFormat::I8bin: return write_i8bin(path, float_to_integral<std::int8_t>(path, m));
+    case FileFormat::Ivecs:
+    case FileFormat::Ibin: break;
+  }
+  throw std::invalid_argument(path + ": is an id format (.ivecs/.ibin), not a vector format");
+}
+
+void write_ids(const std::string& path, const IdMatrix& ids, const FloatMatrix* distances) {
+  switch (format_from_path(path)) {
+    case FileFormat::Ivecs:
+      if (distances != nullptr)
+        throw std::invalid_argument(path + ": .ivecs cannot hold distances (use .ibin)");
+      return write_ivecs(path, ids);
+    case FileFormat::Ibin: return write_ibin(path, ids, distances);
+    default: break;
+  }
+  throw std::invalid_argument(path + ": is a vector format, not an id format (.ivecs/.ibin)");
+}
+
+}  // namespace dmhnsw
