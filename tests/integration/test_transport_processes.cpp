@@ -191,3 +191,19 @@ TEST_CASE("verbs provider without an RDMA device: both binaries fail at start an
   CHECK(c.code != 0);
   CHECK_THAT(c.output, Contains("no RDMA device") && Contains("--provider shm") && Contains("--provider tcp"));
 }
+
+TEST_CASE("memnode exits 0 on SIGTERM; --hugepages falls back; computenode reads --config", "[integration]") {
+  TempDir dir;
+  Memnode m(dir, 0, "shm", "127.0.0.1:0", {"--hugepages"});
+  std::ofstream(dir.file("cn.ini")) << "memnodes=" << m.address << "\nprovider=shm\ncn-id=0\n";
+  auto r = run({bin("computenode"), "--config", dir.file("cn.ini"), "selftest", "--atomics", "10"}, dir, "cn");
+  INFO(r.output);
+  CHECK(r.code == 0);
+  CHECK_THAT(r.output, Contains("all checks passed"));
+  m.proc->signal(SIGTERM);
+  CHECK(m.proc->wait(seconds(10)) == 0);
+  // Either the hugepages were there, or the memnode said it fell back.
+  std::string out = m.proc->output();
+  CHECK((out.find("on 2 MiB hugepages") != std::string::npos || out.find("falling back to normal pages") != std::string::npos));
+  CHECK_THAT(out, Contains("stopping"));
+}
