@@ -56,7 +56,9 @@ static_assert(offsetof(RegionHeader, mode_words) == 128);
 /// SHINE mode words (indexes into mode_words). The bump pointer is the FETCH_ADD target.
 namespace shine_word {
 inline constexpr size_t kBump = 0, kEntryPoint = 1, kMaxLevel = 2, kM = 3, kEfConstruction = 4, kNodeCount = 5,
-                        kEntryLock = 6;
+                        kEntryLock = 6, kFormat = 7, kSeed = 8;
+/// kFormat values: the region is being formatted by one computenode, then ready.
+inline constexpr uint64_t kFormatting = 1, kFormatted = 2;
 }
 /// d-HNSW mode words.
 namespace dhnsw_word {

@@ -1,0 +1,467 @@
+#include "compute/shine/graph.hpp"
+
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <queue>
+#include <thread>
+
+namespace dmhnsw::shine {
+
+using fabric::Buffer;
+using fabric::Completion;
+using fabric::FabricError;
+using fabric::Op;
+using fabric::Status;
+
+namespace {
+RemotePtr word_ptr(size_t w) { return RemotePtr(0, mode_word_offset(w)); }
+struct ByDistLess {
+  bool operator()(const Neighbor& a, const Neighbor& b) const { return a.dist < b.dist; }
+};
+struct ByDistGreater {
+  bool operator()(const Neighbor& a, const Neighbor& b) const { return a.dist > b.dist; }
+};
+}  // namespace
+
+// ------------------------------------------------------------------ format / attach
+GraphParams format_or_attach(fabric::Cluster& c, fabric::Endpoint& ep, const GraphParams* wanted) {
+  const auto n = c.memnodes().size();
+  auto read_header = [&](uint16_t i) {
+    RegionHeader h;
+    ep.read(RemotePtr(i, 0), &h, sizeof h);
+    validate_region_header(h, "memnode " + std::to_string(i) + " (" + c.memnodes()[i].address + ")");
+    return h;
+  };
+  RegionHeader h0 = read_header(0);
+  if (h0.mode != static_cast<uint8_t>(Mode::None) && h0.mode != static_cast<uint8_t>(Mode::Shine))
+    throw FabricError("memnode 0 holds a " + std::string(fabric::mode_name(static_cast<Mode>(h0.mode))) +
+                      " index, not shine");
+  uint64_t state = h0.mode_words[shine_word::kFormat];
+  if (state == 0 && wanted != nullptr &&
+      ep.compare_swap(word_ptr(shine_word::kFormat), 0, shine_word::kFormatting) == 0) {
+    // We format: every memnode gets mode, dimension, metric and a bump pointer at its data area.
+    for (uint16_t i = 0; i < n; ++i) {
+      RegionHeader h = read_header(i);
+      if (h.mode != static_cast<uint8_t>(Mode::None))
+        throw FabricError("memnode " + std::to_string(i) + " already holds an index; memnode 0 does not");
+      h.mode = static_cast<uint8_t>(Mode::Shine);
+      h.metric = static_cast<uint8_t>(wanted->metric == Metric::L2 ? MetricCode::L2 : MetricCode::IP);
+      h.elem_type = static_cast<uint8_t>(ElemType::F32);
+      h.dim = wanted->dim;
+      h.memnode_count = static_cast<uint16_t>(n);
+      h.mode_words[shine_word::kBump] = (h.data_offset + 63) / 64 * 64;
+      h.mode_words[shine_word::kM] = wanted->m;
+      h.mode_words[shine_word::kEfConstruction] = wanted->ef_construction;
+      h.mode_words[shine_word::kSeed] = wanted->seed;
+      h.mode_words[shine_word::kFormat] = i == 0 ? shine_word::kFormatting : shine_word::kFormatted;
+      ep.write(RemotePtr(i, 0), &h, sizeof h);
+    }
+    uint64_t done = shine_word::kFormatted;
+    ep.write(word_ptr(shine_word::kFormat), &done, 8);
+    state = done;
+  }
+  // Someone else formats: wait for it (bounded).
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (state != shine_word::kFormatted) {
+    if (state == 0 && wanted == nullptr) throw FabricError("no shine index on the memnodes: run `computenode build` first");
+    if (std::chrono::steady_clock::now() > deadline)
+      throw FabricError("memnode 0: index still being formatted by another computenode after 30 s");
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));  // bounded wait on a peer's format
+    ep.read(word_ptr(shine_word::kFormat), &state, 8);
+  }
+  h0 = read_header(0);
+  GraphParams p;
+  p.dim = h0.dim;
+  p.m = static_cast<uint32_t>(h0.mode_words[shine_word::kM]);
+  p.ef_construction = static_cast<uint32_t>(h0.mode_words[shine_word::kEfConstruction]);
+  p.metric = h0.metric == static_cast<uint8_t>(MetricCode::IP) ? Metric::IP : Metric::L2;
+  p.seed = h0.mode_words[shine_word::kSeed];
+  if (h0.memnode_count != n)
+    throw FabricError("the index was formatted over " + std::to_string(h0.memnode_count) + " memnodes, --memnodes names " +
+                      std::to_string(n));
+  if (wanted != nullptr) {
+    auto mismatch = [](const std::string& what, uint64_t have, uint64_t want) {
+      return FabricError("the shine index on the memnodes has " + what + " " + std::to_string(have) + ", this run asks for " +
+                         std::to_string(want));
+    };
+    if (p.dim != wanted->dim) throw mismatch("dimension", p.dim, wanted->dim);
+    if (p.m != wanted->m) throw mismatch("--m", p.m, wanted->m);
+    if (p.ef_construction != wanted->ef_construction)
+      throw mismatch("--ef-construction", p.ef_construction, wanted->ef_construction);
+    if (p.metric != wanted->metric)
+      throw FabricError("the shine index on the memnodes uses metric " + std::string(to_string(p.metric)) +
+                        ", this run asks for " + std::string(to_string(wanted->metric)));
+  }
+  return p;
+}
+
+Graph::Graph(fabric::Cluster& c, const GraphParams& p)
+    : cluster_(c), params_(p), layout_(p.dim, p.m), dist_(p.metric, p.dim) {
+  for (const auto& mn : c.memnodes()) {
+    RegionHeader h = header_from_blob(mn.header, "memnode " + std::to_string(mn.id));
+    bounds_.push_back({h.data_offset, h.region_size});
+  }
+}
+
+// ------------------------------------------------------------------ visited set
+void VisitedSet::clear() {
+  size_ = 0;
+  if (++cur_ == 0) {
+    std::fill(gen_.begin(), gen_.end(), 0);
+    cur_ = 1;
+  }
+}
+
+void VisitedSet::grow() {
+  std::vector<uint64_t> old_keys;
+  std::vector<uint32_t> old_gen;
+  old_keys.swap(keys_);
+  old_gen.swap(gen_);
+  size_t cap = std::max<size_t>(1024, old_keys.size() * 2);
+  keys_.assign(cap, 0);
+  gen_.assign(cap, 0);
+  size_ = 0;
+  for (size_t i = 0; i < old_keys.size(); ++i)
+    if (old_gen[i] == cur_) insert(RemotePtr::from_raw(old_keys[i]));
+}
+
+bool VisitedSet::insert(RemotePtr p) {
+  if ((size_ + 1) * 2 > keys_.size()) grow();
+  size_t mask = keys_.size() - 1;
+  uint64_t k = p.raw();
+  size_t i = static_cast<size_t>((k * 0x9E3779B97F4A7C15ull) >> 20) & mask;
+  while (gen_[i] == cur_) {
+    if (keys_[i] == k) return false;
+    i = (i + 1) & mask;
+  }
+  gen_[i] = cur_;
+  keys_[i] = k;
+  ++size_;
+  return true;
+}
+
+// ------------------------------------------------------------------ worker
+Worker::Worker(const Graph& g, Scheduler& s, uint64_t seed)
+    : g_(g), s_(s), rng_(seed), level_mult_(1.0 / std::log(static_cast<double>(g.params().m))) {}
+
+void Worker::fail(const Completion& c) const {
+  if (c.status != Status::Ok) throw FabricError(s_.endpoint().describe(c));
+}
+
+Task<uint64_t> Worker::atomic(Op op, OpContext& ctx) {
+  Buffer b = s_.endpoint().alloc(8);
+  op.local = b.data();
+  fail(co_await s_.io(std::span<Op>(&op, 1), true, &ctx.io));
+  co_return *b.as<uint64_t>();
+}
+
+Task<void> Worker::write(RemotePtr dst, const void* src, size_t len, OpContext& ctx) {
+  Buffer b = s_.endpoint().alloc(len);
+  std::memcpy(b.data(), src, len);
+  Op op = Op::write(dst, b.data(), len);
+  fail(co_await s_.io(std::span<Op>(&op, 1), true, &ctx.io));
+}
+
+Task<std::pair<RemotePtr, unsigned>> Worker::read_entry(OpContext& ctx) {
+  Buffer b = s_.endpoint().alloc(16);
+  Op op = Op::read(word_ptr(shine_word::kEntryPoint), b.data(), 16);
+  fail(co_await s_.io(std::span<Op>(&op, 1), true, &ctx.io));
+  uint64_t w[2];
+  std::memcpy(w, b.data(), 16);
+  co_return std::pair{RemotePtr::from_raw(w[0]), static_cast<unsigned>(w[1])};
+}
+
+Task<std::vector<Neighbor>> Worker::read_vectors(const std::vector<RemotePtr>& nodes, const float* q,
+                                                 OpContext& ctx, VecCache* cache) {
+  std::vector<Neighbor> out;
+  if (nodes.empty()) co_return out;
+  const auto& L = g_.layout();
+  const size_t stride = L.vector_part_bytes();
+  Buffer b = s_.endpoint().alloc(stride * nodes.size());
+  std::vector<Op> ops;
+  ops.reserve(nodes.size());
+  for (size_t i = 0; i < nodes.size(); ++i) ops.push_back(Op::read(nodes[i], b.data() + i * stride, L.vector_read_bytes()));
+  fail(co_await s_.io(ops, ctx.mode == ReadMode::Batch, &ctx.io));
+  out.reserve(nodes.size());
+  for (size_t i = 0; i < nodes.size(); ++i) {
+    const char* p = b.data() + i * stride;
+    NodeFront f;
+    std::memcpy(&f, p, sizeof f);
+    if (!NodeHeader::valid(f.header)) {  // not (yet) a node: a pointer we must not follow
+      ++ctx.search.skipped;
+      continue;
+    }
+    const float* v = reinterpret_cast<const float*>(p + NodeLayout::vector_offset());
+    ++ctx.search.visited;
+    out.push_back({g_.distance()(q, v), nodes[i], f.label});
+    if (cache != nullptr) cache->emplace(nodes[i].raw(), VecEntry{std::vector<float>(v, v + L.dim()), NodeHeader::level(f.header), f.label});
+  }
+  co_return out;
+}
+
+Task<std::vector<RemotePtr>> Worker::read_list(RemotePtr node, unsigned level, OpContext& ctx) {
+  const auto& L = g_.layout();
+  Buffer b = s_.endpoint().alloc(L.list_bytes(level));
+  Op op = Op::read(node + L.list_offset(level), b.data(), L.list_bytes(level));
+  fail(co_await s_.io(std::span<Op>(&op, 1), true, &ctx.io));
+  ++ctx.search.hops;
+  ListFront f;
+  std::memcpy(&f, b.data(), sizeof f);
+  uint32_t count = std::min(f.count, L.capacity(level));  // a torn read never overruns the list
+  std::vector<RemotePtr> out;
+  out.reserve(count);
+  for (uint32_t i = 0; i < count; ++i) {
+    uint64_t raw;
+    std::memcpy(&raw, b.data() + sizeof f + 8 * i, 8);
+    RemotePtr p = RemotePtr::from_raw(raw);
+    if (g_.plausible(p))
+      out.push_back(p);
+    else if (!p.is_null())
+      ++ctx.search.skipped;
+  }
+  co_return out;
+}
+
+Task<Neighbor> Worker::greedy(const float* q, Neighbor cur, unsigned level, OpContext& ctx) {
+  for (bool changed = true; changed;) {
+    changed = false;
+    std::vector<RemotePtr> nbrs = co_await read_list(cur.node, level, ctx);
+    std::vector<Neighbor> got = co_await read_vectors(nbrs, q, ctx, nullptr);
+    for (const auto& n : got)
+      if (n.dist < cur.dist) {
+        cur = n;
+        changed = true;
+      }
+  }
+  co_return cur;
+}
+
+Task<std::vector<Neighbor>> Worker::search_layer(const float* q, std::vector<Neighbor> eps, uint32_t ef,
+                                                 unsigned level, OpContext& ctx, VecCache* cache) {
+  ctx.visited.clear();
+  std::priority_queue<Neighbor, std::vector<Neighbor>, ByDistGreater> cand;  // nearest first
+  std::priority_queue<Neighbor, std::vector<Neighbor>, ByDistLess> top;      // farthest first
+  for (const auto& e : eps) {
+    if (!ctx.visited.insert(e.node)) continue;
+    cand.push(e);
+    top.push(e);
+    if (top.size() > ef) top.pop();
+  }
+  float bound = top.empty() ? std::numeric_limits<float>::max() : top.top().dist;
+  while (!cand.empty()) {
+    Neighbor c = cand.top();
+    if (c.dist > bound && top.size() >= ef) break;
+    cand.pop();
+    std::vector<RemotePtr> nbrs = co_await read_list(c.node, level, ctx);
+    std::vector<RemotePtr> fresh;
+    for (RemotePtr p : nbrs)
+      if (ctx.visited.insert(p)) fresh.push_back(p);
+    std::vector<Neighbor> got = co_await read_vectors(fresh, q, ctx, cache);
+    for (const auto& n : got) {
+      if (top.size() < ef || n.dist < bound) {
+        cand.push(n);
+        top.push(n);
+        if (top.size() > ef) top.pop();
+        bound = top.top().dist;
+      }
+    }
+  }
+  std::vector<Neighbor> out;
+  out.reserve(top.size());
+  while (!top.empty()) {
+    out.push_back(top.top());
+    top.pop();
+  }
+  std::reverse(out.begin(), out.end());  // nearest first
+  co_return out;
+}
+
+// hnswlib's neighbour-selection heuristic: keep a candidate only if it is closer to the base
+// than to every candidate already kept. `cands` sorted nearest first.
+std::vector<Neighbor> Worker::select_heuristic(std::vector<Neighbor> cands, uint32_t m, const VecCache& cache) const {
+  if (cands.size() <= m) return cands;
+  std::vector<Neighbor> kept;
+  for (const auto& c : cands) {
+    if (kept.size() >= m) break;
+    auto ci = cache.find(c.node.raw());
+    if (ci == cache.end()) continue;
+    bool good = true;
+    for (const auto& s : kept) {
+      auto si = cache.find(s.node.raw());
+      if (g_.distance()(ci->second.v.data(), si->second.v.data()) < c.dist) {
+        good = false;
+        break;
+      }
+    }
+    if (good) kept.push_back(c);
+  }
+  return kept;
+}
+
+Task<void> Worker::lock_node(RemotePtr n, unsigned level, OpContext& ctx) {
+  const uint64_t unlocked = NodeHeader::make(level, false), locked = NodeHeader::make(level, true);
+  for (uint64_t spins = 0;; ++spins) {
+    uint64_t old = co_await atomic(Op::compare_swap(n, unlocked, locked, nullptr), ctx);
+    if (old == unlocked) co_return;
+    if (!NodeHeader::valid(old) || NodeHeader::level(old) != level)
+      throw FabricError("node at memnode " + std::to_string(n.node()) + " offset " + std::to_string(n.offset()) +
+                        " has a corrupt header while locking it");
+    if (spins > 1000000) throw FabricError("node lock held for too long (a computenode died holding it?)");
+  }
+}
+
+Task<void> Worker::lock_entry(OpContext& ctx) {
+  for (uint64_t spins = 0;; ++spins) {
+    uint64_t old = co_await atomic(Op::compare_swap(word_ptr(shine_word::kEntryLock), 0, 1, nullptr), ctx);
+    if (old == 0) co_return;
+    if (spins > 1000000) throw FabricError("entry-point lock held for too long (a computenode died holding it?)");
+  }
+}
+
+// Adds `me` to n's list at `level` under n's lock; a full list is pruned with the heuristic.
+Task<void> Worker::link(RemotePtr n, RemotePtr me, float d_me, unsigned level, OpContext& ctx, VecCache& cache) {
+  const auto& L = g_.layout();
+  auto self = cache.find(n.raw());
+  if (self == cache.end()) co_return;  // only nodes whose vector we read get linked
+  const unsigned n_level = self->second.level;
+  co_await lock_node(n, n_level, ctx);
+  std::vector<RemotePtr> list = co_await read_list(n, level, ctx);
+  const uint32_t cap = L.capacity(level);
+  std::vector<RemotePtr> next;
+  if (std::find(list.begin(), list.end(), me) != list.end()) {
+    next = list;
+  } else if (list.size() < cap) {
+    next = list;
+    next.push_back(me);
+  } else {
+    // Distances from n to its current neighbours and to me; read missing vectors first.
+    std::vector<RemotePtr> missing;
+    for (RemotePtr p : list)
+      if (!cache.count(p.raw())) missing.push_back(p);
+    const float* nv = self->second.v.data();
+    co_await read_vectors(missing, nv, ctx, &cache);
+    self = cache.find(n.raw());  // rehash may have moved entries
+    nv = self->second.v.data();
+    std::vector<Neighbor> cands{{d_me, me, 0}};
+    for (RemotePtr p : list) {
+      auto it = cache.find(p.raw());
+      if (it != cache.end()) cands.push_back({g_.distance()(nv, it->second.v.data()), p, it->second.label});
+    }
+    std::sort(cands.begin(), cands.end(), ByDistLess{});
+    for (const auto& c : select_heuristic(cands, cap, cache)) next.push_back(c.node);
+  }
+  std::vector<char> buf(L.list_bytes(level), 0);
+  ListFront f{static_cast<uint32_t>(next.size()), 0};
+  std::memcpy(buf.data(), &f, sizeof f);
+  for (size_t i = 0; i < next.size(); ++i) {
+    uint64_t raw = next[i].raw();
+    std::memcpy(buf.data() + sizeof f + 8 * i, &raw, 8);
+  }
+  co_await write(n + L.list_offset(level), buf.data(), buf.size(), ctx);
+  const uint64_t unlocked = NodeHeader::make(n_level, false);
+  co_await write(n, &unlocked, 8, ctx);  // release: a plain WRITE of the header word
+}
+
+Task<void> Worker::insert(const float* v, uint32_t label, OpContext& ctx) {
+  const auto& L = g_.layout();
+  const auto& P = g_.params();
+  // 1. Level, memnode, allocation by FETCH_ADD on that memnode's bump pointer.
+  double u = std::uniform_real_distribution<double>(0.0, 1.0)(rng_);
+  unsigned level = std::min<unsigned>(kMaxLevel, static_cast<unsigned>(-std::log(std::max(u, 1e-300)) * level_mult_));
+  uint16_t node_id = static_cast<uint16_t>(rng_() % g_.num_memnodes());
+  uint64_t bytes = (L.node_bytes(level) + 63) / 64 * 64;
+  uint64_t at = co_await atomic(Op::fetch_add(RemotePtr(node_id, mode_word_offset(shine_word::kBump)), bytes, nullptr), ctx);
+  const auto& b = g_.bounds(node_id);
+  if (at + bytes > b.size)
+    throw FabricError("memnode " + std::to_string(node_id) + " (" + g_.cluster().memnodes()[node_id].address +
+                      ") is out of region space: a level-" + std::to_string(level) + " node needs " +
+                      std::to_string(bytes) + " bytes at offset " + std::to_string(at) + ", the region has " +
+                      std::to_string(b.size) + " (start it with a larger --region or add memnodes)");
+  const RemotePtr me(node_id, at);
+
+  // 2. The whole record, lists empty, written before anyone can reach it.
+  std::vector<char> rec(L.node_bytes(level), 0);
+  NodeFront front{NodeHeader::make(level), label, 0};
+  std::memcpy(rec.data(), &front, sizeof front);
+  std::memcpy(rec.data() + NodeLayout::vector_offset(), v, 4ull * L.dim());
+  co_await write(me, rec.data(), rec.size(), ctx);
+
+  VecCache cache;
+  cache.emplace(me.raw(), VecEntry{std::vector<float>(v, v + L.dim()), level, label});
+  std::pair<RemotePtr, unsigned> entry = co_await read_entry(ctx);
+  RemotePtr ep = entry.first;
+  unsigned max_level = entry.second;
+  if (ep.is_null()) {
+    co_await lock_entry(ctx);
+    std::pair<RemotePtr, unsigned> again = co_await read_entry(ctx);
+    if (again.first.is_null()) {
+      std::array<uint64_t, 2> w{me.raw(), level};
+      co_await write(word_ptr(shine_word::kEntryPoint), w.data(), 16, ctx);
+      uint64_t zero = 0;
+      co_await write(word_ptr(shine_word::kEntryLock), &zero, 8, ctx);
+      co_await atomic(Op::fetch_add(word_ptr(shine_word::kNodeCount), 1, nullptr), ctx);
+      co_return;
+    }
+    uint64_t zero = 0;
+    co_await write(word_ptr(shine_word::kEntryLock), &zero, 8, ctx);
+    ep = again.first;
+    max_level = again.second;
+  }
+
+  // 3. Greedy descent above the new node's level, then efConstruction search and linking.
+  std::vector<RemotePtr> start{ep};
+  std::vector<Neighbor> first = co_await read_vectors(start, v, ctx, &cache);
+  if (first.empty()) throw FabricError("the entry point of the index is not a valid node");
+  Neighbor cur = first.front();
+  for (unsigned l = max_level; l > level; --l) cur = co_await greedy(v, cur, l, ctx);
+  std::vector<Neighbor> eps{cur};
+  for (int l = static_cast<int>(std::min(level, max_level)); l >= 0; --l) {
+    std::vector<Neighbor> w = co_await search_layer(v, eps, P.ef_construction, static_cast<unsigned>(l), ctx, &cache);
+    std::vector<Neighbor> sel = select_heuristic(w, P.m, cache);
+    // My own list first (nobody reaches me at this level before the back-links below).
+    std::vector<char> buf(L.list_bytes(static_cast<unsigned>(l)), 0);
+    ListFront f{static_cast<uint32_t>(sel.size()), 0};
+    std::memcpy(buf.data(), &f, sizeof f);
+    for (size_t i = 0; i < sel.size(); ++i) {
+      uint64_t raw = sel[i].node.raw();
+      std::memcpy(buf.data() + sizeof f + 8 * i, &raw, 8);
+    }
+    co_await write(me + L.list_offset(static_cast<unsigned>(l)), buf.data(), buf.size(), ctx);
+    for (const auto& n : sel) co_await link(n.node, me, n.dist, static_cast<unsigned>(l), ctx, cache);
+    if (!w.empty()) eps = w;
+  }
+
+  // 4. A new top level moves the entry point (under its lock).
+  if (level > max_level) {
+    co_await lock_entry(ctx);
+    std::pair<RemotePtr, unsigned> again = co_await read_entry(ctx);
+    if (level > again.second) {
+      std::array<uint64_t, 2> w{me.raw(), level};
+      co_await write(word_ptr(shine_word::kEntryPoint), w.data(), 16, ctx);
+    }
+    uint64_t zero = 0;
+    co_await write(word_ptr(shine_word::kEntryLock), &zero, 8, ctx);
+  }
+  co_await atomic(Op::fetch_add(word_ptr(shine_word::kNodeCount), 1, nullptr), ctx);
+}
+
+Task<std::vector<Neighbor>> Worker::search(const float* q, uint32_t k, uint32_t ef, OpContext& ctx) {
+  std::pair<RemotePtr, unsigned> entry = co_await read_entry(ctx);
+  RemotePtr ep = entry.first;
+  unsigned max_level = entry.second;
+  if (ep.is_null()) co_return std::vector<Neighbor>{};
+  std::vector<RemotePtr> start{ep};
+  std::vector<Neighbor> first = co_await read_vectors(start, q, ctx, nullptr);
+  if (first.empty()) throw FabricError("the entry point of the index is not a valid node");
+  Neighbor cur = first.front();
+  for (unsigned l = max_level; l > 0; --l) cur = co_await greedy(q, cur, l, ctx);
+  std::vector<Neighbor> eps{cur};
+  std::vector<Neighbor> w = co_await search_layer(q, std::move(eps), std::max(ef, k), 0, ctx, nullptr);
+  if (w.size() > k) w.resize(k);
+  co_return w;
+}
+
+}  // namespace dmhnsw::shine

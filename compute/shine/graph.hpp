@@ -1,0 +1,150 @@
+#pragma once
+// SHINE: one global HNSW graph in the memory nodes' regions, built and searched by
+// computenodes with one-sided operations only (paper sections 2-3, Algorithm 1).
+// This file is the datapath: insert and search as coroutines over a Scheduler.
+#include <cstdint>
+#include <random>
+#include <unordered_map>
+#include <vector>
+
+#include "common/distance.hpp"
+#include "common/fabric/transport.hpp"
+#include "common/region.hpp"
+#include "common/shine_layout.hpp"
+#include "compute/coro.hpp"
+
+namespace dmhnsw::shine {
+
+using compute::IoStats;
+using compute::Scheduler;
+using compute::Task;
+
+/// Index parameters, stored in memnode 0's region header when the index is formatted.
+struct GraphParams {
+  uint32_t dim = 0;
+  uint32_t m = 16;
+  uint32_t ef_construction = 200;
+  Metric metric = Metric::L2;
+  uint64_t seed = 100;
+};
+
+/// How a candidate's neighbours' vectors are read: one READ per neighbour (the paper), or
+/// all of them as one doorbell batch.
+enum class ReadMode { PerRead, Batch };
+
+/// What a memnode's region looks like to the graph (from its header at connect time).
+struct RegionBounds {
+  uint64_t data_offset = 0;
+  uint64_t size = 0;
+};
+
+/// One search result: distance, node, label.
+struct Neighbor {
+  float dist;
+  RemotePtr node;
+  uint32_t label;
+};
+
+struct SearchStats {
+  uint64_t visited = 0;   // distinct nodes whose vector was read
+  uint64_t hops = 0;      // candidates expanded (neighbour lists read)
+  uint64_t skipped = 0;   // invalid pointers or headers met (concurrent writers)
+};
+
+/// Formats the memnodes for a shine index (the first computenode to arrive does it), or
+/// attaches to an existing one. Returns the stored parameters; throws when `wanted` (if
+/// given) disagrees with a stored index, naming the parameter.
+GraphParams format_or_attach(fabric::Cluster& c, fabric::Endpoint& ep, const GraphParams* wanted);
+
+/// The process-wide view of the graph: layout, bounds, distance kernel. Read-only, shared
+/// by all worker threads.
+class Graph {
+ public:
+  Graph(fabric::Cluster& c, const GraphParams& p);
+  const NodeLayout& layout() const { return layout_; }
+  const GraphParams& params() const { return params_; }
+  const DistanceComputer& distance() const { return dist_; }
+  uint16_t num_memnodes() const { return static_cast<uint16_t>(bounds_.size()); }
+  /// A pointer is followed only if it lands in some memnode's data area, 8-byte aligned.
+  bool plausible(RemotePtr p) const {
+    if (p.is_null() || p.node() >= bounds_.size() || p.offset() % 8 != 0) return false;
+    const auto& b = bounds_[p.node()];
+    return p.offset() >= b.data_offset && p.offset() + layout_.vector_part_bytes() <= b.size;
+  }
+  const RegionBounds& bounds(uint16_t node) const { return bounds_[node]; }
+  fabric::Cluster& cluster() const { return cluster_; }
+
+ private:
+  fabric::Cluster& cluster_;
+  GraphParams params_;
+  NodeLayout layout_;
+  DistanceComputer dist_;
+  std::vector<RegionBounds> bounds_;
+};
+
+/// Open-addressing set of RemotePtrs, cleared in O(1) between queries.
+class VisitedSet {
+ public:
+  void clear();
+  /// True when newly inserted.
+  bool insert(RemotePtr p);
+  size_t size() const { return size_; }
+
+ private:
+  void grow();
+  std::vector<uint64_t> keys_;
+  std::vector<uint32_t> gen_;
+  uint32_t cur_ = 1;
+  size_t size_ = 0;
+};
+
+/// Per-coroutine state of one insert or query.
+struct OpContext {
+  ReadMode mode = ReadMode::Batch;
+  IoStats io;
+  SearchStats search;
+  VisitedSet visited;
+};
+
+/// A worker: one thread's scheduler over its endpoint, running insert/search coroutines.
+class Worker {
+ public:
+  Worker(const Graph& g, Scheduler& s, uint64_t seed);
+
+  /// Inserts one vector (label = its id in the base set).
+  Task<void> insert(const float* v, uint32_t label, OpContext& ctx);
+  /// k nearest neighbours with efSearch `ef` (Algorithm 1; upper levels with ef = 1).
+  Task<std::vector<Neighbor>> search(const float* q, uint32_t k, uint32_t ef, OpContext& ctx);
+
+ private:
+  struct VecEntry {
+    std::vector<float> v;
+    unsigned level;
+    uint32_t label;
+  };
+  using VecCache = std::unordered_map<uint64_t, VecEntry>;
+
+  Task<std::pair<RemotePtr, unsigned>> read_entry(OpContext& ctx);
+  /// Reads the vector parts of `nodes`; returns (node, distance to q, label) of the valid ones
+  /// and, with a cache, keeps their vectors.
+  Task<std::vector<Neighbor>> read_vectors(const std::vector<RemotePtr>& nodes, const float* q, OpContext& ctx,
+                                           VecCache* cache);
+  Task<std::vector<RemotePtr>> read_list(RemotePtr node, unsigned level, OpContext& ctx);
+  Task<Neighbor> greedy(const float* q, Neighbor cur, unsigned level, OpContext& ctx);
+  Task<std::vector<Neighbor>> search_layer(const float* q, std::vector<Neighbor> eps, uint32_t ef, unsigned level,
+                                           OpContext& ctx, VecCache* cache);
+  std::vector<Neighbor> select_heuristic(std::vector<Neighbor> cands, uint32_t m, const VecCache& cache) const;
+  Task<void> link(RemotePtr n, RemotePtr me, float d_me, unsigned level, OpContext& ctx, VecCache& cache);
+  Task<uint64_t> atomic(fabric::Op op, OpContext& ctx);
+  Task<void> write(RemotePtr dst, const void* src, size_t len, OpContext& ctx);
+  Task<void> lock_node(RemotePtr n, unsigned level, OpContext& ctx);
+  Task<void> lock_entry(OpContext& ctx);
+  void fail(const fabric::Completion& c) const;
+
+  const Graph& g_;
+  Scheduler& s_;
+  std::mt19937_64 rng_;
+  double level_mult_;
+};
+
+}  // namespace dmhnsw::shine

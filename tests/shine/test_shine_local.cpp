@@ -1,0 +1,175 @@
+// SHINE graph on LocalFabric: layout, insert + search, determinism, recall against brute force.
+#include <catch2/catch.hpp>
+
+#include <cstring>
+#include <random>
+#include <set>
+
+#include "common/fabric/local_fabric.hpp"
+#include "common/region.hpp"
+#include "common/shine_layout.hpp"
+#include "compute/shine/graph.hpp"
+
+using namespace dmhnsw;
+using namespace dmhnsw::shine;
+using compute::Scheduler;
+
+namespace {
+
+std::shared_ptr<fabric::LocalCluster> make_cluster(uint16_t nodes, uint64_t bytes) {
+  auto c = fabric::LocalCluster::create(nodes, bytes);
+  for (uint16_t i = 0; i < nodes; ++i) {
+    RegionHeader h = make_region_header(i, bytes);
+    std::memcpy(c->region(i), &h, sizeof h);
+  }
+  c->refresh_headers();
+  return c;
+}
+
+std::vector<float> gaussian_data(size_t n, size_t d, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> nd(0, 1);
+  std::vector<float> v(n * d);
+  for (auto& x : v) x = nd(rng);
+  return v;
+}
+
+std::vector<uint32_t> brute_force(const std::vector<float>& base, size_t d, const float* q, size_t k) {
+  std::vector<std::pair<float, uint32_t>> all;
+  for (size_t i = 0; i < base.size() / d; ++i) {
+    float s = 0;
+    for (size_t j = 0; j < d; ++j) s += (base[i * d + j] - q[j]) * (base[i * d + j] - q[j]);
+    all.push_back({s, static_cast<uint32_t>(i)});
+  }
+  std::partial_sort(all.begin(), all.begin() + static_cast<ptrdiff_t>(k), all.end());
+  std::vector<uint32_t> out;
+  for (size_t i = 0; i < k; ++i) out.push_back(all[i].second);
+  return out;
+}
+
+struct Built {
+  std::shared_ptr<fabric::LocalCluster> cluster;
+  std::unique_ptr<fabric::Endpoint> ep;
+  std::unique_ptr<Graph> graph;
+};
+
+Built build(const std::vector<float>& base, size_t d, uint32_t m, uint32_t efc, uint64_t seed, ReadMode mode) {
+  Built b;
+  b.cluster = make_cluster(2, 64u << 20);
+  b.ep = b.cluster->make_endpoint(64u << 20);
+  GraphParams p;
+  p.dim = static_cast<uint32_t>(d);
+  p.m = m;
+  p.ef_construction = efc;
+  p.seed = seed;
+  GraphParams got = format_or_attach(*b.cluster, *b.ep, &p);
+  b.cluster->refresh_headers();
+  b.graph = std::make_unique<Graph>(*b.cluster, got);
+  Scheduler s(*b.ep);
+  Worker w(*b.graph, s, seed);
+  OpContext ctx;
+  ctx.mode = mode;
+  for (size_t i = 0; i < base.size() / d; ++i) compute::run_sync(s, w.insert(&base[i * d], static_cast<uint32_t>(i), ctx));
+  return b;
+}
+
+}  // namespace
+
+TEST_CASE("shine node layout: sizes and offsets", "[shine][layout]") {
+  NodeLayout L(128, 16);
+  CHECK(L.capacity(0) == 32);
+  CHECK(L.capacity(3) == 16);
+  CHECK(L.vector_read_bytes() == 16 + 512);
+  CHECK(L.vector_part_bytes() == 528);
+  CHECK(L.list_offset(0) == 528);
+  CHECK(L.list_bytes(0) == 8 + 32 * 8);
+  CHECK(L.list_offset(1) == 528 + 264);
+  CHECK(L.list_bytes(1) == 8 + 16 * 8);
+  CHECK(L.node_bytes(0) == 528 + 264);
+  CHECK(L.node_bytes(2) == 528 + 264 + 2 * 136);
+  // The paper's size formula 8 + 4d + 4 + 2M*8 + l(4 + 8M), plus our padding of label and counts.
+  for (unsigned l = 0; l < 4; ++l) CHECK(L.node_bytes(l) == 8 + 512 + 4 + 256 + l * (4 + 128) + 4 + 4 + 4 * l + 4);
+  NodeLayout odd(3, 5);
+  CHECK(odd.vector_part_bytes() % 8 == 0);
+  CHECK(odd.list_offset(1) % 8 == 0);
+  CHECK_THROWS_WITH(NodeLayout(16, 1), Catch::Contains("--m"));
+}
+
+TEST_CASE("shine insert + search on LocalFabric: recall against brute force", "[shine]") {
+  const size_t n = 3000, d = 24, nq = 100, k = 10;
+  auto base = gaussian_data(n, d, 1);
+  auto queries = gaussian_data(nq, d, 2);
+  for (ReadMode mode : {ReadMode::Batch, ReadMode::PerRead}) {
+    Built b = build(base, d, 12, 100, 42, mode);
+    uint64_t count = 0;
+    b.ep->read(RemotePtr(0, mode_word_offset(shine_word::kNodeCount)), &count, 8);
+    CHECK(count == n);
+    Scheduler s(*b.ep);
+    Worker w(*b.graph, s, 7);
+    double hits = 0;
+    OpContext ctx;
+    ctx.mode = mode;
+    for (size_t q = 0; q < nq; ++q) {
+      auto res = compute::run_sync(s, w.search(&queries[q * d], k, 64, ctx));
+      auto truth = brute_force(base, d, &queries[q * d], k);
+      std::set<uint32_t> t(truth.begin(), truth.end());
+      for (auto& r : res) hits += t.count(r.label);
+    }
+    double recall = hits / (nq * k);
+    INFO("recall@10 = " << recall);
+    CHECK(recall > 0.9);
+    CHECK(ctx.search.skipped == 0);
+    if (mode == ReadMode::Batch) CHECK(ctx.io.doorbells < ctx.io.reads);
+    else CHECK(ctx.io.doorbells == ctx.io.reads);
+  }
+}
+
+TEST_CASE("shine build is deterministic for a fixed seed and one thread", "[shine]") {
+  const size_t n = 800, d = 8;
+  auto base = gaussian_data(n, d, 3);
+  Built a = build(base, d, 8, 50, 9, ReadMode::Batch);
+  Built b = build(base, d, 8, 50, 9, ReadMode::Batch);
+  for (uint16_t i = 0; i < 2; ++i) {
+    RegionHeader h;
+    std::memcpy(&h, a.cluster->region(i), sizeof h);
+    uint64_t used = h.mode_words[shine_word::kBump];
+    CHECK(std::memcmp(a.cluster->region(i), b.cluster->region(i), used) == 0);
+  }
+}
+
+TEST_CASE("shine: an exhausted region is a clear error naming the memnode", "[shine]") {
+  auto c = make_cluster(1, 2u << 20);  // scratch takes a quarter; room for a few hundred nodes
+  auto ep = c->make_endpoint(16u << 20);
+  GraphParams p;
+  p.dim = 256;
+  p.m = 16;
+  p.ef_construction = 20;
+  GraphParams got = format_or_attach(*c, *ep, &p);
+  c->refresh_headers();
+  Graph g(*c, got);
+  Scheduler s(*ep);
+  Worker w(g, s, 1);
+  OpContext ctx;
+  auto data = gaussian_data(10000, 256, 5);
+  CHECK_THROWS_WITH(
+      [&] {
+        for (size_t i = 0; i < 10000; ++i) compute::run_sync(s, w.insert(&data[i * 256], static_cast<uint32_t>(i), ctx));
+      }(),
+      Catch::Contains("memnode 0") && Catch::Contains("out of region space") && Catch::Contains("--region"));
+}
+
+TEST_CASE("shine: attaching with other parameters names the mismatch", "[shine]") {
+  auto c = make_cluster(2, 8u << 20);
+  auto ep = c->make_endpoint(8u << 20);
+  GraphParams p;
+  p.dim = 16;
+  format_or_attach(*c, *ep, &p);
+  GraphParams q = p;
+  q.m = 32;
+  CHECK_THROWS_WITH(format_or_attach(*c, *ep, &q), Catch::Contains("--m") && Catch::Contains("16") && Catch::Contains("32"));
+  GraphParams got = format_or_attach(*c, *ep, nullptr);
+  CHECK(got.dim == 16);
+  auto empty = make_cluster(1, 8u << 20);
+  auto ep2 = empty->make_endpoint(8u << 20);
+  CHECK_THROWS_WITH(format_or_attach(*empty, *ep2, nullptr), Catch::Contains("build"));
+}
