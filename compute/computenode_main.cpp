@@ -8,7 +8,11 @@
 
 #include "common/fabric/fabric_cluster.hpp"
 #include "common/region.hpp"
+#include "common/units.hpp"
 #include "compute/selftest.hpp"
+#include "compute/shine/engine.hpp"
+#include "compute/store.hpp"
+#include <fstream>
 
 using namespace dmhnsw;
 
@@ -57,6 +61,48 @@ int main(int argc, char** argv) {
   compute::SelftestOptions so;
   st->add_option("--atomics", so.atomics, "fetch_adds and compare_swap increments per memnode")->capture_default_str();
   st->add_option("--loop", so.loop_seconds, "after the checks, keep reading for this many seconds")->capture_default_str();
+
+  // ---- shine/dhnsw index commands
+  shine::BuildOptions bo;
+  std::string build_cache = "2GiB";
+  std::string metric = "l2", read_mode = "batch", build_report, query_report, store_dir, ef_list = "64";
+  auto* build = app.add_subcommand("build", "format the memnodes for an index (the first computenode to arrive "
+                                            "does it) and insert this computenode's share of --data (rows i with "
+                                            "i % num-cns == cn-id)");
+  auto* insert = app.add_subcommand("insert", "insert rows [--begin, --end) of --data into an existing index "
+                                              "(this computenode's share of them), while others may query");
+  for (auto* sc : {build, insert}) {
+    sc->add_option("--data", bo.data, "base vectors (.fvecs .bvecs .fbin .u8bin .i8bin); labels are row ids")->required();
+    sc->add_option("--max-elements", bo.max_elements, "use only the first N rows (0 = all)")->capture_default_str();
+    sc->add_option("--threads", bo.threads, "worker threads (each with its own endpoint)")->capture_default_str();
+    sc->add_option("--coroutines", bo.coroutines, "inserts in flight per thread")->capture_default_str();
+    sc->add_option("--report", build_report, "write the build report (JSON) here (computenode 0: merged)");
+    sc->add_option("--build-cache", build_cache, "memory for vectors read while inserting (they never change), e.g. 2GiB")
+        ->capture_default_str();
+  }
+  build->add_option("--m", bo.params.m, "HNSW M: neighbours per node on upper levels (2M on level 0)")->capture_default_str();
+  build->add_option("--ef-construction", bo.params.ef_construction, "HNSW efConstruction")->capture_default_str();
+  build->add_option("--metric", metric, "l2 or ip")->capture_default_str()->check(CLI::IsMember({"l2", "ip"}));
+  build->add_option("--seed", bo.params.seed, "seed of levels and memnode choice")->capture_default_str();
+  build->add_option("--store-index", store_dir, "after the build, every memnode writes its region to DIR/memnode-<id>.img");
+  insert->add_option("--begin", bo.begin, "first row to insert")->capture_default_str();
+  insert->add_option("--end", bo.end, "one past the last row (0 = all)")->capture_default_str();
+
+  shine::QueryOptions qo;
+  auto* query = app.add_subcommand("query", "run a workload (tools/workload) against the index; computenode 0 "
+                                            "gathers every computenode's numbers and writes the merged report");
+  query->add_option("--workload", qo.workload, "workload file from tools/workload")->required();
+  query->add_option("--k", qo.k, "neighbours per query")->capture_default_str();
+  query->add_option("--ef-search", ef_list, "efSearch, or a comma list to run one after the other")->capture_default_str();
+  query->add_option("--threads", qo.threads, "worker threads")->capture_default_str();
+  query->add_option("--coroutines", qo.coroutines, "queries in flight per thread (C++20 coroutines)")->capture_default_str();
+  query->add_option("--repeat-seconds", qo.repeat_seconds, "cycle through the measured part for at least this long")
+      ->capture_default_str();
+  query->add_option("--report", query_report, "write the query report (JSON) here (computenode 0: merged)");
+  for (auto* sc : {build, insert, query})
+    sc->add_option("--read-mode", read_mode, "batch: a candidate's neighbours in one doorbell; per-read: one READ each")
+        ->capture_default_str()
+        ->check(CLI::IsMember({"batch", "per-read"}));
   CLI11_PARSE(app, argc, argv);
 
   spdlog::set_pattern("[%H:%M:%S.%e] [computenode " + std::to_string(cn_id) + "] [%l] %v");
@@ -72,7 +118,42 @@ int main(int argc, char** argv) {
     co.cn_id = cn_id;
     auto cluster = fabric::connect_cluster(co);
     spdlog::info("connected to {} memnode(s) over {}", cluster->memnodes().size(), provider);
-    print_headers(*cluster);
+    if (!*build && !*insert && !*query) print_headers(*cluster);
+    auto write_report = [](const std::string& path, const nlohmann::json& r) {
+      if (path.empty()) return;
+      std::ofstream out(path);
+      if (!out) throw std::runtime_error("--report: cannot write '" + path + "'");
+      out << r.dump(2) << "\n";
+      std::printf("report: %s\n", path.c_str());
+    };
+    shine::RunContext rc{cluster.get(), cn_id, num_cns, provider};
+    auto rm = read_mode == "batch" ? shine::ReadMode::Batch : shine::ReadMode::PerRead;
+    if (*build || *insert) {
+      if (mode != "shine") throw std::invalid_argument("--mode dhnsw: not implemented yet (issue 5); use --mode shine");
+      bo.params.metric = parse_metric(metric);
+      bo.mode = rm;
+      bo.format = static_cast<bool>(*build);
+      bo.cache_bytes = parse_bytes(build_cache, "--build-cache");
+      auto r = shine::run_build(rc, bo);
+      if (cn_id == 0) shine::print_build(r);
+      write_report(build_report, r);
+      if (!store_dir.empty() && cn_id == 0) {
+        auto ep = cluster->make_endpoint(8u << 20);
+        compute::store_index(*cluster, *ep, store_dir);
+      }
+      return 0;
+    }
+    if (*query) {
+      if (mode != "shine") throw std::invalid_argument("--mode dhnsw: not implemented yet (issue 5); use --mode shine");
+      qo.mode = rm;
+      qo.ef_search.clear();
+      for (auto& e : split_commas(ef_list)) qo.ef_search.push_back(static_cast<uint32_t>(std::stoul(e)));
+      if (qo.ef_search.empty()) throw std::invalid_argument("--ef-search: no value");
+      auto r = shine::run_query(rc, qo);
+      if (cn_id == 0) shine::print_query(r);
+      write_report(query_report, r);
+      return 0;
+    }
     if (*st) {
       so.cn_id = cn_id;
       auto r = compute::run_selftest(*cluster, so);

@@ -5,14 +5,18 @@
 
 #include <CLI/CLI.hpp>
 #include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <thread>
 
 #include "common/fabric/fabric_cluster.hpp"
 #include "common/region.hpp"
 #include "common/units.hpp"
+#include "memory/admin_service.hpp"
+#include "memory/image.hpp"
 #include "memory/region_memory.hpp"
 
 using namespace dmhnsw;
@@ -20,7 +24,8 @@ using namespace dmhnsw;
 int main(int argc, char** argv) {
   CLI::App app{"dmhnsw memnode: holds a region of the index in registered memory and serves one-sided "
                "READ/WRITE/atomic operations from computenodes"};
-  std::string listen = "127.0.0.1:7000", provider = "shm", region = "256MiB", token_file, ready_file, log_level = "info";
+  std::string listen = "127.0.0.1:7000", provider = "shm", region = "256MiB", token_file, ready_file, log_level = "info",
+              load;
   int id = 0, numa_node = -1;
   bool hugepages = false;
   app.add_option("--listen", listen, "HOST:PORT of the TCP control port (port 0 picks a free one)")->capture_default_str();
@@ -28,11 +33,16 @@ int main(int argc, char** argv) {
   app.add_option("--provider", provider, "fabric: shm (one host), tcp (any IP network), verbs (RDMA NICs, soft-RoCE)")
       ->capture_default_str()
       ->check(CLI::IsMember({"shm", "tcp", "verbs"}));
-  app.add_option("--region", region, "region size, e.g. 512MiB, 8GiB")->capture_default_str();
+  auto* region_opt = app.add_option("--region", region,
+                                    "region size, e.g. 512MiB, 8GiB (with --load: default the image's region size)")
+                         ->capture_default_str();
   app.add_flag("--hugepages", hugepages, "back the region with 2 MiB hugepages (falls back to normal pages with a warning)");
   app.add_option("--numa-node", numa_node, "bind the region's memory to this NUMA node (libnuma)");
   app.add_option("--token-file", token_file,
                  "file holding the cluster token (else the DMHNSW_TOKEN variable; with neither, loopback only)");
+  app.add_option("--load", load,
+                 "serve the region image FILE (written by a store request: DIR/memnode-<id>.img); refused when "
+                 "truncated, corrupted, of another memnode or larger than --region");
   app.add_option("--ready-file", ready_file, "write the bound HOST:PORT to this file once serving");
   app.add_option("--log-level", log_level, "trace, debug, info, warn, error")->capture_default_str();
   CLI11_PARSE(app, argc, argv);
@@ -49,15 +59,41 @@ int main(int argc, char** argv) {
 
     fabric::Provider prov = fabric::parse_provider(provider);
     std::string token = fabric::load_token(token_file);
-    uint64_t bytes = parse_bytes(region, "--region");
     auto [host, port] = fabric::parse_host_port(listen, "--listen");
     (void)port;
 
-    RegionHeader hdr = make_region_header(static_cast<uint16_t>(id), bytes);
+    uint64_t bytes = 0;
+    if (!load.empty() && region_opt->count() == 0) {
+      bytes = memory::read_image_header(load).region_size;  // checks magic, version, checksum, length
+    } else {
+      bytes = parse_bytes(region, "--region");
+    }
     memory::RegionMemory mem(bytes, hugepages, numa_node);
-    std::memcpy(mem.data(), &hdr, sizeof hdr);
+    if (!load.empty()) {
+      auto t0 = std::chrono::steady_clock::now();
+      memory::ImageInfo info = memory::load_image(load, mem.data(), mem.size(), static_cast<uint16_t>(id));
+      double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      spdlog::info("loaded {}: mode {}, {} used bytes of a {} region, node count word {}, checksum {:#018x}, {:.2f} s",
+                   load, fabric::mode_name(info.mode), info.used_bytes, format_bytes(info.region_size),
+                   info.node_count, info.body_checksum, s);
+      if (mem.size() > info.region_size)
+        spdlog::info("region grown from {} (image) to {} (--region): the extra room is free", format_bytes(info.region_size),
+                     format_bytes(mem.size()));
+    } else {
+      RegionHeader fresh = make_region_header(static_cast<uint16_t>(id), bytes);
+      std::memcpy(mem.data(), &fresh, sizeof fresh);
+    }
+    RegionHeader hdr;
+    std::memcpy(&hdr, mem.data(), sizeof hdr);
 
     fabric::RegionServer server(prov, host, mem.data(), mem.size(), static_cast<uint16_t>(id));
+    // Admin messages (store requests) are served in the progress thread; anything else is echoed.
+    server.set_handler([&mem, id](const fabric::Message& in, const std::function<void(const void*, size_t)>& reply) {
+      if (auto out = memory::handle_admin(in.payload, mem.data(), mem.size(), static_cast<uint16_t>(id)))
+        reply(out->data(), out->size());
+      else
+        reply(in.payload.data(), in.payload.size());
+    });
     auto header_of = [&] {
       std::array<char, fabric::kHeaderBlobBytes> b;
       std::memcpy(b.data(), mem.data(), b.size());

@@ -223,7 +223,8 @@ FabricEndpoint::FabricEndpoint(std::shared_ptr<FabricCluster> c, size_t pool_byt
     : cluster_(std::move(c)),
       raw_(cluster_->domain(), false),
       pool_(pool_bytes),
-      pool_mr_(cluster_->domain(), pool_.arena(), pool_.arena_bytes(), FI_READ | FI_WRITE | FI_SEND | FI_RECV, 0) {
+      pool_mr_(cluster_->domain(), pool_.arena(), pool_.arena_bytes(), FI_READ | FI_WRITE | FI_SEND | FI_RECV,
+               cluster_->domain()->next_local_key()) {
   pool_mr_.bind(raw_.ep());
   my_name_ = raw_.name();
   if (my_name_.size() > lf::kMaxAddrBytes) throw FabricError("fabric address longer than " + std::to_string(lf::kMaxAddrBytes) + " bytes");
@@ -617,7 +618,7 @@ RegionServer::RegionServer(Provider p, const std::string& listen_host, char* reg
                                                    kRegionKey + memnode_id);
   m.region_mr->bind(m.ep->ep());
   m.bufs_mr = std::make_unique<lf::MemoryRegion>(m.domain, m.bufs.arena(), m.bufs.arena_bytes(),
-                                                 FI_SEND | FI_RECV, 0);
+                                                 FI_SEND | FI_RECV, m.domain->next_local_key());
   m.bufs_mr->bind(m.ep->ep());
   for (size_t i = 0; i < 64; ++i) {
     m.recv_bufs.push_back(m.bufs.alloc(lf::kWireMsgBytes));
@@ -683,7 +684,8 @@ void RegionServer::run(const std::atomic<bool>& stop) {
         }
       }
       if (!m.outbox.empty() || now - last_work < spin_window) {
-        if (++m.spins % 64 == 0) sched_yield();  // share the core with local computenodes
+        ++m.spins;
+        sched_yield();  // share the core with local computenodes (2-core hosts)
         continue;
       }
       ++m.waits;

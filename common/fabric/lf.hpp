@@ -10,6 +10,7 @@
 #include <rdma/fi_errno.h>
 #include <rdma/fi_rma.h>
 
+#include <atomic>
 #include <memory>
 #include <string>
 #include <vector>
@@ -60,10 +61,15 @@ class Domain {
   bool mr_prov_key() const { return (info_->domain_attr->mr_mode & FI_MR_PROV_KEY) != 0; }
   bool mr_endpoint() const { return (info_->domain_attr->mr_mode & FI_MR_ENDPOINT) != 0; }
   std::string describe() const;  // "provider tcp;ofi_rxm, mr_mode 0x0, ..."
+  /// A requested key not used before in this domain (local buffers; keys must be unique
+  /// per domain when the provider does not pick them).
+  uint64_t next_local_key() { return kLocalKeyBase + next_key_.fetch_add(1); }
+  static constexpr uint64_t kLocalKeyBase = 0x1000'0000;
 
  private:
   Provider provider_ = Provider::Shm;
   fi_info* info_ = nullptr;
+  std::atomic<uint64_t> next_key_{0};
   FidPtr<fid_fabric> fabric_;
   FidPtr<fid_domain> domain_;
 };

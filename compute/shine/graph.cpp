@@ -144,8 +144,31 @@ bool VisitedSet::insert(RemotePtr p) {
 }
 
 // ------------------------------------------------------------------ worker
-Worker::Worker(const Graph& g, Scheduler& s, uint64_t seed)
-    : g_(g), s_(s), rng_(seed), level_mult_(1.0 / std::log(static_cast<double>(g.params().m))) {}
+Worker::Worker(const Graph& g, Scheduler& s, uint64_t seed, VectorCache* shared)
+    : g_(g), s_(s), rng_(seed), level_mult_(1.0 / std::log(static_cast<double>(g.params().m))), shared_(shared) {}
+
+// ------------------------------------------------------------------ vector cache
+const VecEntry* VectorCache::find(RemotePtr p) const {
+  const Shard& sh = shards_[shard_of(p)];
+  std::shared_lock g(sh.mu);
+  auto it = sh.map.find(p.raw());
+  return it == sh.map.end() ? nullptr : it->second.get();
+}
+
+const VecEntry* VectorCache::insert(RemotePtr p, const float* v, size_t dim, unsigned level, uint32_t label) {
+  Shard& sh = shards_[shard_of(p)];
+  std::unique_lock g(sh.mu);
+  auto it = sh.map.find(p.raw());
+  if (it != sh.map.end()) return it->second.get();
+  uint64_t need = dim * sizeof(float) + 64;
+  if (bytes_.load(std::memory_order_relaxed) + need > max_bytes_) return nullptr;
+  bytes_.fetch_add(need, std::memory_order_relaxed);
+  entries_.fetch_add(1, std::memory_order_relaxed);
+  auto e = std::make_unique<VecEntry>(VecEntry{std::vector<float>(v, v + dim), level, label});
+  const VecEntry* out = e.get();
+  sh.map.emplace(p.raw(), std::move(e));
+  return out;
+}
 
 void Worker::fail(const Completion& c) const {
   if (c.status != Status::Ok) throw FabricError(s_.endpoint().describe(c));
@@ -179,14 +202,29 @@ Task<std::vector<Neighbor>> Worker::read_vectors(const std::vector<RemotePtr>& n
   std::vector<Neighbor> out;
   if (nodes.empty()) co_return out;
   const auto& L = g_.layout();
-  const size_t stride = L.vector_part_bytes();
-  Buffer b = s_.endpoint().alloc(stride * nodes.size());
-  std::vector<Op> ops;
-  ops.reserve(nodes.size());
-  for (size_t i = 0; i < nodes.size(); ++i) ops.push_back(Op::read(nodes[i], b.data() + i * stride, L.vector_read_bytes()));
-  fail(co_await s_.io(ops, ctx.mode == ReadMode::Batch, &ctx.io));
   out.reserve(nodes.size());
-  for (size_t i = 0; i < nodes.size(); ++i) {
+  // Vectors this insert already knows are not read again (they never change).
+  std::vector<RemotePtr> remote;
+  if (cache != nullptr) {
+    for (RemotePtr p : nodes) {
+      if (const VecEntry* e = cache->find(p)) {
+        ++ctx.search.visited;
+        out.push_back({g_.distance()(q, e->v.data()), p, e->label});
+      } else {
+        remote.push_back(p);
+      }
+    }
+  } else {
+    remote = nodes;
+  }
+  if (remote.empty()) co_return out;
+  const size_t stride = L.vector_part_bytes();
+  Buffer b = s_.endpoint().alloc(stride * remote.size());
+  std::vector<Op> ops;
+  ops.reserve(remote.size());
+  for (size_t i = 0; i < remote.size(); ++i) ops.push_back(Op::read(remote[i], b.data() + i * stride, L.vector_read_bytes()));
+  fail(co_await s_.io(ops, ctx.mode == ReadMode::Batch, &ctx.io));
+  for (size_t i = 0; i < remote.size(); ++i) {
     const char* p = b.data() + i * stride;
     NodeFront f;
     std::memcpy(&f, p, sizeof f);
@@ -196,8 +234,8 @@ Task<std::vector<Neighbor>> Worker::read_vectors(const std::vector<RemotePtr>& n
     }
     const float* v = reinterpret_cast<const float*>(p + NodeLayout::vector_offset());
     ++ctx.search.visited;
-    out.push_back({g_.distance()(q, v), nodes[i], f.label});
-    if (cache != nullptr) cache->emplace(nodes[i].raw(), VecEntry{std::vector<float>(v, v + L.dim()), NodeHeader::level(f.header), f.label});
+    out.push_back({g_.distance()(q, v), remote[i], f.label});
+    if (cache != nullptr) cache->add(remote[i], v, L.dim(), NodeHeader::level(f.header), f.label);
   }
   co_return out;
 }
@@ -286,12 +324,12 @@ std::vector<Neighbor> Worker::select_heuristic(std::vector<Neighbor> cands, uint
   std::vector<Neighbor> kept;
   for (const auto& c : cands) {
     if (kept.size() >= m) break;
-    auto ci = cache.find(c.node.raw());
-    if (ci == cache.end()) continue;
+    const VecEntry* ci = cache.find(c.node);
+    if (ci == nullptr) continue;
     bool good = true;
     for (const auto& s : kept) {
-      auto si = cache.find(s.node.raw());
-      if (g_.distance()(ci->second.v.data(), si->second.v.data()) < c.dist) {
+      const VecEntry* si = cache.find(s.node);
+      if (g_.distance()(ci->v.data(), si->v.data()) < c.dist) {
         good = false;
         break;
       }
@@ -324,9 +362,9 @@ Task<void> Worker::lock_entry(OpContext& ctx) {
 // Adds `me` to n's list at `level` under n's lock; a full list is pruned with the heuristic.
 Task<void> Worker::link(RemotePtr n, RemotePtr me, float d_me, unsigned level, OpContext& ctx, VecCache& cache) {
   const auto& L = g_.layout();
-  auto self = cache.find(n.raw());
-  if (self == cache.end()) co_return;  // only nodes whose vector we read get linked
-  const unsigned n_level = self->second.level;
+  const VecEntry* self = cache.find(n);
+  if (self == nullptr) co_return;  // only nodes whose vector we read get linked
+  const unsigned n_level = self->level;
   co_await lock_node(n, n_level, ctx);
   std::vector<RemotePtr> list = co_await read_list(n, level, ctx);
   const uint32_t cap = L.capacity(level);
@@ -340,15 +378,12 @@ Task<void> Worker::link(RemotePtr n, RemotePtr me, float d_me, unsigned level, O
     // Distances from n to its current neighbours and to me; read missing vectors first.
     std::vector<RemotePtr> missing;
     for (RemotePtr p : list)
-      if (!cache.count(p.raw())) missing.push_back(p);
-    const float* nv = self->second.v.data();
+      if (cache.find(p) == nullptr) missing.push_back(p);
+    const float* nv = self->v.data();
     co_await read_vectors(missing, nv, ctx, &cache);
-    self = cache.find(n.raw());  // rehash may have moved entries
-    nv = self->second.v.data();
     std::vector<Neighbor> cands{{d_me, me, 0}};
     for (RemotePtr p : list) {
-      auto it = cache.find(p.raw());
-      if (it != cache.end()) cands.push_back({g_.distance()(nv, it->second.v.data()), p, it->second.label});
+      if (const VecEntry* e = cache.find(p)) cands.push_back({g_.distance()(nv, e->v.data()), p, e->label});
     }
     std::sort(cands.begin(), cands.end(), ByDistLess{});
     for (const auto& c : select_heuristic(cands, cap, cache)) next.push_back(c.node);
@@ -390,7 +425,8 @@ Task<void> Worker::insert(const float* v, uint32_t label, OpContext& ctx) {
   co_await write(me, rec.data(), rec.size(), ctx);
 
   VecCache cache;
-  cache.emplace(me.raw(), VecEntry{std::vector<float>(v, v + L.dim()), level, label});
+  cache.shared = shared_;
+  cache.add(me, v, L.dim(), level, label);
   std::pair<RemotePtr, unsigned> entry = co_await read_entry(ctx);
   RemotePtr ep = entry.first;
   unsigned max_level = entry.second;

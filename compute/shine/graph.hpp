@@ -3,7 +3,11 @@
 // computenodes with one-sided operations only (paper sections 2-3, Algorithm 1).
 // This file is the datapath: insert and search as coroutines over a Scheduler.
 #include <cstdint>
+#include <array>
+#include <atomic>
+#include <memory>
 #include <random>
+#include <shared_mutex>
 #include <unordered_map>
 #include <vector>
 
@@ -98,6 +102,36 @@ class VisitedSet {
   size_t size_ = 0;
 };
 
+/// A vector read from the index, with the node's level and label.
+struct VecEntry {
+  std::vector<float> v;
+  unsigned level;
+  uint32_t label;
+};
+
+/// Process-wide cache of vectors read while building: vectors never change once written,
+/// so every thread may keep what any thread read. Thread-safe, append-only, bounded.
+class VectorCache {
+ public:
+  explicit VectorCache(uint64_t max_bytes) : max_bytes_(max_bytes) {}
+  const VecEntry* find(RemotePtr p) const;
+  /// Returns the cached entry (an existing one, or the new one), or nullptr when full.
+  const VecEntry* insert(RemotePtr p, const float* v, size_t dim, unsigned level, uint32_t label);
+  uint64_t bytes() const { return bytes_.load(); }
+  uint64_t entries() const { return entries_.load(); }
+
+ private:
+  static constexpr size_t kShards = 64;
+  struct Shard {
+    mutable std::shared_mutex mu;
+    std::unordered_map<uint64_t, std::unique_ptr<VecEntry>> map;
+  };
+  static size_t shard_of(RemotePtr p) { return static_cast<size_t>((p.raw() * 0x9E3779B97F4A7C15ull) >> 58); }
+  uint64_t max_bytes_;
+  std::atomic<uint64_t> bytes_{0}, entries_{0};
+  std::array<Shard, kShards> shards_;
+};
+
 /// Per-coroutine state of one insert or query.
 struct OpContext {
   ReadMode mode = ReadMode::Batch;
@@ -109,7 +143,8 @@ struct OpContext {
 /// A worker: one thread's scheduler over its endpoint, running insert/search coroutines.
 class Worker {
  public:
-  Worker(const Graph& g, Scheduler& s, uint64_t seed);
+  /// `shared` (optional) is the process-wide vector cache used by inserts.
+  Worker(const Graph& g, Scheduler& s, uint64_t seed, VectorCache* shared = nullptr);
 
   /// Inserts one vector (label = its id in the base set).
   Task<void> insert(const float* v, uint32_t label, OpContext& ctx);
@@ -117,12 +152,22 @@ class Worker {
   Task<std::vector<Neighbor>> search(const float* q, uint32_t k, uint32_t ef, OpContext& ctx);
 
  private:
-  struct VecEntry {
-    std::vector<float> v;
-    unsigned level;
-    uint32_t label;
+  /// The vectors one insert knows: the shared cache first, then its own overflow.
+  struct VecCache {
+    VectorCache* shared = nullptr;
+    std::unordered_map<uint64_t, VecEntry> local;
+    const VecEntry* find(RemotePtr p) const {
+      if (shared != nullptr)
+        if (const VecEntry* e = shared->find(p)) return e;
+      auto it = local.find(p.raw());
+      return it == local.end() ? nullptr : &it->second;
+    }
+    const VecEntry* add(RemotePtr p, const float* v, size_t dim, unsigned level, uint32_t label) {
+      if (shared != nullptr)
+        if (const VecEntry* e = shared->insert(p, v, dim, level, label)) return e;
+      return &local.emplace(p.raw(), VecEntry{std::vector<float>(v, v + dim), level, label}).first->second;
+    }
   };
-  using VecCache = std::unordered_map<uint64_t, VecEntry>;
 
   Task<std::pair<RemotePtr, unsigned>> read_entry(OpContext& ctx);
   /// Reads the vector parts of `nodes`; returns (node, distance to q, label) of the valid ones
@@ -145,6 +190,7 @@ class Worker {
   Scheduler& s_;
   std::mt19937_64 rng_;
   double level_mult_;
+  VectorCache* shared_;
 };
 
 }  // namespace dmhnsw::shine

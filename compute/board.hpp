@@ -1,0 +1,33 @@
+#pragma once
+// Coordination of the computenodes of one run through memnode 0's scratch area, with
+// one-sided operations only (computenodes never talk to each other): a barrier on a
+// FETCH_ADD counter, and a slot per computenode where it publishes its results for
+// computenode 0 to gather.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/fabric/transport.hpp"
+
+namespace dmhnsw::compute {
+
+class Board {
+ public:
+  static constexpr uint64_t kSlotBytes = 512u << 10;
+  Board(fabric::Cluster& c, fabric::Endpoint& ep, uint32_t cn_id, uint32_t num_cns);
+  /// Waits until all num_cns computenodes arrived; returns the barrier's generation (the
+  /// same number on every computenode). Fails after `timeout_s` naming how many arrived.
+  uint64_t barrier(int timeout_s = 600);
+  /// Publishes `text` under generation `gen` in this computenode's slot.
+  void publish(uint64_t gen, const std::string& text);
+  /// Computenode 0: every computenode's text of generation `gen`, by cn id.
+  std::vector<std::string> gather(uint64_t gen, int timeout_s = 600);
+
+ private:
+  fabric::Cluster& c_;
+  fabric::Endpoint& ep_;
+  uint32_t cn_, k_;
+  RemotePtr base_;
+};
+
+}  // namespace dmhnsw::compute

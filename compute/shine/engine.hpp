@@ -1,0 +1,52 @@
+#pragma once
+// SHINE control of a run: build (insert a share of a base set with T threads x C
+// coroutines) and query (a workload with T threads x C coroutines); reports as JSON.
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "common/fabric/transport.hpp"
+#include "compute/shine/graph.hpp"
+
+namespace dmhnsw::shine {
+
+struct RunContext {
+  fabric::Cluster* cluster = nullptr;
+  uint32_t cn_id = 0;
+  uint32_t num_cns = 1;
+  std::string provider;
+};
+
+struct BuildOptions {
+  std::string data;          // base vectors, any format load_vectors_as_float reads
+  size_t max_elements = 0;   // 0 = all rows
+  size_t begin = 0;          // insert rows [begin, end) (end 0 = all); labels are row ids
+  size_t end = 0;
+  GraphParams params;
+  uint32_t threads = 2;
+  uint32_t coroutines = 1;
+  ReadMode mode = ReadMode::Batch;
+  bool format = true;        // false: the index must exist (insert into it)
+  uint64_t cache_bytes = 2ull << 30;  // process-wide cache of vectors read while inserting
+  bool progress = true;
+};
+
+struct QueryOptions {
+  std::string workload;
+  uint32_t k = 10;
+  std::vector<uint32_t> ef_search{64};
+  uint32_t threads = 2;
+  uint32_t coroutines = 4;
+  ReadMode mode = ReadMode::Batch;
+  double repeat_seconds = 0;  // > 0: cycle through the measured part for at least this long
+};
+
+/// Inserts this computenode's share; returns the build report (merged on computenode 0).
+nlohmann::json run_build(const RunContext& rc, const BuildOptions& o);
+/// Runs the workload; returns the query report (merged on computenode 0).
+nlohmann::json run_query(const RunContext& rc, const QueryOptions& o);
+/// A short human table of a report on stdout.
+void print_build(const nlohmann::json& r);
+void print_query(const nlohmann::json& r);
+
+}  // namespace dmhnsw::shine

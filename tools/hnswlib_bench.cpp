@@ -1,0 +1,407 @@
+// hnswlib-bench: the single-machine reference that dmhnsw's shine mode is compared against.
+//
+// Builds an hnswlib 0.6.2 HierarchicalNSW (label = base row id) with --threads threads, the way
+// hnswlib's own ParallelFor does it (the first vector alone, then an atomic counter over the
+// remaining ids), then for each --ef-search value searches every query with --threads threads,
+// each thread taking its own contiguous part of the query list. Reports recall@k against the
+// ground truth, QPS (queries / wall time), per-query latency p50/p99 measured inside each thread,
+// and hnswlib's own counters (metric_distance_computations, metric_hops) per query.
+//
+// Queries come from a dmhnsw workload file (its measured part only; the ground truth is the
+// file's) or from a vector file plus a ground-truth file (one row per query).
+//
+// Note on reproducibility: with --threads 1 the index is a deterministic function of the data
+// and --seed. With more threads the insertion order interleaves, and hnswlib 0.6.2 draws levels
+// from its shared generator without a lock (as with its Python bindings), so graphs and recall
+// vary slightly between runs.
+//
+// <hnswlib/hnswlib.h> defines non-inline functions and mutable globals: this must stay the only
+// translation unit of this binary that includes it at global scope (common/distance.cpp wraps its
+// copy in an anonymous namespace).
+#include <CLI/CLI.hpp>
+#include <hnswlib/hnswlib.h>
+#include <nlohmann/json.hpp>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <exception>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/dataset.hpp"
+#include "common/distance.hpp"
+#include "common/workload.hpp"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+/// The queries to run: pointers to their vectors and their ground-truth rows.
+struct QuerySet {
+  std::string source;                 // file the queries come from
+  std::string groundtruth_source;     // file the ground truth comes from
+  std::vector<const float*> vectors;  // each points at dim floats
+  std::vector<const std::int32_t*> truth;  // each points at truth_k ids
+  std::size_t dim = 0;
+  std::size_t truth_k = 0;
+  // keep the storage the pointers point into
+  std::optional<dmhnsw::Workload> workload;
+  dmhnsw::FloatMatrix queries;
+  dmhnsw::IdMatrix groundtruth;
+};
+
+QuerySet load_queries(const std::string& workload_path, const std::string& query_path,
+                      const std::string& truth_path) {
+  QuerySet qs;
+  if (!workload_path.empty()) {
+    qs.workload = dmhnsw::read_workload(workload_path);
+    const dmhnsw::Workload& w = *qs.workload;
+    qs.source = qs.groundtruth_source = workload_path;
+    qs.dim = w.dim();
+    qs.truth_k = w.k();
+    for (std::uint64_t i = 0; i < w.total(); ++i) {
+      if (w.is_warmup(i)) continue;
+      qs.vectors.push_back(w.queries.row(i));
+      qs.truth.push_back(w.groundtruth.row(i));
+    }
+  } else {
+    qs.queries = dmhnsw::load_vectors_as_float(query_path);
+    qs.groundtruth = dmhnsw::load_ids(truth_path);
+    if (qs.groundtruth.n() != qs.queries.n())
+      throw std::invalid_argument(truth_path + " has " + std::to_string(qs.groundtruth.n()) +
+                                  " rows but " + query_path + " has " +
+                                  std::to_string(qs.queries.n()) + " queries");
+    qs.source = query_path;
+    qs.groundtruth_source = truth_path;
+    qs.dim = qs.queries.d();
+    qs.truth_k = qs.groundtruth.d();
+    for (std::size_t i = 0; i < qs.queries.n(); ++i) {
+      qs.vectors.push_back(qs.queries.row(i));
+      qs.truth.push_back(qs.groundtruth.row(i));
+    }
+  }
+  if (qs.vectors.empty()) throw std::invalid_argument(qs.source + ": no queries to measure");
+  return qs;
+}
+
+/// Fails early (before a long build) when the output file cannot be created.
+void check_writable(const std::string& flag, const std::string& path) {
+  if (path.empty()) return;
+  std::filesystem::path dir = std::filesystem::path(path).parent_path();
+  if (dir.empty()) dir = ".";
+  std::error_code ec;
+  if (!std::filesystem::is_directory(dir, ec))
+    throw std::invalid_argument(flag + " " + path + ": directory " + dir.string() +
+                                " does not exist");
+  if (::access(dir.c_str(), W_OK) != 0)
+    throw std::invalid_argument(flag + " " + path + ": directory " + dir.string() +
+                                " is not writable");
+}
+
+/// Runs body(i) for every i in [begin, end) on `threads` threads pulling ids from an atomic
+/// counter; rethrows the first exception after all threads stop.
+template <typename Body>
+void parallel_for(std::size_t begin, std::size_t end, unsigned threads, Body body) {
+  if (threads <= 1) {
+    for (std::size_t i = begin; i < end; ++i) body(i);
+    return;
+  }
+  std::atomic<std::size_t> next{begin};
+  std::exception_ptr error;
+  std::mutex error_mutex;
+  std::vector<std::thread> pool;
+  for (unsigned t = 0; t < threads; ++t) {
+    pool.emplace_back([&] {
+      for (;;) {
+        const std::size_t i = next.fetch_add(1);
+        if (i >= end) break;
+        try {
+          body(i);
+        } catch (...) {
+          std::lock_guard<std::mutex> lock(error_mutex);
+          if (!error) error = std::current_exception();
+          next.store(end);  // stop the other threads
+          break;
+        }
+      }
+    });
+  }
+  for (auto& th : pool) th.join();
+  if (error) std::rethrow_exception(error);
+}
+
+struct RunResult {
+  std::size_t ef = 0;
+  double recall = 0, qps = 0, p50_us = 0, p99_us = 0;
+  double dist_comps = 0, hops = 0;
+};
+
+/// Nearest-rank percentile of sorted values (q in (0, 1]).
+double percentile(const std::vector<double>& sorted, double q) {
+  if (sorted.empty()) return 0;
+  auto rank = static_cast<std::size_t>(std::ceil(q * static_cast<double>(sorted.size())));
+  rank = std::clamp<std::size_t>(rank, 1, sorted.size());
+  return sorted[rank - 1];
+}
+
+RunResult run_queries(hnswlib::HierarchicalNSW<float>& index, const QuerySet& qs, std::size_t k,
+                      std::size_t ef, unsigned threads) {
+  const std::size_t nq = qs.vectors.size();
+  index.setEf(ef);
+  index.metric_distance_computations.store(0);
+  index.metric_hops.store(0);
+
+  std::vector<double> latency_us(nq);
+  std::vector<double> hits(nq);
+  std::exception_ptr error;
+  std::mutex error_mutex;
+
+  auto worker = [&](std::size_t begin, std::size_t end) {
+    try {
+      std::vector<std::int32_t> truth(k);
+      for (std::size_t q = begin; q < end; ++q) {
+        const auto t0 = Clock::now();
+        auto result = index.searchKnn(qs.vectors[q], k);
+        latency_us[q] = std::chrono::duration<double, std::micro>(Clock::now() - t0).count();
+        std::copy_n(qs.truth[q], k, truth.begin());
+        std::sort(truth.begin(), truth.end());
+        std::size_t found = 0;
+        for (; !result.empty(); result.pop()) {
+          const auto label = static_cast<std::int32_t>(result.top().second);
+          if (std::binary_search(truth.begin(), truth.end(), label)) ++found;
+        }
+        hits[q] = static_cast<double>(found);
+      }
+    } catch (...) {
+      std::lock_guard<std::mutex> lock(error_mutex);
+      if (!error) error = std::current_exception();
+    }
+  };
+
+  const auto t0 = Clock::now();
+  if (threads <= 1) {
+    worker(0, nq);
+  } else {
+    std::vector<std::thread> pool;
+    for (unsigned t = 0; t < threads; ++t) {
+      const std::size_t begin = nq * t / threads, end = nq * (t + 1) / threads;
+      pool.emplace_back(worker, begin, end);
+    }
+    for (auto& th : pool) th.join();
+  }
+  const double wall = seconds_since(t0);
+  if (error) std::rethrow_exception(error);
+
+  RunResult r;
+  r.ef = ef;
+  double total_hits = 0;
+  for (double h : hits) total_hits += h;
+  r.recall = total_hits / (static_cast<double>(nq) * static_cast<double>(k));
+  r.qps = static_cast<double>(nq) / wall;
+  std::sort(latency_us.begin(), latency_us.end());
+  r.p50_us = percentile(latency_us, 0.50);
+  r.p99_us = percentile(latency_us, 0.99);
+  r.dist_comps = static_cast<double>(index.metric_distance_computations.load()) /
+                 static_cast<double>(nq);
+  r.hops = static_cast<double>(index.metric_hops.load()) / static_cast<double>(nq);
+  return r;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{
+      "hnswlib-bench: build an hnswlib 0.6.2 HNSW index on one machine and measure recall@k, "
+      "QPS and latency per efSearch (the reference for dmhnsw's shine mode)"};
+  std::string base_path, workload_path, query_path, truth_path, metric_text = "l2";
+  std::string json_path, save_path;
+  std::size_t m = 16, ef_construction = 200, k = 10, max_elements = 0, seed = 100;
+  std::vector<std::size_t> ef_search = {10, 20, 40, 80, 160};
+  unsigned threads = 0;
+  // CLI11 2.1 would wrap "-1" into a huge unsigned value.
+  const CLI::Validator non_negative(
+      [](std::string& text) {
+        return text.find('-') == std::string::npos ? std::string() : "must be >= 0, got " + text;
+      },
+      "", "non-negative");
+
+  app.add_option("--base", base_path,
+                 "base vectors, label = row id (.fvecs .bvecs .fbin .u8bin .i8bin)")
+      ->required();
+  auto* workload_opt = app.add_option(
+      "--workload", workload_path,
+      "dmhnsw workload file: its measured queries and their ground truth (warm-up part skipped)");
+  auto* query_opt = app.add_option("--queries", query_path,
+                                   "query vectors (same formats as --base); needs --groundtruth");
+  auto* truth_opt = app.add_option(
+      "--groundtruth", truth_path,
+      "exact neighbour ids of each query (.ivecs .ibin), at least --k per row; needs --queries");
+  workload_opt->excludes(query_opt)->excludes(truth_opt);
+  query_opt->needs(truth_opt);
+  truth_opt->needs(query_opt);
+  app.add_option("--metric", metric_text,
+                 "distance: l2 (squared Euclidean) or ip (inner product, hnswlib's 1 - <a,b>)")
+      ->capture_default_str();
+  app.add_option("--m", m, "HNSW M: links per node on upper layers (2*M on layer 0)")
+      ->capture_default_str()->check(CLI::Range(std::size_t{2}, std::size_t{10000}));
+  app.add_option("--ef-construction", ef_construction, "candidate list size while building")
+      ->capture_default_str()->check(CLI::Range(std::size_t{1}, std::size_t{1} << 20));
+  app.add_option("--ef-search", ef_search,
+                 "comma-separated candidate list sizes to search with, one run each "
+                 "(hnswlib uses max(ef, k))")
+      ->delimiter(',')->capture_default_str()
+      ->check(CLI::Range(std::size_t{1}, std::size_t{1} << 20));
+  app.add_option("--k", k, "neighbours returned per query; recall@k is measured")
+      ->capture_default_str()->check(CLI::Range(std::size_t{1}, dmhnsw::kMaxDim));
+  app.add_option("--threads", threads,
+                 "threads for building and for searching (0: all hardware threads)")
+      ->capture_default_str()->check(CLI::Range(0u, 1024u));
+  app.add_option("--seed", seed, "hnswlib's random_seed for the level draws")
+      ->capture_default_str()->check(non_negative);
+  app.add_option("--max-elements", max_elements,
+                 "index only the first N base rows (0: all); the ground truth must refer to "
+                 "those rows only")
+      ->capture_default_str()->check(non_negative);
+  app.add_option("--json", json_path, "write the parameters and results to this JSON file");
+  app.add_option("--save-index", save_path, "save the built index with hnswlib's saveIndex");
+  try {
+    app.parse(argc, argv);
+    if (workload_path.empty() && query_path.empty())
+      throw CLI::RequiredError("--workload or --queries with --groundtruth");
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+
+  try {
+    dmhnsw::Metric metric;
+    try {
+      metric = dmhnsw::parse_metric(metric_text);
+    } catch (const std::invalid_argument& e) {
+      throw std::invalid_argument(std::string("--metric: ") + e.what());
+    }
+    if (ef_search.empty()) throw std::invalid_argument("--ef-search: no values given");
+    if (threads == 0) threads = std::max(1u, std::thread::hardware_concurrency());
+    check_writable("--json", json_path);
+    check_writable("--save-index", save_path);
+
+    dmhnsw::LoadOptions base_options;
+    if (max_elements > 0) base_options.max_rows = max_elements;
+    const dmhnsw::FloatMatrix base = dmhnsw::load_vectors_as_float(base_path, base_options);
+    const QuerySet qs = load_queries(workload_path, query_path, truth_path);
+    const std::size_t n = base.n(), dim = base.d(), nq = qs.vectors.size();
+    if (qs.dim != dim)
+      throw std::invalid_argument("dimension mismatch: " + base_path + " has d=" +
+                                  std::to_string(dim) + ", " + qs.source + " has d=" +
+                                  std::to_string(qs.dim));
+    if (k > n)
+      throw std::invalid_argument("--k " + std::to_string(k) + " exceeds the " +
+                                  std::to_string(n) + " base vectors indexed from " + base_path);
+    if (qs.truth_k < k)
+      throw std::invalid_argument("--k " + std::to_string(k) + ": " + qs.groundtruth_source +
+                                  " has only " + std::to_string(qs.truth_k) +
+                                  " ground-truth ids per query");
+    for (std::size_t q = 0; q < nq; ++q)
+      for (std::size_t j = 0; j < k; ++j)
+        if (static_cast<std::size_t>(qs.truth[q][j]) >= n)
+          throw std::invalid_argument(
+              qs.groundtruth_source + ": query " + std::to_string(q) + " has neighbour id " +
+              std::to_string(qs.truth[q][j]) + " but only " + std::to_string(n) +
+              " base rows are indexed" +
+              (max_elements > 0 ? " (--max-elements " + std::to_string(max_elements) +
+                                      "; use a ground truth computed over those rows)"
+                                : " (ground truth of another base?)"));
+
+    const std::string metric_name(dmhnsw::to_string(metric));
+    std::printf("hnswlib-bench: base %s (%zu x %zu), %s, %zu queries from %s, k=%zu, M=%zu, "
+                "efConstruction=%zu, threads=%u, seed=%zu\n",
+                base_path.c_str(), n, dim, metric_name.c_str(), nq, qs.source.c_str(), k, m,
+                ef_construction, threads, seed);
+    std::fflush(stdout);
+
+    std::unique_ptr<hnswlib::SpaceInterface<float>> space;
+    if (metric == dmhnsw::Metric::L2) space = std::make_unique<hnswlib::L2Space>(dim);
+    else space = std::make_unique<hnswlib::InnerProductSpace>(dim);
+    hnswlib::HierarchicalNSW<float> index(space.get(), n, m, ef_construction, seed);
+
+    const auto build_start = Clock::now();
+    index.addPoint(base.row(0), 0);  // the entry point, alone (as hnswlib's ParallelFor users do)
+    parallel_for(1, n, threads, [&](std::size_t i) {
+      index.addPoint(base.row(i), static_cast<hnswlib::labeltype>(i));
+    });
+    const double build_seconds = seconds_since(build_start);
+    std::printf("build: %zu vectors in %.3f s (%.0f inserts/s), %u threads\n", n, build_seconds,
+                static_cast<double>(n) / build_seconds, threads);
+    std::fflush(stdout);
+
+    if (!save_path.empty()) {
+      index.saveIndex(save_path);
+      std::error_code ec;
+      const auto size = std::filesystem::file_size(save_path, ec);
+      if (ec || size == 0) throw std::runtime_error("--save-index " + save_path + ": not written");
+      std::printf("saved index to %s (%ju bytes)\n", save_path.c_str(),
+                  static_cast<std::uintmax_t>(size));
+    }
+
+    std::printf("%9s %10s %12s %10s %10s %12s %10s\n", "efSearch",
+                ("recall@" + std::to_string(k)).c_str(), "QPS", "p50 us", "p99 us", "dist/query",
+                "hops/query");
+    std::vector<RunResult> runs;
+    for (std::size_t ef : ef_search) {
+      const RunResult r = run_queries(index, qs, k, ef, threads);
+      std::printf("%9zu %10.4f %12.1f %10.1f %10.1f %12.1f %10.1f\n", r.ef, r.recall, r.qps,
+                  r.p50_us, r.p99_us, r.dist_comps, r.hops);
+      std::fflush(stdout);
+      runs.push_back(r);
+    }
+
+    if (!json_path.empty()) {
+      nlohmann::json report;
+      report["system"] = "hnswlib";
+      report["base"] = base_path;
+      report["queries"] = qs.source;
+      report["nq"] = nq;
+      report["n"] = n;
+      report["dim"] = dim;
+      report["metric"] = metric_name;
+      report["m"] = m;
+      report["ef_construction"] = ef_construction;
+      report["threads"] = threads;
+      report["seed"] = seed;
+      report["build_seconds"] = build_seconds;
+      report["runs"] = nlohmann::json::array();
+      for (const RunResult& r : runs)
+        report["runs"].push_back({{"ef_search", r.ef},
+                                  {"k", k},
+                                  {"recall", r.recall},
+                                  {"qps", r.qps},
+                                  {"latency_us", {{"p50", r.p50_us}, {"p99", r.p99_us}}},
+                                  {"dist_comps_per_query", r.dist_comps},
+                                  {"hops_per_query", r.hops}});
+      std::ofstream out(json_path, std::ios::trunc);
+      out << report.dump(2) << "\n";
+      out.close();
+      if (!out) throw std::runtime_error("--json " + json_path + ": write failed");
+      std::printf("wrote %s\n", json_path.c_str());
+    }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}
