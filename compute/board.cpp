@@ -1,6 +1,7 @@
 #include "compute/board.hpp"
 
 #include <chrono>
+#include <stdexcept>
 #include <thread>
 
 #include "common/region.hpp"
@@ -18,15 +19,21 @@ struct SlotHeader {
 static_assert(sizeof(SlotHeader) == 16);
 }  // namespace
 
-Board::Board(fabric::Cluster& c, fabric::Endpoint& ep, uint32_t cn_id, uint32_t num_cns)
+Board::Board(fabric::Cluster& c, fabric::Endpoint& ep, uint32_t cn_id, uint32_t num_cns, const std::string& group)
     : c_(c), ep_(ep), cn_(cn_id), k_(num_cns) {
+  if (num_cns > kMaxCns)
+    throw std::invalid_argument("--num-cns " + std::to_string(num_cns) + ": at most " + std::to_string(kMaxCns) +
+                                " computenodes per run");
   RegionHeader h = header_from_blob(c.memnodes()[0].header, "memnode 0");
-  // The board lives in the upper half of the scratch area (the selftest uses the lower half).
-  uint64_t off = h.scratch_offset + h.scratch_size / 2;
-  if (h.scratch_size / 2 < kSlotsStart + uint64_t{num_cns} * kSlotBytes)
-    throw fabric::FabricError("memnode 0: scratch area too small for " + std::to_string(num_cns) +
-                              " computenodes (start it with a larger --region)");
-  base_ = RemotePtr(0, off);
+  // The board lives in the upper half of the scratch area (the selftest uses the lower half):
+  // kGroups areas of [barrier page][kMaxCns slots].
+  const uint64_t area = kSlotsStart + uint64_t{kMaxCns} * kSlotBytes;
+  if (h.scratch_size / 2 < kGroups * area)
+    throw fabric::FabricError("memnode 0: scratch area of " + std::to_string(h.scratch_size) +
+                              " bytes too small for the coordination board (start it with --region 128MiB or more)");
+  uint64_t hash = 1469598103934665603ull;  // FNV-1a of the group name and the run size
+  for (char ch : group + "/" + std::to_string(num_cns)) hash = (hash ^ static_cast<unsigned char>(ch)) * 1099511628211ull;
+  base_ = RemotePtr(0, h.scratch_offset + h.scratch_size / 2 + (hash % kGroups) * area);
 }
 
 uint64_t Board::barrier(int timeout_s) {

@@ -23,7 +23,8 @@ std::string name_of(const fabric::MemnodeInfo& mn) {
 std::vector<StoreResult> store_index(fabric::Cluster& cluster, fabric::Endpoint& ep, const std::string& dir,
                                      int timeout_ms) {
   using Clock = std::chrono::steady_clock;
-  const uint64_t request_id = std::random_device{}() ^ (static_cast<uint64_t>(Clock::now().time_since_epoch().count()) << 1);
+  const uint64_t request_id =
+      std::random_device{}() ^ (static_cast<uint64_t>(Clock::now().time_since_epoch().count()) << 1);
   admin::StoreRequest req = admin::make_store_request(dir, request_id);  // throws on an empty or too long path
 
   std::map<uint16_t, const fabric::MemnodeInfo*> pending;

@@ -93,8 +93,8 @@ inline std::string get_text(const char* field, size_t cap, uint32_t len) {
 inline StoreRequest make_store_request(const std::string& dir, uint64_t request_id) {
   if (dir.empty()) throw std::invalid_argument("store: empty directory");
   if (dir.size() >= kDirBytes)
-    throw std::invalid_argument("store: directory path of " + std::to_string(dir.size()) + " bytes is too long (at most " +
-                                std::to_string(kDirBytes - 1) + ")");
+    throw std::invalid_argument("store: directory path of " + std::to_string(dir.size()) +
+                                " bytes is too long (at most " + std::to_string(kDirBytes - 1) + ")");
   StoreRequest r{};
   r.type = static_cast<uint32_t>(MsgType::StoreRequest);
   r.request_id = request_id;

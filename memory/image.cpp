@@ -264,7 +264,8 @@ ImageInfo write_image(const std::string& path, const char* region, uint64_t regi
     h.body_checksum = sum.digest();
     h.header_checksum = header_checksum_of(h);
     write_all(fd.get(), reinterpret_cast<const char*>(&h), kHdr, 0, tmp);
-    if (::fsync(fd.get()) != 0) throw std::runtime_error(err(tmp, std::string("fsync failed: ") + std::strerror(errno)));
+    if (::fsync(fd.get()) != 0)
+      throw std::runtime_error(err(tmp, std::string("fsync failed: ") + std::strerror(errno)));
     if (::close(fd.release()) != 0)
       throw std::runtime_error(err(tmp, std::string("close failed: ") + std::strerror(errno)));
     if (std::rename(tmp.c_str(), path.c_str()) != 0)

@@ -77,8 +77,8 @@ int main(int argc, char** argv) {
                    load, fabric::mode_name(info.mode), info.used_bytes, format_bytes(info.region_size),
                    info.node_count, info.body_checksum, s);
       if (mem.size() > info.region_size)
-        spdlog::info("region grown from {} (image) to {} (--region): the extra room is free", format_bytes(info.region_size),
-                     format_bytes(mem.size()));
+        spdlog::info("region grown from {} (image) to {} (--region): the extra room is free",
+                     format_bytes(info.region_size), format_bytes(mem.size()));
     } else {
       RegionHeader fresh = make_region_header(static_cast<uint16_t>(id), bytes);
       std::memcpy(mem.data(), &fresh, sizeof fresh);

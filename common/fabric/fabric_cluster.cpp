@@ -11,6 +11,7 @@
 #include <deque>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <thread>
 
 #include "common/fabric/lf.hpp"
@@ -178,13 +179,18 @@ class FabricCluster final : public Cluster, public std::enable_shared_from_this<
   // Heartbeats over the control connections; a closed connection or a silent memnode marks
   // it dead, which fails its pending and later operations.
   void monitor() {
-    std::vector<Clock::time_point> last_heard(peers_.size(), Clock::now());
+    // A memnode is silent when a ping we sent has had no answer for the timeout; counting
+    // from the ping (not from the last answer) keeps a starved monitor thread from blaming it.
+    std::vector<std::optional<Clock::time_point>> unanswered(peers_.size());
     auto next_ping = Clock::now();
     while (!stop_.load()) {
       auto now = Clock::now();
       if (now >= next_ping) {
-        for (size_t i = 0; i < controls_.size(); ++i)
-          if (!peers_[i]->dead.load() && !controls_[i]->send_ping()) mark_dead(i, "control connection failed");
+        for (size_t i = 0; i < controls_.size(); ++i) {
+          if (peers_[i]->dead.load()) continue;
+          if (!controls_[i]->send_ping()) mark_dead(i, "control connection failed");
+          if (!unanswered[i]) unanswered[i] = now;
+        }
         next_ping = now + std::chrono::milliseconds(500);
       }
       std::vector<pollfd> fds;
@@ -198,8 +204,8 @@ class FabricCluster final : public Cluster, public std::enable_shared_from_this<
           if (!controls_[i]->drain(why))
             mark_dead(i, why);
           else
-            last_heard[i] = now;
-        } else if (now - last_heard[i] > std::chrono::milliseconds(opts_.heartbeat_timeout_ms)) {
+            unanswered[i].reset();
+        } else if (unanswered[i] && now - *unanswered[i] > std::chrono::milliseconds(opts_.heartbeat_timeout_ms)) {
           mark_dead(i, "no heartbeat answer for " + std::to_string(opts_.heartbeat_timeout_ms) + " ms");
         }
       }

@@ -19,7 +19,7 @@ struct ClusterOptions {
   Mode mode = Mode::None;
   uint32_t cn_id = 0;
   uint16_t control_version = kControlVersion;  // tests only
-  int heartbeat_timeout_ms = 3000;             // a memnode silent this long is declared dead
+  int heartbeat_timeout_ms = 4000;             // a ping unanswered this long declares the memnode dead
 };
 
 /// Connects to every memnode (bootstrap + fabric address exchange) and starts the liveness

@@ -263,11 +263,11 @@ Task<std::vector<RemotePtr>> Worker::read_list(RemotePtr node, unsigned level, O
   co_return out;
 }
 
-Task<Neighbor> Worker::greedy(const float* q, Neighbor cur, unsigned level, OpContext& ctx) {
+Task<Neighbor> Worker::greedy(const float* q, Neighbor cur, unsigned level, OpContext& ctx, VecCache* cache) {
   for (bool changed = true; changed;) {
     changed = false;
     std::vector<RemotePtr> nbrs = co_await read_list(cur.node, level, ctx);
-    std::vector<Neighbor> got = co_await read_vectors(nbrs, q, ctx, nullptr);
+    std::vector<Neighbor> got = co_await read_vectors(nbrs, q, ctx, cache);
     for (const auto& n : got)
       if (n.dist < cur.dist) {
         cur = n;
@@ -359,6 +359,18 @@ Task<void> Worker::lock_entry(OpContext& ctx) {
   }
 }
 
+Task<void> Worker::write_list(RemotePtr n, unsigned level, const std::vector<RemotePtr>& list, OpContext& ctx) {
+  const auto& L = g_.layout();
+  std::vector<char> buf(L.list_bytes(level), 0);
+  ListFront f{static_cast<uint32_t>(list.size()), 0};
+  std::memcpy(buf.data(), &f, sizeof f);
+  for (size_t i = 0; i < list.size(); ++i) {
+    uint64_t raw = list[i].raw();
+    std::memcpy(buf.data() + sizeof f + 8 * i, &raw, 8);
+  }
+  co_await write(n + L.list_offset(level), buf.data(), buf.size(), ctx);
+}
+
 // Adds `me` to n's list at `level` under n's lock; a full list is pruned with the heuristic.
 Task<void> Worker::link(RemotePtr n, RemotePtr me, float d_me, unsigned level, OpContext& ctx, VecCache& cache) {
   const auto& L = g_.layout();
@@ -388,14 +400,7 @@ Task<void> Worker::link(RemotePtr n, RemotePtr me, float d_me, unsigned level, O
     std::sort(cands.begin(), cands.end(), ByDistLess{});
     for (const auto& c : select_heuristic(cands, cap, cache)) next.push_back(c.node);
   }
-  std::vector<char> buf(L.list_bytes(level), 0);
-  ListFront f{static_cast<uint32_t>(next.size()), 0};
-  std::memcpy(buf.data(), &f, sizeof f);
-  for (size_t i = 0; i < next.size(); ++i) {
-    uint64_t raw = next[i].raw();
-    std::memcpy(buf.data() + sizeof f + 8 * i, &raw, 8);
-  }
-  co_await write(n + L.list_offset(level), buf.data(), buf.size(), ctx);
+  co_await write_list(n, level, next, ctx);
   const uint64_t unlocked = NodeHeader::make(n_level, false);
   co_await write(n, &unlocked, 8, ctx);  // release: a plain WRITE of the header word
 }
@@ -452,20 +457,23 @@ Task<void> Worker::insert(const float* v, uint32_t label, OpContext& ctx) {
   std::vector<Neighbor> first = co_await read_vectors(start, v, ctx, &cache);
   if (first.empty()) throw FabricError("the entry point of the index is not a valid node");
   Neighbor cur = first.front();
-  for (unsigned l = max_level; l > level; --l) cur = co_await greedy(v, cur, l, ctx);
+  for (unsigned l = max_level; l > level; --l) cur = co_await greedy(v, cur, l, ctx, &cache);
   std::vector<Neighbor> eps{cur};
   for (int l = static_cast<int>(std::min(level, max_level)); l >= 0; --l) {
     std::vector<Neighbor> w = co_await search_layer(v, eps, P.ef_construction, static_cast<unsigned>(l), ctx, &cache);
     std::vector<Neighbor> sel = select_heuristic(w, P.m, cache);
-    // My own list first (nobody reaches me at this level before the back-links below).
-    std::vector<char> buf(L.list_bytes(static_cast<unsigned>(l)), 0);
-    ListFront f{static_cast<uint32_t>(sel.size()), 0};
-    std::memcpy(buf.data(), &f, sizeof f);
-    for (size_t i = 0; i < sel.size(); ++i) {
-      uint64_t raw = sel[i].node.raw();
-      std::memcpy(buf.data() + sizeof f + 8 * i, &raw, 8);
-    }
-    co_await write(me + L.list_offset(static_cast<unsigned>(l)), buf.data(), buf.size(), ctx);
+    // My own list, under my lock: a concurrent inserter that reached me through an upper
+    // level may already have linked itself here; its link is kept (pruned if over capacity).
+    co_await lock_node(me, level, ctx);
+    std::vector<RemotePtr> mine = co_await read_list(me, static_cast<unsigned>(l), ctx);
+    std::vector<RemotePtr> next;
+    for (const auto& n : sel) next.push_back(n.node);
+    for (RemotePtr p : mine)
+      if (std::find(next.begin(), next.end(), p) == next.end() && next.size() < L.capacity(static_cast<unsigned>(l)))
+        next.push_back(p);
+    co_await write_list(me, static_cast<unsigned>(l), next, ctx);
+    const uint64_t unlocked = NodeHeader::make(level, false);
+    co_await write(me, &unlocked, 8, ctx);
     for (const auto& n : sel) co_await link(n.node, me, n.dist, static_cast<unsigned>(l), ctx, cache);
     if (!w.empty()) eps = w;
   }
@@ -493,7 +501,7 @@ Task<std::vector<Neighbor>> Worker::search(const float* q, uint32_t k, uint32_t 
   std::vector<Neighbor> first = co_await read_vectors(start, q, ctx, nullptr);
   if (first.empty()) throw FabricError("the entry point of the index is not a valid node");
   Neighbor cur = first.front();
-  for (unsigned l = max_level; l > 0; --l) cur = co_await greedy(q, cur, l, ctx);
+  for (unsigned l = max_level; l > 0; --l) cur = co_await greedy(q, cur, l, ctx, nullptr);
   std::vector<Neighbor> eps{cur};
   std::vector<Neighbor> w = co_await search_layer(q, std::move(eps), std::max(ef, k), 0, ctx, nullptr);
   if (w.size() > k) w.resize(k);

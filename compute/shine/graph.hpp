@@ -175,11 +175,12 @@ class Worker {
   Task<std::vector<Neighbor>> read_vectors(const std::vector<RemotePtr>& nodes, const float* q, OpContext& ctx,
                                            VecCache* cache);
   Task<std::vector<RemotePtr>> read_list(RemotePtr node, unsigned level, OpContext& ctx);
-  Task<Neighbor> greedy(const float* q, Neighbor cur, unsigned level, OpContext& ctx);
+  Task<Neighbor> greedy(const float* q, Neighbor cur, unsigned level, OpContext& ctx, VecCache* cache);
   Task<std::vector<Neighbor>> search_layer(const float* q, std::vector<Neighbor> eps, uint32_t ef, unsigned level,
                                            OpContext& ctx, VecCache* cache);
   std::vector<Neighbor> select_heuristic(std::vector<Neighbor> cands, uint32_t m, const VecCache& cache) const;
   Task<void> link(RemotePtr n, RemotePtr me, float d_me, unsigned level, OpContext& ctx, VecCache& cache);
+  Task<void> write_list(RemotePtr n, unsigned level, const std::vector<RemotePtr>& list, OpContext& ctx);
   Task<uint64_t> atomic(fabric::Op op, OpContext& ctx);
   Task<void> write(RemotePtr dst, const void* src, size_t len, OpContext& ctx);
   Task<void> lock_node(RemotePtr n, unsigned level, OpContext& ctx);

@@ -1,0 +1,162 @@
+// SHINE across real processes: 2 memnodes, 2 computenodes x 2 threads building one graph,
+// then querying it, on shm and tcp; a memnode killed mid-query; inserts during queries.
+#include <catch2/catch.hpp>
+
+#include <nlohmann/json.hpp>
+
+#include "proc.hpp"
+
+using namespace dmhnsw::testing;
+using Catch::Contains;
+using std::chrono::seconds;
+
+namespace {
+
+struct Data {
+  TempDir dir;
+  std::string base, queries, gt, wl;
+  Data() {
+    base = dir.file("base.fvecs");
+    queries = dir.file("queries.fvecs");
+    gt = dir.file("gt.ivecs");
+    wl = dir.file("q.wl");
+    auto ok = [&](std::vector<std::string> argv, const char* name) {
+      auto r = run(std::move(argv), dir, name, seconds(120));
+      INFO(r.output);
+      REQUIRE(r.code == 0);
+    };
+    ok({bin("datagen"), "--n", "3000", "--d", "24", "--clusters", "16", "--spread", "0.5", "--seed", "3", "--queries",
+        "200", "--out-base", base, "--out-queries", queries},
+       "datagen");
+    ok({bin("groundtruth"), "--base", base, "--queries", queries, "--k", "10", "--metric", "l2", "--out", gt},
+       "groundtruth");
+    ok({bin("workload"), "--queries", queries, "--groundtruth", gt, "--dist", "uniform", "--count", "400", "--warmup",
+        "50", "--seed", "1", "--out", wl},
+       "workload");
+  }
+};
+
+std::vector<std::string> cn(const std::string& provider, const std::string& memnodes, int id, int k,
+                            std::vector<std::string> rest) {
+  std::vector<std::string> a{bin("computenode"), "--mode", "shine", "--provider", provider, "--memnodes", memnodes,
+                             "--cn-id", std::to_string(id), "--num-cns", std::to_string(k)};
+  a.insert(a.end(), rest.begin(), rest.end());
+  return a;
+}
+
+nlohmann::json load(const std::string& path) {
+  std::ifstream in(path);
+  REQUIRE(in.good());
+  return nlohmann::json::parse(in);
+}
+
+}  // namespace
+
+TEST_CASE("shine: 2 computenodes x 2 threads build over 2 memnodes, then query (shm, tcp)", "[integration][shine]") {
+  Data d;
+  for (std::string provider : {"shm", "tcp"}) {
+    DYNAMIC_SECTION(provider) {
+      TempDir dir;
+      Memnode m0(dir, 0, provider), m1(dir, 1, provider);
+      std::string mns = m0.address + "," + m1.address;
+      std::string rep = dir.file("build.json");
+      Proc b0(cn(provider, mns, 0, 2, {"build", "--data", d.base, "--m", "12", "--ef-construction", "80", "--threads", "2",
+                                       "--report", rep}),
+              dir.file("b0.log"));
+      Proc b1(cn(provider, mns, 1, 2, {"build", "--data", d.base, "--m", "12", "--ef-construction", "80", "--threads", "2"}),
+              dir.file("b1.log"));
+      int c0 = b0.wait(seconds(300)), c1 = b1.wait(seconds(300));
+      INFO(b0.output() << b1.output());
+      REQUIRE(c0 == 0);
+      REQUIRE(c1 == 0);
+      auto br = load(rep);
+      CHECK(br["inserted"] == 3000);
+      CHECK(br["index_nodes"] == 3000);
+      CHECK(br["per_cn"].size() == 2);
+      CHECK(br["memnode_usage"][0]["bytes_used"].get<uint64_t>() > 0);
+      CHECK(br["memnode_usage"][1]["bytes_used"].get<uint64_t>() > 0);  // spread over both memnodes
+
+      std::string qrep = dir.file("query.json");
+      Proc q0(cn(provider, mns, 0, 2, {"query", "--workload", d.wl, "--k", "10", "--ef-search", "16,64", "--threads", "2",
+                                       "--coroutines", "2", "--report", qrep}),
+              dir.file("q0.log"));
+      Proc q1(cn(provider, mns, 1, 2, {"query", "--workload", d.wl, "--k", "10", "--ef-search", "16,64", "--threads", "2",
+                                       "--coroutines", "2", "--read-mode", "per-read"}),
+              dir.file("q1.log"));
+      c0 = q0.wait(seconds(300));
+      c1 = q1.wait(seconds(300));
+      INFO(q0.output() << q1.output());
+      REQUIRE(c0 == 0);
+      REQUIRE(c1 == 0);
+      CHECK_THAT(q0.output(), Contains("efSearch") && Contains("recall"));
+      auto qr = load(qrep);
+      REQUIRE(qr["runs"].size() == 2);
+      CHECK(qr["runs"][0]["queries"] == 400);
+      CHECK(qr["runs"][1]["recall"].get<double>() >= 0.9);
+      CHECK(qr["runs"][1]["recall"].get<double>() >= qr["runs"][0]["recall"].get<double>() - 0.01);
+      auto& pq = qr["runs"][1]["per_query"];
+      CHECK(pq["reads"].get<double>() > pq["visited"].get<double>());  // lists + vectors
+      CHECK(pq["bytes"].get<double>() >= pq["vector_bytes"].get<double>());
+      CHECK(qr["runs"][1]["network_bound_qps"]["100Gbps"].get<double>() > 0);
+    }
+  }
+}
+
+TEST_CASE("shine: a memnode killed mid-query makes the computenode fail within 5 s naming it", "[integration][shine]") {
+  Data d;
+  TempDir dir;
+  Memnode m0(dir, 0, "shm"), m1(dir, 1, "shm");
+  std::string mns = m0.address + "," + m1.address;
+  auto b = run(cn("shm", mns, 0, 1, {"build", "--data", d.base, "--max-elements", "1000", "--ef-construction", "40"}), dir,
+               "build", seconds(300));
+  INFO(b.output);
+  REQUIRE(b.code == 0);
+  Proc q(cn("shm", mns, 0, 1, {"query", "--workload", d.wl, "--ef-search", "32", "--repeat-seconds", "60"}),
+         dir.file("q.log"));
+  // Let it get going: the workload is read and the first barrier passed once it has logged.
+  auto until = std::chrono::steady_clock::now() + seconds(20);
+  while (q.output().find("connected") == std::string::npos && std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));  // well into the measured part
+  REQUIRE(q.running());
+  m1.proc->signal(SIGKILL);
+  auto t0 = std::chrono::steady_clock::now();
+  int code = q.wait(seconds(15));
+  double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  INFO(q.output());
+  CHECK(code > 0);
+  CHECK(secs < 5.0);
+  CHECK_THAT(q.output(), Contains("memnode 1 (" + m1.address + ")"));
+}
+
+TEST_CASE("shine: inserts by one computenode while another queries", "[integration][shine]") {
+  Data d;
+  TempDir dir;
+  Memnode m0(dir, 0, "shm"), m1(dir, 1, "shm");
+  std::string mns = m0.address + "," + m1.address;
+  auto b = run(cn("shm", mns, 0, 1, {"build", "--data", d.base, "--max-elements", "1500", "--ef-construction", "60"}),
+               dir, "build", seconds(300));
+  INFO(b.output);
+  REQUIRE(b.code == 0);
+  std::string qrep = dir.file("during.json");
+  Proc q(cn("shm", mns, 0, 1, {"query", "--workload", d.wl, "--ef-search", "48", "--threads", "1", "--coroutines", "2",
+                               "--repeat-seconds", "4", "--report", qrep}),
+         dir.file("q.log"));
+  Proc ins(cn("shm", mns, 1, 2, {"insert", "--data", d.base, "--begin", "1500", "--threads", "1", "--coroutines", "2"}),
+           dir.file("ins.log"));
+  Proc ins2(cn("shm", mns, 0, 2, {"insert", "--data", d.base, "--begin", "1500", "--threads", "1"}), dir.file("ins2.log"));
+  int ci = ins.wait(seconds(300)), ci2 = ins2.wait(seconds(300)), cq = q.wait(seconds(300));
+  INFO(q.output() << ins.output() << ins2.output());
+  REQUIRE(ci == 0);
+  REQUIRE(ci2 == 0);
+  REQUIRE(cq == 0);  // no crash, no failed read, no garbage pointer followed
+  auto during = load(qrep);
+  CHECK(during["runs"][0]["queries"].get<uint64_t>() > 0);
+  // After the inserts the index holds every vector and answers the full ground truth.
+  std::string after = dir.file("after.json");
+  auto q2 = run(cn("shm", mns, 0, 1, {"query", "--workload", d.wl, "--ef-search", "64", "--report", after}), dir, "q2",
+                seconds(300));
+  INFO(q2.output);
+  REQUIRE(q2.code == 0);
+  CHECK(load(after)["runs"][0]["recall"].get<double>() >= 0.9);
+}
