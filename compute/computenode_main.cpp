@@ -18,14 +18,6 @@ using namespace dmhnsw;
 
 namespace {
 
-std::vector<std::string> split_commas(const std::string& s) {
-  std::vector<std::string> out;
-  std::stringstream ss(s);
-  std::string item;
-  while (std::getline(ss, item, ','))
-    if (!item.empty()) out.push_back(item);
-  return out;
-}
 
 void print_headers(const fabric::Cluster& c) {
   for (const auto& mn : c.memnodes()) {

@@ -31,17 +31,6 @@ struct Checker {
   }
 };
 
-void wait_all(fabric::Endpoint& ep, size_t n) {
-  std::vector<Completion> out(64);
-  size_t got = 0;
-  while (got < n) {
-    size_t k = ep.poll(out);
-    for (size_t i = 0; i < k; ++i)
-      if (out[i].status != Status::Ok) throw fabric::FabricError(ep.describe(out[i]));
-    got += k;
-  }
-}
-
 }  // namespace
 
 SelftestResult run_selftest(fabric::Cluster& cluster, const SelftestOptions& o) {
@@ -86,7 +75,7 @@ SelftestResult run_selftest(fabric::Cluster& cluster, const SelftestOptions& o) 
     uint64_t doorbells = ep->counters().doorbells;
     if (ep->post(ops) != Status::Ok) throw fabric::FabricError("posting a batch of 32 reads failed");
     check(ep->counters().doorbells == doorbells + 1, "a batch of 32 reads took more than one doorbell");
-    wait_all(*ep, ops.size());
+    ep->wait_all(ops.size());
     bool same = true;
     for (int i = 0; i < 32; ++i) same &= std::memcmp(batch.data() + i * 512, wbuf.data() + offs[i], 512) == 0;
     check(same, "batched 32 x 512 B reads returned wrong bytes");
@@ -95,7 +84,7 @@ SelftestResult run_selftest(fabric::Cluster& cluster, const SelftestOptions& o) 
     ops.clear();
     for (int i = 0; i < 16; ++i) ops.push_back(Op::write(base + i * 4096, rbuf.data() + (15 - i) * 4096, 4096, 2000 + i));
     if (ep->post(ops) != Status::Ok) throw fabric::FabricError("posting a batch of 16 writes failed");
-    wait_all(*ep, ops.size());
+    ep->wait_all(ops.size());
     Buffer back = ep->alloc(64 << 10);
     ep->read(base, back.data(), back.size());
     same = true;

@@ -2,10 +2,10 @@
 # dmhnsw demo: installs dependencies if missing, builds, prepares data, starts memnodes and a
 # computenode on this host, runs a workload, and prints the report.
 #
-# At this stage the demo exercises the foundation: the transport against live memnodes
-# (computenode selftest and fabric-bench), and the data tools on the real SIFT data in
-# ../shared/data (a skewed query workload from it). Later stages grow it into index builds
-# and query reports.
+# It starts 2 memnodes, checks the transport (computenode selftest, fabric-bench), builds a
+# shine index (one global HNSW graph spread over both memnodes) on the real SIFT data in
+# ../shared/data with 2 computenodes, runs a Zipf-skewed query workload against it and prints
+# the query report next to hnswlib on the same data.
 #
 #   tools/demo.sh [--provider shm|tcp]
 set -euo pipefail
@@ -39,14 +39,14 @@ echo "== 1. data: a Zipf-skewed query workload from the real SIFT queries (bigan
 DATA=$ROOT/../shared/data/bigann10k
 if [[ -f $DATA/bigann10k_query.fvecs ]]; then
   "$BIN/workload" --queries "$DATA/bigann10k_query.fvecs" --groundtruth "$DATA/bigann10k_groundtruth.ivecs" \
-    --dist zipf:0.99 --count 10000 --warmup 1000 --seed 7 --out "$RUN/sift-zipf.wl"
+    --dist zipf:0.99 --count 2000 --warmup 200 --seed 7 --out "$RUN/sift-zipf.wl"
 else
   echo "(../shared/data not found: generating a synthetic set instead)"
   "$BIN/datagen" --n 10000 --d 128 --clusters 32 --spread 0.3 --seed 1 --queries 200 \
     --out-base "$RUN/base.fvecs" --out-queries "$RUN/queries.fvecs"
   "$BIN/groundtruth" --base "$RUN/base.fvecs" --queries "$RUN/queries.fvecs" --k 100 --metric l2 --out "$RUN/gt.ivecs"
   "$BIN/workload" --queries "$RUN/queries.fvecs" --groundtruth "$RUN/gt.ivecs" \
-    --dist zipf:0.99 --count 10000 --warmup 1000 --seed 7 --out "$RUN/synthetic-zipf.wl"
+    --dist zipf:0.99 --count 2000 --warmup 200 --seed 7 --out "$RUN/synthetic-zipf.wl"
 fi
 
 echo
@@ -70,7 +70,35 @@ echo "== 3. computenode selftest against both memnodes"
 
 echo
 echo "== 4. fabric-bench against memnode 0"
-"$BIN/fabric-bench" --provider "$PROVIDER" --memnodes "$MEMNODES" --seconds 0.3 --json "$RUN/fabric-bench.json"
+"$BIN/fabric-bench" --provider "$PROVIDER" --memnodes "$MEMNODES" --seconds 0.2 --max-size 1MiB \
+  --json "$RUN/fabric-bench.json"
+
+if [[ -f $DATA/bigann10k_base.bvecs ]]; then
+  BASE=$DATA/bigann10k_base.bvecs; WL=$RUN/sift-zipf.wl
+else
+  BASE=$RUN/base.fvecs; WL=$RUN/synthetic-zipf.wl
+fi
+echo
+echo "== 5. shine build: 2 computenodes x 2 threads insert $(basename "$BASE") into one graph over both memnodes"
+CN=("$BIN/computenode" --mode shine --provider "$PROVIDER" --memnodes "$MEMNODES" --num-cns 2)
+"${CN[@]}" --cn-id 1 build --data "$BASE" --threads 2 --coroutines 2 >"$RUN/build-cn1.log" 2>&1 &
+CN1=$!
+"${CN[@]}" --cn-id 0 build --data "$BASE" --threads 2 --coroutines 2 --report "$RUN/build.json"
+wait $CN1 || { echo "computenode 1 failed:"; cat "$RUN/build-cn1.log"; exit 1; }
+
+echo
+echo "== 6. shine query: the Zipf workload, 2 computenodes x 2 threads x 4 coroutines"
+"${CN[@]}" --cn-id 1 query --workload "$WL" --k 10 --ef-search 16,32,64 --threads 2 --coroutines 4 \
+  >"$RUN/query-cn1.log" 2>&1 &
+CN1=$!
+"${CN[@]}" --cn-id 0 query --workload "$WL" --k 10 --ef-search 16,32,64 --threads 2 --coroutines 4 \
+  --report "$RUN/query.json"
+wait $CN1 || { echo "computenode 1 failed:"; cat "$RUN/query-cn1.log"; exit 1; }
+
+echo
+echo "== 7. the same workload on single-machine hnswlib (same M, efConstruction, efSearch)"
+"$BIN/hnswlib-bench" --base "$BASE" --workload "$WL" --m 16 --ef-construction 200 --ef-search 16,32,64 --k 10 \
+  --threads 2 --json "$RUN/hnswlib.json"
 
 echo
 echo "Report and logs: $RUN"

@@ -31,16 +31,7 @@ struct Bench {
 
   static double us(Clock::duration d) { return std::chrono::duration<double, std::micro>(d).count(); }
 
-  void drain(size_t n) {
-    std::array<Completion, 64> out;
-    size_t got = 0;
-    while (got < n) {
-      size_t k = ep.poll(out);
-      for (size_t i = 0; i < k; ++i)
-        if (out[i].status != Status::Ok) throw fabric::FabricError(ep.describe(out[i]));
-      got += k;
-    }
-  }
+  void drain(size_t n) { ep.wait_all(n); }
 
   // Serial operations, one at a time: latency percentiles.
   nlohmann::json latency(fabric::OpKind kind, size_t size, size_t max_iters) {
@@ -102,14 +93,6 @@ struct Bench {
   }
 };
 
-std::vector<std::string> split_commas(const std::string& s) {
-  std::vector<std::string> out;
-  std::stringstream ss(s);
-  std::string item;
-  while (std::getline(ss, item, ','))
-    if (!item.empty()) out.push_back(item);
-  return out;
-}
 
 }  // namespace
 

@@ -168,6 +168,15 @@ Completion Endpoint::wait_tag(uint64_t tag) {
   }
 }
 
+void Endpoint::wait_all(size_t n) {
+  std::array<Completion, 64> out;
+  for (size_t got = 0; got < n;) {
+    size_t k = poll(std::span<Completion>(out.data(), std::min(out.size(), n - got)));
+    for (size_t i = 0; i < k; ++i) fail_on(out[i]);
+    got += k;
+  }
+}
+
 void Endpoint::read(RemotePtr src, void* dst, size_t len) {
   uint64_t tag = next_sync_tag_++;
   if (pool().contains(dst, len)) {

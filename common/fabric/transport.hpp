@@ -179,6 +179,8 @@ class Endpoint {
   /// Waits for every completion of `ops` (already posted with unique tags) and throws on
   /// the first failure; completions of other tags are kept for later poll() calls.
   Completion wait_tag(uint64_t tag);
+  /// Polls until `n` completions arrived; throws FabricError on the first failed one.
+  void wait_all(size_t n);
   /// Blocks until a message arrives or `timeout_ms` passes (throws on timeout).
   Message recv(int timeout_ms);
 

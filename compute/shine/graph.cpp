@@ -461,6 +461,8 @@ Task<void> Worker::insert(const float* v, uint32_t label, OpContext& ctx) {
   std::vector<Neighbor> eps{cur};
   for (int l = static_cast<int>(std::min(level, max_level)); l >= 0; --l) {
     std::vector<Neighbor> w = co_await search_layer(v, eps, P.ef_construction, static_cast<unsigned>(l), ctx, &cache);
+    // A concurrent inserter may already have made me reachable: never pick myself.
+    w.erase(std::remove_if(w.begin(), w.end(), [&](const Neighbor& n) { return n.node == me; }), w.end());
     std::vector<Neighbor> sel = select_heuristic(w, P.m, cache);
     // My own list, under my lock: a concurrent inserter that reached me through an upper
     // level may already have linked itself here; its link is kept (pruned if over capacity).

@@ -45,3 +45,10 @@ TEST_CASE("region header: layout, fresh values, validation", "[region]") {
   bad.mode = 9;
   CHECK_THROWS_WITH(validate_region_header(bad, "img"), Catch::Contains("mode"));
 }
+
+TEST_CASE("split_commas drops empty items", "[units]") {
+  CHECK(split_commas("a,b,,c") == std::vector<std::string>{"a", "b", "c"});
+  CHECK(split_commas("") .empty());
+  CHECK(split_commas("127.0.0.1:7000") == std::vector<std::string>{"127.0.0.1:7000"});
+  CHECK(split_commas(",x,") == std::vector<std::string>{"x"});
+}

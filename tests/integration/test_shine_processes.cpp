@@ -160,3 +160,39 @@ TEST_CASE("shine: inserts by one computenode while another queries", "[integrati
   REQUIRE(q2.code == 0);
   CHECK(load(after)["runs"][0]["recall"].get<double>() >= 0.9);
 }
+
+TEST_CASE("shine: an index stored with --store-index and served by memnode --load answers exactly as before",
+          "[integration][shine]") {
+  Data d;
+  TempDir dir;
+  std::string store = dir.file("images");
+  std::string before = dir.file("before.json"), after = dir.file("after.json");
+  std::vector<std::string> query{"query", "--workload", d.wl, "--ef-search", "32", "--threads", "1", "--coroutines", "1"};
+  {
+    Memnode m0(dir, 0, "shm"), m1(dir, 1, "shm");
+    std::string mns = m0.address + "," + m1.address;
+    auto b = run(cn("shm", mns, 0, 1, {"build", "--data", d.base, "--max-elements", "1200", "--ef-construction", "40",
+                                       "--store-index", store}),
+                 dir, "build", seconds(300));
+    INFO(b.output);
+    REQUIRE(b.code == 0);
+    auto q = query;
+    q.insert(q.end(), {"--report", before});
+    auto r = run(cn("shm", mns, 0, 1, q), dir, "q1", seconds(300));
+    INFO(r.output);
+    REQUIRE(r.code == 0);
+  }
+  REQUIRE(std::filesystem::exists(store + "/memnode-0.img"));
+  REQUIRE(std::filesystem::exists(store + "/memnode-1.img"));
+  Memnode l0(dir, 0, "shm", "127.0.0.1:0", {"--load", store + "/memnode-0.img"});
+  Memnode l1(dir, 1, "shm", "127.0.0.1:0", {"--load", store + "/memnode-1.img"});
+  auto q = query;
+  q.insert(q.end(), {"--report", after});
+  auto r = run(cn("shm", l0.address + "," + l1.address, 0, 1, q), dir, "q2", seconds(300));
+  INFO(r.output);
+  REQUIRE(r.code == 0);
+  auto a = load(before)["runs"][0], b = load(after)["runs"][0];
+  CHECK(a["recall"] == b["recall"]);
+  CHECK(a["per_query"]["visited"] == b["per_query"]["visited"]);  // the same graph, walked the same way
+  CHECK(a["per_query"]["bytes"] == b["per_query"]["bytes"]);
+}
