@@ -435,7 +435,10 @@ Task<void> Worker::insert(const float* v, uint32_t label, OpContext& ctx) {
   std::pair<RemotePtr, unsigned> entry = co_await read_entry(ctx);
   RemotePtr ep = entry.first;
   unsigned max_level = entry.second;
-  if (ep.is_null()) {
+  // As in hnswlib, a node that raises the top level is inserted under the entry-point lock,
+  // so the upper levels grow one node at a time and stay connected.
+  bool hold_entry = false;
+  if (ep.is_null() || level > max_level) {
     co_await lock_entry(ctx);
     std::pair<RemotePtr, unsigned> again = co_await read_entry(ctx);
     if (again.first.is_null()) {
@@ -446,10 +449,13 @@ Task<void> Worker::insert(const float* v, uint32_t label, OpContext& ctx) {
       co_await atomic(Op::fetch_add(word_ptr(shine_word::kNodeCount), 1, nullptr), ctx);
       co_return;
     }
-    uint64_t zero = 0;
-    co_await write(word_ptr(shine_word::kEntryLock), &zero, 8, ctx);
     ep = again.first;
     max_level = again.second;
+    hold_entry = level > max_level;
+    if (!hold_entry) {
+      uint64_t zero = 0;
+      co_await write(word_ptr(shine_word::kEntryLock), &zero, 8, ctx);
+    }
   }
 
   // 3. Greedy descent above the new node's level, then efConstruction search and linking.
@@ -480,14 +486,10 @@ Task<void> Worker::insert(const float* v, uint32_t label, OpContext& ctx) {
     if (!w.empty()) eps = w;
   }
 
-  // 4. A new top level moves the entry point (under its lock).
-  if (level > max_level) {
-    co_await lock_entry(ctx);
-    std::pair<RemotePtr, unsigned> again = co_await read_entry(ctx);
-    if (level > again.second) {
-      std::array<uint64_t, 2> w{me.raw(), level};
-      co_await write(word_ptr(shine_word::kEntryPoint), w.data(), 16, ctx);
-    }
+  // 4. A new top level moves the entry point; then the lock is released.
+  if (hold_entry) {
+    std::array<uint64_t, 2> w{me.raw(), level};
+    co_await write(word_ptr(shine_word::kEntryPoint), w.data(), 16, ctx);
     uint64_t zero = 0;
     co_await write(word_ptr(shine_word::kEntryLock), &zero, 8, ctx);
   }
