@@ -31,9 +31,10 @@ Board::Board(fabric::Cluster& c, fabric::Endpoint& ep, uint32_t cn_id, uint32_t 
   if (h.scratch_size / 2 < kGroups * area)
     throw fabric::FabricError("memnode 0: scratch area of " + std::to_string(h.scratch_size) +
                               " bytes too small for the coordination board (start it with --region 128MiB or more)");
-  uint64_t hash = 1469598103934665603ull;  // FNV-1a of the group name and the run size
-  for (char ch : group + "/" + std::to_string(num_cns)) hash = (hash ^ static_cast<unsigned char>(ch)) * 1099511628211ull;
-  base_ = RemotePtr(0, h.scratch_offset + h.scratch_size / 2 + (hash % kGroups) * area);
+  // One area per kind of run (build, insert, query): runs of different kinds may share the
+  // memnodes at the same time; two runs of the same kind at once are not supported.
+  uint64_t index = group == "build" ? 0 : group == "insert" ? 1 : group == "query" ? 2 : 3;
+  base_ = RemotePtr(0, h.scratch_offset + h.scratch_size / 2 + index * area);
 }
 
 uint64_t Board::barrier(int timeout_s) {

@@ -15,7 +15,7 @@ class Board {
  public:
   static constexpr uint64_t kSlotBytes = 255u << 10;  // 8 slots + a barrier page fit in 2 MiB
   static constexpr uint32_t kGroups = 8, kMaxCns = 8;
-  /// Runs of different kinds (`group`: e.g. "query:/path/to/workload") use separate barrier
+  /// Runs of different kinds (`group`: "build", "insert" or "query") use separate barrier
   /// counters and slots, so a query run and an insert run can share the memnodes.
   Board(fabric::Cluster& c, fabric::Endpoint& ep, uint32_t cn_id, uint32_t num_cns, const std::string& group);
   /// Waits until all num_cns computenodes arrived; returns the barrier's generation (the

@@ -81,7 +81,7 @@ json run_build(const RunContext& rc, const BuildOptions& o) {
   std::vector<uint32_t> mine;
   for (size_t i = o.begin + rc.cn_id; i < end; i += rc.num_cns) mine.push_back(static_cast<uint32_t>(i));
 
-  compute::Board board(c, *control, rc.cn_id, rc.num_cns, std::string(o.format ? "build:" : "insert:") + o.data);
+  compute::Board board(c, *control, rc.cn_id, rc.num_cns, o.format ? "build" : "insert");
   if (o.format) board.barrier();  // everyone formatted/attached before anyone inserts
 
   std::atomic<size_t> next{0}, done{0};
@@ -204,7 +204,7 @@ json run_query(const RunContext& rc, const QueryOptions& o) {
     throw std::invalid_argument("--workload " + o.workload + " has dimension " + std::to_string(wl.dim()) +
                                 ", the index " + std::to_string(p.dim));
   Graph g(c, p);
-  compute::Board board(c, *control, rc.cn_id, rc.num_cns, "query:" + o.workload);
+  compute::Board board(c, *control, rc.cn_id, rc.num_cns, "query");
 
   std::vector<uint32_t> warm, measured;
   for (uint64_t i = rc.cn_id; i < wl.total(); i += rc.num_cns) (wl.is_warmup(i) ? warm : measured).push_back(static_cast<uint32_t>(i));

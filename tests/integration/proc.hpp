@@ -113,6 +113,7 @@ struct Memnode {
           std::vector<std::string> extra = {}, std::vector<std::string> prefix = {},
           std::vector<std::string> env = {}) {
     std::string ready = dir.file("memnode" + std::to_string(id) + ".ready");
+    std::filesystem::remove(ready);  // a memnode started earlier in this directory left one
     std::vector<std::string> argv = prefix;
     for (auto s : {bin("memnode"), std::string("--listen"), listen, std::string("--id"), std::to_string(id),
                    std::string("--provider"), provider, std::string("--region"), std::string("128MiB"),

@@ -192,7 +192,7 @@ TEST_CASE("verbs provider without an RDMA device: both binaries fail at start an
   CHECK_THAT(c.output, Contains("no RDMA device") && Contains("--provider shm") && Contains("--provider tcp"));
 }
 
-TEST_CASE("memnode exits 0 on SIGTERM; --hugepages falls back; computenode reads --config", "[integration]") {
+TEST_CASE("memnode exits 0 on SIGTERM, hugepages fall back, computenode reads a config file", "[integration]") {
   TempDir dir;
   Memnode m(dir, 0, "shm", "127.0.0.1:0", {"--hugepages"});
   std::ofstream(dir.file("cn.ini")) << "memnodes=" << m.address << "\nprovider=shm\ncn-id=0\n";

@@ -78,7 +78,7 @@ void reseal(std::vector<unsigned char>& f) {
 
 }  // namespace
 
-TEST_CASE("checksum64: streaming equals one-shot; every single-byte change and length change is seen", "[image]") {
+TEST_CASE("checksum64: streaming equals one-shot, every single-byte change and length change is seen", "[image]") {
   std::vector<unsigned char> data(1000);
   for (size_t i = 0; i < data.size(); ++i) data[i] = static_cast<unsigned char>(i * 7 + 3);
   const uint64_t whole = checksum64(data.data(), data.size());
@@ -117,7 +117,7 @@ TEST_CASE("region_used_bytes: bump pointer, data offset, clamped to the region, 
   CHECK(region_used_bytes(h) == kRegion);
 }
 
-TEST_CASE("an image round-trips: same bytes, sizes, checksum; no temporary file left", "[image]") {
+TEST_CASE("an image round-trips: same bytes, sizes, checksum, no temporary file left", "[image]") {
   TempDir dir;
   const std::string path = dir.file("memnode-1.img");
   auto r = make_region(1, kRegion, 100003);
