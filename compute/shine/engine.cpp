@@ -126,6 +126,7 @@ json run_build(const RunContext& rc, const BuildOptions& o) {
       s.run();
       std::lock_guard gd(mu);
       for (auto& x : ctxs) {
+        for (size_t i = 0; i < x.allocated.size() && i < per_memnode.size(); ++i) per_memnode[i] += x.allocated[i];
         io += x.io;
         ss.visited += x.search.visited;
         ss.hops += x.search.hops;
@@ -145,7 +146,7 @@ json run_build(const RunContext& rc, const BuildOptions& o) {
   json mine_j = {{"cn_id", rc.cn_id}, {"inserted", mine.size()}, {"seconds", secs},
                  {"inserts_per_s", static_cast<double>(mine.size()) / secs}, {"io", io_json(io)},
                  {"doorbells", counters.doorbells}, {"ops", counters.total_ops()},
-                 {"nodes_visited", ss.visited}, {"lists_read", ss.hops},
+                 {"nodes_visited", ss.visited}, {"lists_read", ss.hops}, {"nodes_per_memnode", per_memnode},
                  {"vector_cache", {{"entries", vcache.entries()}, {"bytes", vcache.bytes()}}}};
   uint64_t gen = board.barrier();
   board.publish(gen, mine_j.dump());
@@ -160,8 +161,11 @@ json run_build(const RunContext& rc, const BuildOptions& o) {
   json per_cn = json::array();
   double max_secs = 0;
   uint64_t bytes_written = 0, ops = 0, doorbells = 0, inserted = 0;
+  std::vector<uint64_t> nodes_on(c.memnodes().size(), 0);
   for (auto& text : board.gather(gen)) {
     json j = json::parse(text);
+    auto per = j["nodes_per_memnode"].get<std::vector<uint64_t>>();
+    for (size_t i = 0; i < per.size() && i < nodes_on.size(); ++i) nodes_on[i] += per[i];
     max_secs = std::max(max_secs, j["seconds"].get<double>());
     bytes_written += j["io"]["bytes"].get<uint64_t>();
     ops += j["ops"].get<uint64_t>();
@@ -174,7 +178,8 @@ json run_build(const RunContext& rc, const BuildOptions& o) {
   for (const auto& mn : c.memnodes()) {
     RegionHeader h;
     control->read(RemotePtr(mn.id, 0), &h, sizeof h);
-    mems.push_back({{"id", mn.id}, {"address", mn.address}, {"bytes_used", h.mode_words[shine_word::kBump] - h.data_offset},
+    mems.push_back({{"id", mn.id}, {"address", mn.address}, {"nodes_inserted_here", nodes_on[mn.id]},
+                    {"bytes_used", h.mode_words[shine_word::kBump] - h.data_offset},
                     {"region_bytes", h.region_size}});
   }
   uint64_t nodes = 0;
@@ -360,8 +365,10 @@ void print_build(const json& r) {
               static_cast<unsigned long long>(r["doorbells"].get<uint64_t>()),
               static_cast<unsigned long long>(r["index_nodes"].get<uint64_t>()));
   for (auto& m : r["memnode_usage"])
-    std::printf("  memnode %u (%s): %.1f MiB used of %.0f MiB\n", m["id"].get<unsigned>(),
-                m["address"].get<std::string>().c_str(), static_cast<double>(m["bytes_used"].get<uint64_t>()) / (1 << 20),
+    std::printf("  memnode %u (%s): %llu nodes from this build, %.1f MiB used of %.0f MiB\n", m["id"].get<unsigned>(),
+                m["address"].get<std::string>().c_str(),
+                static_cast<unsigned long long>(m["nodes_inserted_here"].get<uint64_t>()),
+                static_cast<double>(m["bytes_used"].get<uint64_t>()) / (1 << 20),
                 static_cast<double>(m["region_bytes"].get<uint64_t>()) / (1 << 20));
 }
 

@@ -421,6 +421,8 @@ Task<void> Worker::insert(const float* v, uint32_t label, OpContext& ctx) {
                       std::to_string(bytes) + " bytes at offset " + std::to_string(at) + ", the region has " +
                       std::to_string(b.size) + " (start it with a larger --region or add memnodes)");
   const RemotePtr me(node_id, at);
+  if (ctx.allocated.size() <= node_id) ctx.allocated.resize(node_id + 1u, 0);
+  ++ctx.allocated[node_id];
 
   // 2. The whole record, lists empty, written before anyone can reach it.
   std::vector<char> rec(L.node_bytes(level), 0);

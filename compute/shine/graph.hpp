@@ -135,6 +135,7 @@ class VectorCache {
 /// Per-coroutine state of one insert or query.
 struct OpContext {
   ReadMode mode = ReadMode::Batch;
+  std::vector<uint64_t> allocated;  // nodes this context allocated, by memnode id
   IoStats io;
   SearchStats search;
   VisitedSet visited;

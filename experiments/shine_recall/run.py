@@ -25,6 +25,8 @@ ap.add_argument("--provider", default="shm")
 ap.add_argument("--build-coroutines", type=int, default=1, help="inserts in flight per build thread")
 ap.add_argument("--work", default=str(dmh.ROOT / "runs" / "shine_recall"))
 ap.add_argument("--out", default=None, help="results JSON (default: WORK/results.json)")
+ap.add_argument("--repeats", type=int, default=1,
+                help="independent builds per system; recall is averaged over them (multi-threaded builds vary)")
 a = ap.parse_args()
 
 work = Path(a.work)
@@ -33,30 +35,39 @@ results = []
 ok = True
 for name in a.sets.split(","):
     base, wl, metric = dmh.dataset(name, work)
-    print(f"== {name}: building shine (2 memnodes, 2 computenodes x 2 threads x {a.build_coroutines} coroutines) "
-          f"and hnswlib (2 threads), M={a.m} efC={a.ef_construction}",
-          flush=True)
-    with dmh.Memnodes(2, a.provider, "1GiB", work / f"{name}_mn") as mn:
-        build, _ = dmh.computenodes(mn, a.provider, 2, "build",
-                                    ["--data", base, "--m", a.m, "--ef-construction", a.ef_construction, "--metric", metric,
-                                     "--threads", 2, "--coroutines", a.build_coroutines], work / f"{name}_build.json")
-        query, table = dmh.computenodes(mn, a.provider, 2, "query",
-                                        ["--workload", wl, "--k", 10, "--ef-search", a.ef, "--threads", 2, "--coroutines", 4],
-                                        work / f"{name}_query.json")
-    hjson = work / f"{name}_hnswlib.json"
-    dmh.run([dmh.BIN / "hnswlib-bench", "--base", base, "--workload", wl, "--metric", metric, "--m", a.m,
-             "--ef-construction", a.ef_construction, "--ef-search", a.ef, "--k", 10, "--threads", 2, "--json", hjson])
-    hn = json.loads(hjson.read_text())
-    print(f"   shine build {build['seconds']:.1f} s ({build['inserts_per_s']:.0f}/s), hnswlib build {hn['build_seconds']:.1f} s")
-    print(f"   {'efSearch':>8} {'shine':>8} {'hnswlib':>8} {'diff':>8}")
-    hr = {r["ef_search"]: r for r in hn["runs"]}
-    for r in query["runs"]:
-        ef = r["ef_search"]
-        s, h = r["recall"], hr[ef]["recall"]
+    print(f"== {name}: shine (2 memnodes, 2 computenodes x 2 threads x {a.build_coroutines} coroutines) "
+          f"and hnswlib (2 threads), M={a.m} efC={a.ef_construction}, {a.repeats} build(s) each", flush=True)
+    shine_runs, hn_runs = [], []
+    for rep in range(a.repeats):
+        tag = f"{name}_{rep}"
+        with dmh.Memnodes(2, a.provider, "1GiB", work / f"{tag}_mn") as mn:
+            build, _ = dmh.computenodes(mn, a.provider, 2, "build",
+                                        ["--data", base, "--m", a.m, "--ef-construction", a.ef_construction,
+                                         "--metric", metric, "--threads", 2, "--coroutines", a.build_coroutines],
+                                        work / f"{tag}_build.json")
+            query, _ = dmh.computenodes(mn, a.provider, 2, "query",
+                                        ["--workload", wl, "--k", 10, "--ef-search", a.ef, "--threads", 2,
+                                         "--coroutines", 4], work / f"{tag}_query.json")
+        hjson = work / f"{tag}_hnswlib.json"
+        dmh.run([dmh.BIN / "hnswlib-bench", "--base", base, "--workload", wl, "--metric", metric, "--m", a.m,
+                 "--ef-construction", a.ef_construction, "--ef-search", a.ef, "--k", 10, "--threads", 2,
+                 "--seed", 100 + rep, "--json", hjson])
+        hn = json.loads(hjson.read_text())
+        print(f"   build {rep}: shine {build['seconds']:.1f} s ({build['inserts_per_s']:.0f}/s), "
+              f"hnswlib {hn['build_seconds']:.1f} s", flush=True)
+        shine_runs.append({r["ef_search"]: r["recall"] for r in query["runs"]})
+        hn_runs.append({r["ef_search"]: r["recall"] for r in hn["runs"]})
+    print(f"   {'efSearch':>8} {'shine':>8} {'hnswlib':>8} {'diff':>8}   (mean over builds; min..max)")
+    for ef in shine_runs[0]:
+        s_all = [r[ef] for r in shine_runs]
+        h_all = [r[ef] for r in hn_runs]
+        s, h = sum(s_all) / len(s_all), sum(h_all) / len(h_all)
         ok &= abs(s - h) <= 0.01
-        print(f"   {ef:>8} {s:>8.4f} {h:>8.4f} {s - h:>+8.4f}{'' if abs(s - h) <= 0.01 else '  > 0.01'}")
+        spread = f"   shine {min(s_all):.4f}..{max(s_all):.4f}, hnswlib {min(h_all):.4f}..{max(h_all):.4f}" \
+            if a.repeats > 1 else ""
+        print(f"   {ef:>8} {s:>8.4f} {h:>8.4f} {s - h:>+8.4f}{'' if abs(s - h) <= 0.01 else '  > 0.01'}{spread}")
         results.append({"set": name, "ef_search": ef, "shine_recall": s, "hnswlib_recall": h,
-                        "shine_qps": r["qps"], "hnswlib_qps": hr[ef]["qps"]})
+                        "shine_recalls": s_all, "hnswlib_recalls": h_all})
     print(flush=True)
 out = Path(a.out) if a.out else work / "results.json"
 out.write_text(json.dumps(results, indent=2) + "\n")

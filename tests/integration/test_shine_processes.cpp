@@ -75,6 +75,10 @@ TEST_CASE("shine: 2 computenodes x 2 threads build over 2 memnodes, then query (
       CHECK(br["per_cn"].size() == 2);
       CHECK(br["memnode_usage"][0]["bytes_used"].get<uint64_t>() > 0);
       CHECK(br["memnode_usage"][1]["bytes_used"].get<uint64_t>() > 0);  // spread over both memnodes
+      uint64_t n0 = br["memnode_usage"][0]["nodes_inserted_here"], n1 = br["memnode_usage"][1]["nodes_inserted_here"];
+      CHECK(n0 + n1 == 3000);
+      CHECK(n0 > 1000);  // a random memnode per node
+      CHECK(n1 > 1000);
 
       std::string qrep = dir.file("query.json");
       Proc q0(cn(provider, mns, 0, 2, {"query", "--workload", d.wl, "--k", "10", "--ef-search", "16,64", "--threads", "2",
