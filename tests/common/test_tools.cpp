@@ -21,29 +21,11 @@ using dmhnsw::test::TempDir;
 
 namespace {
 
-struct RunResult {
-  int code = -1;
-  std::string out, err;
-};
+using test::RunResult;
+using test::slurp;
 
-std::string slurp(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-/// Runs tool (from DMHNSW_BIN_DIR) with args; captures stdout and stderr.
 RunResult run(const TempDir& tmp, const std::string& tool, const std::string& args) {
-  const std::string out = tmp.file(tool + ".out"), err = tmp.file(tool + ".err");
-  const std::string cmd =
-      test::kBinDir + "/" + tool + " " + args + " >'" + out + "' 2>'" + err + "'";
-  const int status = std::system(cmd.c_str());
-  RunResult r;
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  r.out = slurp(out);
-  r.err = slurp(err);
-  return r;
+  return test::run_tool(tmp, tool, args);
 }
 
 double exact_distance(Metric metric, const float* a, const float* b, std::size_t d) {

@@ -1,5 +1,8 @@
 // Helpers shared by the tests of common/: a temporary directory and raw file writing.
 #pragma once
+#include <sys/wait.h>
+#include <cstdlib>
+#include <sstream>
 
 #include <unistd.h>
 
@@ -75,6 +78,30 @@ inline std::vector<unsigned char> read_bytes(const std::string& path) {
 inline void write_bytes(const std::string& path, const std::vector<unsigned char>& bytes) {
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
   out.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+}
+
+struct RunResult {
+  int code = -1;
+  std::string out, err;
+};
+
+inline std::string slurp(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+/// Runs tool (from DMHNSW_BIN_DIR) with args through the shell; captures stdout and stderr.
+inline RunResult run_tool(const TempDir& tmp, const std::string& tool, const std::string& args) {
+  const std::string out = tmp.file(tool + ".out"), err = tmp.file(tool + ".err");
+  const std::string cmd = kBinDir + "/" + tool + " " + args + " >'" + out + "' 2>'" + err + "'";
+  const int status = std::system(cmd.c_str());
+  RunResult r;
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  r.out = slurp(out);
+  r.err = slurp(err);
+  return r;
 }
 
 }  // namespace dmhnsw::test

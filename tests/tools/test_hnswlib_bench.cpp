@@ -18,29 +18,10 @@ using dmhnsw::test::TempDir;
 
 namespace {
 
-struct RunResult {
-  int code = -1;
-  std::string out, err;
-};
+using test::RunResult;
+using test::slurp;
 
-std::string slurp(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-RunResult run_bench(const TempDir& tmp, const std::string& args) {
-  const std::string out = tmp.file("bench.out"), err = tmp.file("bench.err");
-  const std::string cmd =
-      test::kBinDir + "/hnswlib-bench " + args + " >'" + out + "' 2>'" + err + "'";
-  const int status = std::system(cmd.c_str());
-  RunResult r;
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  r.out = slurp(out);
-  r.err = slurp(err);
-  return r;
-}
+RunResult run_bench(const TempDir& tmp, const std::string& args) { return test::run_tool(tmp, "hnswlib-bench", args); }
 
 const std::string kDir = test::kSharedData + "/bigann10k/";
 const std::string kBase = kDir + "bigann10k_base.bvecs";
