@@ -36,26 +36,21 @@ struct PromiseBase {
 };
 }  // namespace detail
 
-/// A lazily started coroutine returning T; awaiting it runs it to completion.
-template <class T>
-class Task {
+/// Owns a coroutine handle: move-only, destroys the frame, starts it when awaited.
+template <class Promise>
+class TaskHandle {
  public:
-  struct promise_type : detail::PromiseBase {
-    std::optional<T> value;
-    Task get_return_object() { return Task(std::coroutine_handle<promise_type>::from_promise(*this)); }
-    void return_value(T v) { value = std::move(v); }
-  };
-  Task() = default;
-  explicit Task(std::coroutine_handle<promise_type> h) : h_(h) {}
-  Task(Task&& o) noexcept : h_(std::exchange(o.h_, {})) {}
-  Task& operator=(Task&& o) noexcept {
+  TaskHandle() = default;
+  explicit TaskHandle(std::coroutine_handle<Promise> h) : h_(h) {}
+  TaskHandle(TaskHandle&& o) noexcept : h_(std::exchange(o.h_, {})) {}
+  TaskHandle& operator=(TaskHandle&& o) noexcept {
     if (this != &o) {
       if (h_) h_.destroy();
       h_ = std::exchange(o.h_, {});
     }
     return *this;
   }
-  ~Task() {
+  ~TaskHandle() {
     if (h_) h_.destroy();
   }
   bool await_ready() const noexcept { return false; }
@@ -63,49 +58,57 @@ class Task {
     h_.promise().continuation = c;
     return h_;
   }
-  T await_resume() {
-    if (h_.promise().exception) std::rethrow_exception(h_.promise().exception);
-    return std::move(*h_.promise().value);
-  }
-  std::coroutine_handle<promise_type> handle() const { return h_; }
+  std::coroutine_handle<Promise> handle() const { return h_; }
 
- private:
-  std::coroutine_handle<promise_type> h_;
+ protected:
+  void rethrow() const {
+    if (h_.promise().exception) std::rethrow_exception(h_.promise().exception);
+  }
+  std::coroutine_handle<Promise> h_;
+};
+
+namespace detail {
+template <class T>
+struct ValuePromise : PromiseBase {
+  std::optional<T> value;
+  Task<T> get_return_object();
+  void return_value(T v) { value = std::move(v); }
+};
+struct VoidPromise : PromiseBase {
+  Task<void> get_return_object();
+  void return_void() {}
+};
+}  // namespace detail
+
+/// A lazily started coroutine returning T; awaiting it runs it to completion.
+template <class T>
+class Task : public TaskHandle<detail::ValuePromise<T>> {
+ public:
+  using promise_type = detail::ValuePromise<T>;
+  using TaskHandle<promise_type>::TaskHandle;
+  T await_resume() {
+    this->rethrow();
+    return std::move(*this->h_.promise().value);
+  }
 };
 
 template <>
-class Task<void> {
+class Task<void> : public TaskHandle<detail::VoidPromise> {
  public:
-  struct promise_type : detail::PromiseBase {
-    Task get_return_object() { return Task(std::coroutine_handle<promise_type>::from_promise(*this)); }
-    void return_void() {}
-  };
-  Task() = default;
-  explicit Task(std::coroutine_handle<promise_type> h) : h_(h) {}
-  Task(Task&& o) noexcept : h_(std::exchange(o.h_, {})) {}
-  Task& operator=(Task&& o) noexcept {
-    if (this != &o) {
-      if (h_) h_.destroy();
-      h_ = std::exchange(o.h_, {});
-    }
-    return *this;
-  }
-  ~Task() {
-    if (h_) h_.destroy();
-  }
-  bool await_ready() const noexcept { return false; }
-  std::coroutine_handle<> await_suspend(std::coroutine_handle<> c) noexcept {
-    h_.promise().continuation = c;
-    return h_;
-  }
-  void await_resume() {
-    if (h_.promise().exception) std::rethrow_exception(h_.promise().exception);
-  }
-  std::coroutine_handle<promise_type> handle() const { return h_; }
-
- private:
-  std::coroutine_handle<promise_type> h_;
+  using promise_type = detail::VoidPromise;
+  using TaskHandle<promise_type>::TaskHandle;
+  void await_resume() { rethrow(); }
 };
+
+namespace detail {
+template <class T>
+Task<T> ValuePromise<T>::get_return_object() {
+  return Task<T>(std::coroutine_handle<ValuePromise<T>>::from_promise(*this));
+}
+inline Task<void> VoidPromise::get_return_object() {
+  return Task<void>(std::coroutine_handle<VoidPromise>::from_promise(*this));
+}
+}  // namespace detail
 
 /// Per-operation accounting of one coroutine (a query or an insert).
 struct IoStats {
