@@ -46,24 +46,7 @@ void require_equal(const Matrix<A>& a, const Matrix<B>& b) {
       REQUIRE(static_cast<double>(a.row(i)[j]) == static_cast<double>(b.row(i)[j]));
 }
 
-/// f() must throw FormatError naming path and offset.
-template <typename F>
-void require_format_error(F&& f, const std::string& path, std::uint64_t offset) {
-  bool thrown = false;
-  try {
-    f();
-  } catch (const FormatError& e) {
-    thrown = true;
-    const std::string msg = e.what();
-    INFO("message: " << msg);
-    CHECK(msg.find(path) != std::string::npos);
-    CHECK(msg.find("byte offset " + std::to_string(offset)) != std::string::npos);
-    REQUIRE(e.offset().has_value());
-    CHECK(*e.offset() == offset);
-    CHECK(e.path() == path);
-  }
-  REQUIRE(thrown);
-}
+using test::require_format_error;
 
 std::vector<float> row_values(std::size_t d, float base) {
   std::vector<float> v(d);

@@ -15,6 +15,10 @@
 #include <string>
 #include <vector>
 
+#include <catch2/catch.hpp>
+
+#include "common/dataset.hpp"
+
 namespace dmhnsw::test {
 
 inline const std::string kSharedData = DMHNSW_SHARED_DATA;
@@ -102,6 +106,25 @@ inline RunResult run_tool(const TempDir& tmp, const std::string& tool, const std
   r.out = slurp(out);
   r.err = slurp(err);
   return r;
+}
+
+/// f() must throw FormatError naming path and offset.
+template <typename F>
+void require_format_error(F&& f, const std::string& path, std::uint64_t offset) {
+  bool thrown = false;
+  try {
+    f();
+  } catch (const FormatError& e) {
+    thrown = true;
+    const std::string msg = e.what();
+    INFO("message: " << msg);
+    CHECK(msg.find(path) != std::string::npos);
+    CHECK(msg.find("byte offset " + std::to_string(offset)) != std::string::npos);
+    REQUIRE(e.offset().has_value());
+    CHECK(*e.offset() == offset);
+    CHECK(e.path() == path);
+  }
+  REQUIRE(thrown);
 }
 
 }  // namespace dmhnsw::test

@@ -51,21 +51,7 @@ WorkloadSpec spec_of(const std::string& dist, std::uint64_t count, std::uint64_t
   return s;
 }
 
-/// f() must throw FormatError naming path and offset.
-template <typename F>
-void require_format_error(F&& f, const std::string& path, std::uint64_t offset) {
-  bool thrown = false;
-  try {
-    f();
-  } catch (const FormatError& e) {
-    thrown = true;
-    const std::string msg = e.what();
-    INFO("message: " << msg);
-    CHECK(msg.find(path) != std::string::npos);
-    CHECK(msg.find("byte offset " + std::to_string(offset)) != std::string::npos);
-  }
-  REQUIRE(thrown);
-}
+using test::require_format_error;
 
 }  // namespace
 
