@@ -12,8 +12,10 @@ namespace dmhnsw::compute {
 namespace {
 constexpr uint64_t kBarrierWord = 0;
 constexpr uint64_t kSlotsStart = 4096;
+// `stamp` is the generation + 1: a slot nobody wrote yet (all zeros) never matches, not
+// even for the first barrier's generation 0.
 struct SlotHeader {
-  uint64_t gen;
+  uint64_t stamp;
   uint64_t len;
 };
 static_assert(sizeof(SlotHeader) == 16);
@@ -59,7 +61,7 @@ void Board::publish(uint64_t gen, const std::string& text) {
                               std::to_string(text.size()) + " bytes)");
   RemotePtr slot = base_ + kSlotsStart + uint64_t{cn_} * kSlotBytes;
   if (!text.empty()) ep_.write(slot + sizeof(SlotHeader), text.data(), text.size());
-  SlotHeader h{gen, text.size()};
+  SlotHeader h{gen + 1, text.size()};
   ep_.write(slot, &h, sizeof h);  // header last: readers see a complete text
 }
 
@@ -71,7 +73,7 @@ std::vector<std::string> Board::gather(uint64_t gen, int timeout_s) {
     SlotHeader h{};
     for (;;) {
       ep_.read(slot, &h, sizeof h);
-      if (h.gen == gen && h.len <= kSlotBytes - sizeof h) break;
+      if (h.stamp == gen + 1 && h.len <= kSlotBytes - sizeof h) break;
       if (std::chrono::steady_clock::now() > deadline)
         throw fabric::FabricError("computenode " + std::to_string(i) + " did not publish its results within " +
                                   std::to_string(timeout_s) + " s");

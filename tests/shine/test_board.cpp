@@ -1,0 +1,59 @@
+// The coordination board (barrier + result slots in memnode 0's scratch) on LocalFabric.
+#include <catch2/catch.hpp>
+
+#include <cstring>
+#include <thread>
+
+#include "common/fabric/local_fabric.hpp"
+#include "common/region.hpp"
+#include "compute/board.hpp"
+
+using namespace dmhnsw;
+
+namespace {
+std::shared_ptr<fabric::LocalCluster> board_cluster() {
+  const uint64_t bytes = 128u << 20;
+  auto c = fabric::LocalCluster::create(1, bytes);
+  RegionHeader h = make_region_header(0, bytes);
+  std::memcpy(c->region(0), &h, sizeof h);
+  c->refresh_headers();
+  return c;
+}
+}  // namespace
+
+TEST_CASE("board: gather of the first generation waits for a late publisher", "[board]") {
+  auto c = board_cluster();
+  auto ep0 = c->make_endpoint(1u << 20), ep1 = c->make_endpoint(1u << 20);
+  compute::Board b0(*c, *ep0, 0, 2, "insert"), b1(*c, *ep1, 1, 2, "insert");
+  uint64_t gen1 = 0;
+  std::thread late([&] {
+    gen1 = b1.barrier();
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));  // cn 0 gathers meanwhile
+    b1.publish(gen1, "{\"cn\":1}");
+  });
+  uint64_t gen0 = b0.barrier();
+  CHECK(gen0 == 0);  // the first generation: its slot stamp must differ from a zeroed slot
+  b0.publish(gen0, "{\"cn\":0}");
+  auto texts = b0.gather(gen0, 10);
+  late.join();
+  CHECK(gen1 == gen0);
+  REQUIRE(texts.size() == 2);
+  CHECK(texts[0] == "{\"cn\":0}");
+  CHECK(texts[1] == "{\"cn\":1}");
+
+  // The next generation does not see the previous one's results.
+  std::thread again([&] { b1.publish(b1.barrier(), "second"); });
+  uint64_t g = b0.barrier();
+  CHECK(g == 1);
+  b0.publish(g, "first-of-two");
+  again.join();
+  auto t2 = b0.gather(g, 10);
+  CHECK(t2[1] == "second");
+}
+
+TEST_CASE("board: a missing computenode makes the barrier fail naming how many arrived", "[board]") {
+  auto c = board_cluster();
+  auto ep = c->make_endpoint(1u << 20);
+  compute::Board b(*c, *ep, 0, 3, "query");
+  CHECK_THROWS_WITH(b.barrier(1), Catch::Contains("only 1 of 3 computenodes arrived"));
+}
