@@ -1,0 +1,40 @@
+#pragma once
+// SHINE query routing policies (paper section 7.2, Algorithm 2). Pure bookkeeping: which
+// computenode a query goes to, given the oracle's ranking; no transport here.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace dmhnsw::router {
+
+enum class Policy { None, BestFit, Balanced, Adaptive };
+Policy parse_policy(const std::string& name);  // "none" | "best-fit" | "balanced" | "adaptive"; throws naming --routing
+const char* policy_name(Policy p);
+
+class RoutingPolicy {
+ public:
+  /// `self`: this computenode; `batch`: b, queries per batch (balanced, adaptive).
+  RoutingPolicy(Policy p, uint32_t num_cns, uint32_t self, uint32_t batch = 1000);
+
+  /// The computenode for a query whose oracle ranking is `ranked` (num_cns ids, best
+  /// first): none → self; best-fit → ranked[0]; balanced/adaptive → the first in ranked
+  /// order whose count in this batch is below its limit. Counts the query.
+  uint32_t choose(const uint32_t* ranked);
+  /// True when `batch` queries were chosen since the last reset (balanced, adaptive).
+  bool batch_full() const;
+  /// Ends the batch: resets the histogram. Adaptive: the new limits from every
+  /// computenode's working-queue length (Algorithm 2: ω_i = K(σ − P_i) / Σ_p(σ − p), limit
+  /// ω_i·b/K, rounded so the limits sum to b; all equal when every queue is empty).
+  void end_batch(const std::vector<uint64_t>& queue_lengths);
+
+  const std::vector<uint32_t>& limits() const { return limits_; }
+  const std::vector<uint32_t>& histogram() const { return hist_; }
+  Policy policy() const { return policy_; }
+
+ private:
+  Policy policy_;
+  uint32_t k_, self_, batch_, routed_ = 0;
+  std::vector<uint32_t> limits_, hist_;
+};
+
+}  // namespace dmhnsw::router
