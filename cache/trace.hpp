@@ -6,6 +6,7 @@
 // File format (one file per computenode thread, e.g. DIR/cn0-t1.trace): a 128-byte
 // TraceFileHeader (magic "DMHTRACE", version, bounds) then 16-byte TraceRecords in the
 // order they happened on that thread.
+#include <cstddef>
 #include <cstdint>
 #include <cstdio>
 #include <string>

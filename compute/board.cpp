@@ -1,5 +1,6 @@
 #include "compute/board.hpp"
 
+#include <algorithm>
 #include <chrono>
 #include <stdexcept>
 #include <thread>
@@ -65,10 +66,11 @@ void Board::publish(uint64_t gen, const std::string& text) {
   ep_.write(slot, &h, sizeof h);  // header last: readers see a complete text
 }
 
-std::vector<std::string> Board::gather(uint64_t gen, int timeout_s) {
+std::vector<std::string> Board::gather(uint64_t gen, int timeout_s, const std::vector<uint32_t>& skip) {
   std::vector<std::string> out(k_);
   auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(timeout_s);
   for (uint32_t i = 0; i < k_; ++i) {
+    if (std::find(skip.begin(), skip.end(), i) != skip.end()) continue;
     RemotePtr slot = base_ + kSlotsStart + uint64_t{i} * kSlotBytes;
     SlotHeader h{};
     for (;;) {

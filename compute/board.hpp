@@ -23,8 +23,9 @@ class Board {
   uint64_t barrier(int timeout_s = 600);
   /// Publishes `text` under generation `gen` in this computenode's slot.
   void publish(uint64_t gen, const std::string& text);
-  /// Computenode 0: every computenode's text of generation `gen`, by cn id.
-  std::vector<std::string> gather(uint64_t gen, int timeout_s = 600);
+  /// Computenode 0: every computenode's text of generation `gen`, by cn id; the ones in
+  /// `skip` (gone) are not waited for and stay empty.
+  std::vector<std::string> gather(uint64_t gen, int timeout_s = 600, const std::vector<uint32_t>& skip = {});
 
  private:
   fabric::Cluster& c_;

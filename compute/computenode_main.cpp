@@ -91,6 +91,31 @@ int main(int argc, char** argv) {
   query->add_option("--repeat-seconds", qo.repeat_seconds, "cycle through the measured part for at least this long")
       ->capture_default_str();
   query->add_option("--report", query_report, "write the query report (JSON) here (computenode 0: merged)");
+  std::string cache_bytes;
+  query->add_option("--cache-ratio", qo.cache_ratio,
+                    "node cache per computenode as a share of the index size, e.g. 0.05 (0: no cache)")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 1.0));
+  query->add_option("--cache-bytes", cache_bytes, "node cache per computenode in bytes, e.g. 64MiB (overrides --cache-ratio)");
+  query->add_option("--admit-probability", qo.admit_probability, "level-0 nodes enter the cache with this probability")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 1.0));
+  query->add_option("--routing", qo.routing,
+                    "none: every computenode answers its own share; best-fit: to the computenode whose partition "
+                    "fits; balanced: best fit within equal quotas per batch; adaptive: quotas from the computenodes' "
+                    "queue lengths (paper Algorithm 2)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"none", "best-fit", "balanced", "adaptive"}));
+  query->add_option("--route-batch", qo.route_batch, "b: queries per routing batch (balanced, adaptive)")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  query->add_option("--route-threshold", qo.route_threshold,
+                    "t: after a batch the router waits while its working queue is longer (adaptive)")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  query->add_option("--kmeans-seed", qo.kmeans_seed, "seed of the balanced k-means (the same on every computenode)")
+      ->capture_default_str();
+  query->add_option("--trace", qo.trace_dir, "record every node-cache access to DIR/cn<id>-t<thread>.trace (tools/csp-report)");
   for (auto* sc : {build, insert, query})
     sc->add_option("--read-mode", read_mode, "batch: a candidate's neighbours in one doorbell; per-read: one READ each")
         ->capture_default_str()
@@ -138,6 +163,7 @@ int main(int argc, char** argv) {
     if (*query) {
       if (mode != "shine") throw std::invalid_argument("--mode dhnsw: not implemented yet (issue 5); use --mode shine");
       qo.mode = rm;
+      if (!cache_bytes.empty()) qo.cache_bytes = parse_bytes(cache_bytes, "--cache-bytes");
       qo.ef_search.clear();
       for (auto& e : split_commas(ef_list)) qo.ef_search.push_back(static_cast<uint32_t>(std::stoul(e)));
       if (qo.ef_search.empty()) throw std::invalid_argument("--ef-search: no value");

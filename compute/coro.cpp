@@ -1,6 +1,8 @@
 #include "compute/coro.hpp"
 
 #include <array>
+#include <chrono>
+#include <thread>
 
 namespace dmhnsw::compute {
 
@@ -112,7 +114,16 @@ size_t Scheduler::step() {
     if (--sl.pending == 0) ready[nr++] = sl.h;
   }
   for (size_t i = 0; i < nr; ++i) ready[i].resume();
-  if (nr > 0) reap();
+  size_t woken = 0;
+  if (!yielded_.empty()) {
+    // Only coroutines that yielded and no I/O in flight: nothing to wait for but time.
+    if (nr == 0 && ep_.in_flight() == 0) std::this_thread::sleep_for(std::chrono::microseconds(20));
+    resuming_.swap(yielded_);
+    for (auto h : resuming_) h.resume();
+    woken = resuming_.size();
+    resuming_.clear();
+  }
+  if (nr > 0 || woken > 0) reap();
   return roots_.size();
 }
 

@@ -146,6 +146,16 @@ class Scheduler {
   };
   Wait io(std::span<fabric::Op> ops, bool batch, IoStats* stats = nullptr) { return Wait{*this, ops, batch, stats}; }
 
+  /// Awaitable: gives the thread to the other coroutines; resumes after the next poll
+  /// (for coroutines waiting on something other than a completion, e.g. a queue).
+  struct Yield {
+    Scheduler& s;
+    bool await_ready() const noexcept { return false; }
+    void await_suspend(std::coroutine_handle<> h) { s.yielded_.push_back(h); }
+    void await_resume() const noexcept {}
+  };
+  Yield yield() { return Yield{*this}; }
+
   /// Starts a root coroutine; it runs until its first suspension.
   void spawn(Task<void> t);
   /// Drives completions until every spawned coroutine finished; rethrows the first failure
@@ -168,6 +178,7 @@ class Scheduler {
   std::vector<Slot> slots_;
   std::vector<uint32_t> free_;
   std::vector<Task<void>> roots_;
+  std::vector<std::coroutine_handle<>> yielded_, resuming_;
   std::exception_ptr first_error_;
 };
 

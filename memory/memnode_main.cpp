@@ -18,6 +18,7 @@
 #include "memory/admin_service.hpp"
 #include "memory/image.hpp"
 #include "memory/region_memory.hpp"
+#include "memory/relay.hpp"
 
 using namespace dmhnsw;
 
@@ -26,7 +27,7 @@ int main(int argc, char** argv) {
                "READ/WRITE/atomic operations from computenodes"};
   std::string listen = "127.0.0.1:7000", provider = "shm", region = "256MiB", token_file, ready_file, log_level = "info",
               load;
-  int id = 0, numa_node = -1;
+  int id = 0, numa_node = -1, relay_timeout_ms = 3000;
   bool hugepages = false;
   app.add_option("--listen", listen, "HOST:PORT of the TCP control port (port 0 picks a free one)")->capture_default_str();
   app.add_option("--id", id, "memory node id (0..N-1, unique in the cluster)")->capture_default_str()->check(CLI::Range(0, 65534));
@@ -44,6 +45,10 @@ int main(int argc, char** argv) {
                  "serve the region image FILE (written by a store request: DIR/memnode-<id>.img); refused when "
                  "truncated, corrupted, of another memnode or larger than --region");
   app.add_option("--ready-file", ready_file, "write the bound HOST:PORT to this file once serving");
+  app.add_option("--relay-timeout-ms", relay_timeout_ms,
+                 "query relay: a computenode silent this long is gone (reported to the others)")
+      ->capture_default_str()
+      ->check(CLI::Range(100, 600000));
   app.add_option("--log-level", log_level, "trace, debug, info, warn, error")->capture_default_str();
   CLI11_PARSE(app, argc, argv);
 
@@ -87,13 +92,21 @@ int main(int argc, char** argv) {
     std::memcpy(&hdr, mem.data(), sizeof hdr);
 
     fabric::RegionServer server(prov, host, mem.data(), mem.size(), static_cast<uint16_t>(id));
-    // Admin messages (store requests) are served in the progress thread; anything else is echoed.
-    server.set_handler([&mem, id](const fabric::Message& in, const std::function<void(const void*, size_t)>& reply) {
+    // Messages are served in the progress thread: the query relay (routing between
+    // computenodes), admin requests (store); anything else is echoed.
+    memory::Relay relay(
+        static_cast<uint16_t>(id),
+        [&server](uint64_t to, const std::vector<char>& bytes) { server.send_to(to, bytes.data(), bytes.size()); },
+        std::chrono::milliseconds(relay_timeout_ms));
+    server.set_handler([&mem, &relay, id](const fabric::Message& in,
+                                          const std::function<void(const void*, size_t)>& reply) {
+      if (relay.on_message(in.payload, in.sender)) return;
       if (auto out = memory::handle_admin(in.payload, mem.data(), mem.size(), static_cast<uint16_t>(id)))
         reply(out->data(), out->size());
       else
         reply(in.payload.data(), in.payload.size());
     });
+    server.set_tick([&relay] { relay.tick(); });
     auto header_of = [&] {
       std::array<char, fabric::kHeaderBlobBytes> b;
       std::memcpy(b.data(), mem.data(), b.size());

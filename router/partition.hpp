@@ -4,6 +4,7 @@
 // for a query by the distance of the query to their centroids.
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 #include "common/distance.hpp"
@@ -44,6 +45,7 @@ class Oracle {
   uint32_t k_ = 0, dim_ = 0;
   std::vector<float> centroids_;
   Metric metric_ = Metric::L2;
+  std::optional<DistanceComputer> dist_;  // the metric's kernel, chosen once
 };
 
 }  // namespace dmhnsw::router

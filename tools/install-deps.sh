@@ -5,6 +5,7 @@ set -euo pipefail
 
 PKGS=(
   build-essential cmake ninja-build pkg-config
+  libtsan2  # gcc's ThreadSanitizer runtime (tests/cache: test_cache_tsan)
   libfabric-dev libfabric1 libibverbs-dev librdmacm-dev rdma-core ibverbs-utils
   libhnswlib-dev libfaiss-dev libopenblas-dev liblapack-dev
   libspdlog-dev libfmt-dev libcli11-dev catch2 libnuma-dev nlohmann-json3-dev

@@ -523,6 +523,8 @@ struct RegionServer::Impl {
   std::mutex mu;  // clients + handler
   std::map<uint32_t, fi_addr_t> clients;
   Handler handler;
+  std::function<void()> tick;
+  int tick_ms = 50;
   BufferPool bufs{8u << 20};
   std::unique_ptr<lf::MemoryRegion> bufs_mr;
   std::vector<Buffer> recv_bufs;
@@ -562,6 +564,15 @@ struct RegionServer::Impl {
       outbox.pop_front();
     }
   }
+  void queue_send(fi_addr_t to, const void* data, size_t n) {
+    if (to == FI_ADDR_UNSPEC || n > kMaxMessage) return;
+    lf::WireMsgHeader rh{lf::kWireMsgMagic, id, 0, 0, static_cast<uint32_t>(n)};
+    Outgoing o{to, bufs.alloc(sizeof rh + n), sizeof rh + n, std::make_unique<fi_context2>(),
+               Clock::now() + std::chrono::seconds(5)};
+    std::memcpy(o.buf.data(), &rh, sizeof rh);
+    std::memcpy(o.buf.data() + sizeof rh, data, n);
+    outbox.push_back(std::move(o));
+  }
   bool complete_send(void* ctx) {
     for (auto it = in_flight.begin(); it != in_flight.end(); ++it)
       if (it->ctx.get() == ctx) {
@@ -597,15 +608,8 @@ struct RegionServer::Impl {
       std::lock_guard g(mu);
       hd = handler;
     }
-    hd(msg, [&](const void* data, size_t n) {
-      if (to == FI_ADDR_UNSPEC || n > kMaxMessage) return;
-      Outgoing o{to, bufs.alloc(sizeof h + n), sizeof h + n, std::make_unique<fi_context2>(),
-                 Clock::now() + std::chrono::seconds(5)};
-      lf::WireMsgHeader rh{lf::kWireMsgMagic, id, 0, 0, static_cast<uint32_t>(n)};
-      std::memcpy(o.buf.data(), &rh, sizeof rh);
-      std::memcpy(o.buf.data() + sizeof rh, data, n);
-      outbox.push_back(std::move(o));
-    });
+    msg.sender = to;
+    hd(msg, [&](const void* data, size_t n) { queue_send(to, data, n); });
   }
 };
 
@@ -659,6 +663,16 @@ void RegionServer::set_handler(Handler h) {
   impl_->handler = std::move(h);
 }
 
+void RegionServer::send_to(uint64_t sender, const void* data, size_t len) {
+  impl_->queue_send(static_cast<fi_addr_t>(sender), data, len);
+}
+
+void RegionServer::set_tick(std::function<void()> tick, int period_ms) {
+  std::lock_guard g(impl_->mu);
+  impl_->tick = std::move(tick);
+  impl_->tick_ms = period_ms;
+}
+
 RegionServer::Stats RegionServer::stats() const {
   return {impl_->spins.load(), impl_->waits.load(), impl_->messages.load(), impl_->ep->remote_ops()};
 }
@@ -676,7 +690,17 @@ void RegionServer::run(const std::atomic<bool>& stop) {
   const bool counted = m.ep->counts_remote_ops();
   uint64_t remote_seen = m.ep->remote_ops();
   auto last_work = Clock::now();
+  auto next_tick = Clock::now();
   while (!stop.load(std::memory_order_relaxed)) {
+    if (Clock::now() >= next_tick) {
+      std::function<void()> t;
+      {
+        std::lock_guard g(m.mu);
+        t = m.tick;
+        next_tick = Clock::now() + std::chrono::milliseconds(m.tick_ms);
+      }
+      if (t) t();
+    }
     m.flush_outbox();
     fi_cq_msg_entry e[16];
     ssize_t rc = fi_cq_read(cq, e, 16);

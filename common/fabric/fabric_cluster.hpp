@@ -45,6 +45,11 @@ class RegionServer {
   void add_client(uint32_t cn_id, const std::vector<char>& fabric_addr);
   void remove_client(uint32_t cn_id);
   void set_handler(Handler h);
+  /// Sends a message to the endpoint that sent `sender` (Message::sender) earlier. Only
+  /// from the progress thread: inside the handler or the tick function.
+  void send_to(uint64_t sender, const void* data, size_t len);
+  /// Called by the progress thread about every `period_ms` (timeouts of the relay).
+  void set_tick(std::function<void()> tick, int period_ms = 50);
 
   /// Drives progress until `stop`: spins while work arrives, blocks on the completion
   /// queue's wait object (with a short timeout) when idle.

@@ -137,6 +137,7 @@ inline constexpr size_t kMaxMessage = 4096 - 16 - 128;
 struct Message {
   uint16_t from_node = 0;   // sender: memnode id, or 0xffff for a computenode
   uint32_t from_cn = 0;     // sender computenode id (when from a computenode)
+  uint64_t sender = 0;      // memory side: handle of the sending endpoint, for RegionServer::send_to
   std::vector<char> payload;
 };
 

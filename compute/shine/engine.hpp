@@ -39,6 +39,16 @@ struct QueryOptions {
   uint32_t coroutines = 4;
   ReadMode mode = ReadMode::Batch;
   double repeat_seconds = 0;  // > 0: cycle through the measured part for at least this long
+  // ---- node cache (issue 4): capacity from cache_bytes if > 0, else cache_ratio x index size
+  double cache_ratio = 0;      // share of the index size; 0 and cache_bytes 0 = no cache
+  uint64_t cache_bytes = 0;
+  double admit_probability = 0.01;
+  // ---- logical partitioning and routing
+  std::string routing = "none";  // none | best-fit | balanced | adaptive
+  uint32_t route_batch = 1000;   // b
+  uint32_t route_threshold = 1000;  // t: the router waits while its working queue is longer
+  uint64_t kmeans_seed = 1;
+  std::string trace_dir;         // record node-cache accesses here (tools/csp-report)
 };
 
 /// Inserts this computenode's share; returns the build report (merged on computenode 0).

@@ -214,6 +214,22 @@ Task<std::vector<Neighbor>> Worker::read_vectors(const std::vector<RemotePtr>& n
         remote.push_back(p);
       }
     }
+  } else if (ctx.node_cache != nullptr) {
+    // Queries: the node cache (vectors only; lists are always read).
+    thread_local std::vector<float> tmp;
+    tmp.resize(L.dim());
+    for (RemotePtr p : nodes) {
+      uint32_t label = 0;
+      if (ctx.node_cache->lookup(p, tmp.data(), &label)) {
+        ++ctx.search.visited;
+        out.push_back({g_.distance()(q, tmp.data()), p, label});
+        // The level is not kept in the cache: a hit's level matters only to admission,
+        // which a hit does not need; the trace records 0 for hits.
+        if (ctx.trace != nullptr) ctx.trace->record(p, 0, true, ctx.measured);
+      } else {
+        remote.push_back(p);
+      }
+    }
   } else {
     remote = nodes;
   }
@@ -236,6 +252,11 @@ Task<std::vector<Neighbor>> Worker::read_vectors(const std::vector<RemotePtr>& n
     ++ctx.search.visited;
     out.push_back({g_.distance()(q, v), remote[i], f.label});
     if (cache != nullptr) cache->add(remote[i], v, L.dim(), NodeHeader::level(f.header), f.label);
+    if (ctx.node_cache != nullptr) {
+      unsigned level = NodeHeader::level(f.header);
+      ctx.node_cache->admit(remote[i], level, v, f.label);
+      if (ctx.trace != nullptr) ctx.trace->record(remote[i], level, false, ctx.measured);
+    }
   }
   co_return out;
 }

@@ -14,6 +14,8 @@
 #include "common/distance.hpp"
 #include "common/fabric/transport.hpp"
 #include "common/region.hpp"
+#include "cache/node_cache.hpp"
+#include "cache/trace.hpp"
 #include "common/shine_layout.hpp"
 #include "compute/coro.hpp"
 
@@ -135,6 +137,9 @@ class VectorCache {
 /// Per-coroutine state of one insert or query.
 struct OpContext {
   ReadMode mode = ReadMode::Batch;
+  cache::NodeCache* node_cache = nullptr;  // queries: the computenode's node cache (optional)
+  cache::TraceWriter* trace = nullptr;     // queries: records every node-cache access (optional)
+  bool measured = true;                    // trace flag: outside the warm-up
   std::vector<uint64_t> allocated;  // nodes this context allocated, by memnode id
   IoStats io;
   SearchStats search;

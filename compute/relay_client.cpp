@@ -1,0 +1,204 @@
+#include "compute/relay_client.hpp"
+
+#include <spdlog/spdlog.h>
+
+#include <chrono>
+#include <cstring>
+
+#include "memory/relay_protocol.hpp"
+
+namespace dmhnsw::compute {
+
+using fabric::FabricError;
+using fabric::Status;
+using Clock = std::chrono::steady_clock;
+
+RelayClient::RelayClient(fabric::Cluster& c, uint32_t cn_id, uint32_t num_cns, Callbacks cb, int join_timeout_s)
+    : c_(c), cn_(cn_id), k_(num_cns), cb_(std::move(cb)), rng_(0x5EED'0000u + cn_id) {
+  if (num_cns > relay::kMaxCns)
+    throw std::invalid_argument("--num-cns " + std::to_string(num_cns) + ": the relay serves at most " +
+                                std::to_string(relay::kMaxCns) + " computenodes");
+  ep_ = c_.make_endpoint(4u << 20);
+  const auto n = static_cast<uint16_t>(c_.memnodes().size());
+  for (uint16_t i = 0; i < n; ++i) send_to_memnode(i, relay::encode(relay::Type::Join, cn_, cn_, k_, 0));
+  io_ = std::thread([this] { io_loop(); });
+  std::unique_lock g(mu_);
+  if (!cv_.wait_for(g, std::chrono::seconds(join_timeout_s), [&] { return acks_.size() == n; })) {
+    std::string missing;
+    for (uint16_t i = 0; i < n; ++i)
+      if (!acks_.count(i)) missing += (missing.empty() ? "" : ", ") + std::string("memnode ") + std::to_string(i) + " (" +
+                                      c_.memnodes()[i].address + ")";
+    g.unlock();
+    stop_.store(true);
+    io_.join();
+    throw FabricError("query relay: no answer to join from " + missing + " within " + std::to_string(join_timeout_s) +
+                      " s (a memnode of an older version?)");
+  }
+}
+
+RelayClient::~RelayClient() {
+  try {
+    for (uint16_t i = 0; i < c_.memnodes().size(); ++i)
+      if (c_.alive(i)) send_to_memnode(i, relay::encode(relay::Type::Leave, cn_, relay::kAll, k_, 0));
+  } catch (const std::exception& e) {
+    spdlog::debug("relay: leave failed: {}", e.what());
+  }
+  stop_.store(true);
+  if (io_.joinable()) io_.join();
+}
+
+void RelayClient::send_to_memnode(uint16_t node, const std::vector<char>& bytes) {
+  Status st;
+  {
+    std::lock_guard g(ep_mu_);
+    st = ep_->send(node, bytes.data(), bytes.size());
+  }
+  if (st != Status::Ok)
+    throw FabricError("query relay: sending to memnode " + std::to_string(node) + " (" + c_.memnodes()[node].address +
+                      ") failed: " + fabric::status_name(st) +
+                      (c_.alive(node) ? std::string() : " (" + c_.dead_reason(node) + ")"));
+  ++sent_;
+}
+
+uint16_t RelayClient::pick_memnode() {
+  const auto n = static_cast<uint16_t>(c_.memnodes().size());
+  uint16_t start;
+  {
+    std::lock_guard g(mu_);
+    start = static_cast<uint16_t>(rng_() % n);
+  }
+  for (uint16_t i = 0; i < n; ++i) {
+    uint16_t m = static_cast<uint16_t>((start + i) % n);
+    if (c_.alive(m)) return m;
+  }
+  throw FabricError("query relay: every memnode is gone (" + c_.dead_reason(start) + ")");
+}
+
+void RelayClient::forward(uint32_t to, const void* body, size_t len) {
+  send_to_memnode(pick_memnode(), relay::encode(relay::Type::Forward, cn_, to, k_, 0, body, len));
+}
+
+void RelayClient::broadcast(const void* body, size_t len) {
+  if (k_ <= 1) return;
+  send_to_memnode(pick_memnode(), relay::encode(relay::Type::Forward, cn_, relay::kAll, k_, 0, body, len));
+}
+
+RelayClient::Release RelayClient::barrier(int timeout_s) {
+  uint64_t seq = barrier_seq_++;
+  send_to_memnode(0, relay::encode(relay::Type::Barrier, cn_, 0, k_, seq));
+  auto deadline = Clock::now() + std::chrono::seconds(timeout_s);
+  std::unique_lock g(mu_);
+  for (;;) {
+    auto it = released_.find(seq);
+    if (it != released_.end()) {
+      Release r = it->second;
+      released_.erase(it);
+      return r;
+    }
+    if (!c_.alive(0))
+      throw FabricError("barrier: memnode 0 (" + c_.memnodes()[0].address + ") is gone: " + c_.dead_reason(0));
+    if (Clock::now() > deadline)
+      throw FabricError("barrier " + std::to_string(seq) + ": not every one of the " + std::to_string(k_) +
+                        " computenodes arrived within " + std::to_string(timeout_s) + " s");
+    cv_.wait_for(g, std::chrono::milliseconds(100));
+  }
+}
+
+bool RelayClient::is_gone(uint32_t cn) const {
+  std::lock_guard g(mu_);
+  return gone_.count(cn) > 0;
+}
+
+std::vector<uint32_t> RelayClient::gone() const {
+  std::lock_guard g(mu_);
+  return {gone_.begin(), gone_.end()};
+}
+
+void RelayClient::handle(const fabric::Message& m) {
+  auto h = relay::decode(m.payload);
+  if (!h) {
+    spdlog::debug("relay: ignored a message that is not a relay message ({} bytes)", m.payload.size());
+    return;
+  }
+  const char* body = relay::body_of(m.payload);
+  switch (static_cast<relay::Type>(h->type)) {
+    case relay::Type::JoinAck: {
+      std::lock_guard g(mu_);
+      acks_.insert(h->memnode);
+      cv_.notify_all();
+      return;
+    }
+    case relay::Type::Deliver:
+      if (cb_.deliver) cb_.deliver(h->from_cn, body, h->body_len);
+      return;
+    case relay::Type::Bounce:
+      if (cb_.bounce) cb_.bounce(h->to_cn, body, h->body_len);
+      return;
+    case relay::Type::Release: {
+      relay::ReleaseBody rb{};
+      std::memcpy(&rb, body, std::min<size_t>(sizeof rb, h->body_len));
+      Release r;
+      r.generation = rb.generation;
+      for (uint32_t i = 0; i < std::min(rb.gone_count, relay::kMaxCns); ++i) r.gone.push_back(rb.gone[i]);
+      std::vector<uint32_t> newly;
+      {
+        std::lock_guard g(mu_);
+        released_[h->seq] = r;
+        for (uint32_t cn : r.gone)
+          if (gone_.insert(cn).second) newly.push_back(cn);
+        cv_.notify_all();
+      }
+      for (uint32_t cn : newly)
+        if (cb_.gone) cb_.gone(cn, "did not arrive at a barrier");
+      return;
+    }
+    case relay::Type::Gone: {
+      bool fresh;
+      {
+        std::lock_guard g(mu_);
+        fresh = gone_.insert(h->from_cn).second;
+      }
+      std::string why(body, h->body_len);
+      if (fresh) {
+        if (why != "left") spdlog::warn("computenode {} is gone ({} says: {})", h->from_cn,
+                                        "memnode " + std::to_string(h->memnode), why);
+        if (cb_.gone) cb_.gone(h->from_cn, why);
+      }
+      return;
+    }
+    default:
+      return;
+  }
+}
+
+void RelayClient::io_loop() {
+  auto next_beat = Clock::now();
+  const auto n = static_cast<uint16_t>(c_.memnodes().size());
+  while (!stop_.load()) {
+    bool got = false;
+    try {
+      if (Clock::now() >= next_beat) {
+        next_beat = Clock::now() + std::chrono::milliseconds(100);
+        for (uint16_t i = 0; i < n; ++i)
+          if (c_.alive(i)) send_to_memnode(i, relay::encode(relay::Type::Heartbeat, cn_, 0, k_, 0));
+      }
+      for (;;) {
+        fabric::Message m;
+        bool have;
+        {
+          std::lock_guard g(ep_mu_);
+          have = ep_->try_recv(m);
+        }
+        if (!have) break;
+        got = true;
+        ++received_;
+        handle(m);
+      }
+    } catch (const std::exception& e) {
+      spdlog::debug("relay I/O: {}", e.what());  // a dead memnode: the callers' sends report it
+    }
+    if (!got) std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
+}
+
+}  // namespace dmhnsw::compute

@@ -1,0 +1,85 @@
+#pragma once
+// The computenode's side of the query relay (memory/relay_protocol.hpp): joins every
+// memnode's relay, sends heartbeats, forwards messages to other computenodes through a
+// random live memnode, and waits on barriers held by memnode 0. One I/O thread receives
+// and hands messages to the callbacks.
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <random>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/fabric/transport.hpp"
+
+namespace dmhnsw::compute {
+
+class RelayClient {
+ public:
+  struct Callbacks {
+    /// A message another computenode forwarded to us (called on the I/O thread).
+    std::function<void(uint32_t from_cn, const char* body, size_t len)> deliver;
+    /// A message of ours the relay could not deliver (the target is gone).
+    std::function<void(uint32_t to_cn, const char* body, size_t len)> bounce;
+    /// A computenode of the run is gone (reported once per computenode).
+    std::function<void(uint32_t cn, const std::string& why)> gone;
+  };
+
+  /// Joins the relay of every memnode (each answers; fails after `join_timeout_s` naming
+  /// the memnode) and starts the I/O thread.
+  RelayClient(fabric::Cluster& c, uint32_t cn_id, uint32_t num_cns, Callbacks cb, int join_timeout_s = 10);
+  ~RelayClient();  // leaves every relay
+  RelayClient(const RelayClient&) = delete;
+  RelayClient& operator=(const RelayClient&) = delete;
+
+  /// Sends `body` to computenode `to` through a random live memnode.
+  void forward(uint32_t to, const void* body, size_t len);
+  /// Sends `body` to every other computenode of the run (one relay does the fan-out).
+  void broadcast(const void* body, size_t len);
+
+  struct Release {
+    uint64_t generation = 0;        // unique over memnode 0's life
+    std::vector<uint32_t> gone;     // computenodes that did not arrive (gone)
+  };
+  /// Waits until every computenode of the run arrived (or is gone). Throws after
+  /// `timeout_s`, or when memnode 0 is gone.
+  Release barrier(int timeout_s = 600);
+
+  bool is_gone(uint32_t cn) const;
+  std::vector<uint32_t> gone() const;
+  uint32_t cn_id() const { return cn_; }
+  uint32_t num_cns() const { return k_; }
+  uint64_t messages_sent() const { return sent_.load(); }
+  uint64_t messages_received() const { return received_.load(); }
+
+ private:
+  void io_loop();
+  void send_to_memnode(uint16_t node, const std::vector<char>& bytes);
+  uint16_t pick_memnode();
+  void handle(const fabric::Message& m);
+
+  fabric::Cluster& c_;
+  uint32_t cn_, k_;
+  Callbacks cb_;
+  std::unique_ptr<fabric::Endpoint> ep_;
+  std::mutex ep_mu_;  // the endpoint: the I/O thread receives, any thread sends
+  std::mt19937_64 rng_;
+  std::thread io_;
+  std::atomic<bool> stop_{false};
+  std::atomic<uint64_t> sent_{0}, received_{0};
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::set<uint16_t> acks_;
+  std::map<uint64_t, Release> released_;  // barrier seq -> release
+  std::set<uint32_t> gone_;
+  uint64_t barrier_seq_ = 0;
+};
+
+}  // namespace dmhnsw::compute

@@ -1,0 +1,155 @@
+#include "memory/relay.hpp"
+
+#include <spdlog/spdlog.h>
+
+#include <cstring>
+
+namespace dmhnsw::memory {
+
+using relay::Header;
+using relay::Type;
+
+Relay::Relay(uint16_t memnode_id, Send send, std::chrono::milliseconds timeout)
+    : id_(memnode_id), send_(std::move(send)), timeout_(timeout) {}
+
+bool Relay::alive(uint32_t cn) const {
+  auto it = members_.find(cn);
+  return it != members_.end() && it->second.alive;
+}
+
+void Relay::send(uint32_t to_cn, const std::vector<char>& bytes) {
+  auto it = members_.find(to_cn);
+  if (it != members_.end()) send_(it->second.handle, bytes);
+}
+
+void Relay::gone(uint32_t cn, const std::string& why) {
+  auto it = members_.find(cn);
+  if (it == members_.end() || !it->second.alive) return;
+  it->second.alive = false;
+  ++stats_.gone;
+  if (!it->second.left) spdlog::warn("relay: computenode {} is gone: {}", cn, why);
+  auto note = relay::encode(Type::Gone, cn, relay::kAll, it->second.num_cns, 0, why.data(), why.size());
+  Header h;
+  std::memcpy(&h, note.data(), sizeof h);
+  h.memnode = id_;
+  std::memcpy(note.data(), &h, sizeof h);
+  for (auto& [other, m] : members_)
+    if (other != cn && m.alive && other < it->second.num_cns) send_(m.handle, note);
+  try_release();
+}
+
+void Relay::try_release() {
+  for (auto it = arrived_.begin(); it != arrived_.end();) {
+    const uint64_t seq = it->first;
+    const uint32_t k = barrier_cns_[seq];
+    bool complete = true;
+    relay::ReleaseBody body{};
+    for (uint32_t cn = 0; cn < k; ++cn) {
+      if (it->second.count(cn)) continue;
+      // A computenode gone during the run does not hold the others back; at a run's first
+      // barrier everyone must arrive (a dead member there may be a stale one of an earlier
+      // run whose successor has not joined yet).
+      auto m = members_.find(cn);
+      if (seq > 0 && m != members_.end() && !m->second.alive) {
+        if (body.gone_count < relay::kMaxCns) body.gone[body.gone_count++] = cn;
+        continue;
+      }
+      complete = false;  // not arrived and not known gone: wait
+      break;
+    }
+    if (!complete) {
+      ++it;
+      continue;
+    }
+    body.generation = ++generation_;
+    ++stats_.barriers;
+    auto msg = relay::encode(Type::Release, relay::kAll, relay::kAll, k, seq, &body, sizeof body);
+    Header h;
+    std::memcpy(&h, msg.data(), sizeof h);
+    h.memnode = id_;
+    std::memcpy(msg.data(), &h, sizeof h);
+    for (uint32_t cn : it->second) send(cn, msg);
+    barrier_cns_.erase(seq);
+    it = arrived_.erase(it);
+  }
+}
+
+bool Relay::on_message(const std::vector<char>& payload, uint64_t sender, Clock::time_point now) {
+  auto hdr = relay::decode(payload);
+  if (!hdr) return false;
+  const Header h = *hdr;
+  if (h.from_cn >= relay::kMaxCns) return true;  // malformed: ignore
+  auto it = members_.find(h.from_cn);
+  const bool known = it != members_.end() && it->second.handle == sender;
+  if (known) it->second.last_seen = now;
+  switch (static_cast<Type>(h.type)) {
+    case Type::Join: {
+      if (h.num_cns == 0 || h.num_cns > relay::kMaxCns || h.from_cn >= h.num_cns) return true;
+      Member& m = members_[h.from_cn];
+      m = Member{sender, h.num_cns, now, true, false};
+      for (auto& [seq, set] : arrived_) set.erase(h.from_cn);  // arrivals of an earlier run
+      auto ack = relay::encode(Type::JoinAck, h.from_cn, h.from_cn, h.num_cns, h.seq);
+      Header a;
+      std::memcpy(&a, ack.data(), sizeof a);
+      a.memnode = id_;
+      std::memcpy(ack.data(), &a, sizeof a);
+      send_(sender, ack);
+      spdlog::debug("relay: computenode {} of {} joined", h.from_cn, h.num_cns);
+      return true;
+    }
+    case Type::Heartbeat:
+      return true;
+    case Type::Leave:
+      if (known) {
+        it->second.left = true;
+        gone(h.from_cn, "left");
+      }
+      return true;
+    case Type::Forward: {
+      if (!known) return true;  // not a member (or a stale endpoint): drop
+      std::vector<char> out = payload;
+      Header d = h;
+      d.memnode = id_;
+      d.type = static_cast<uint32_t>(Type::Deliver);
+      std::memcpy(out.data(), &d, sizeof d);
+      if (h.to_cn == relay::kAll) {
+        for (auto& [cn, m] : members_)
+          if (cn != h.from_cn && m.alive && cn < it->second.num_cns) {
+            send_(m.handle, out);
+            ++stats_.forwarded;
+          }
+        return true;
+      }
+      auto t = members_.find(h.to_cn);
+      if (t != members_.end() && t->second.alive) {
+        send_(t->second.handle, out);
+        ++stats_.forwarded;
+      } else {
+        d.type = static_cast<uint32_t>(Type::Bounce);
+        std::memcpy(out.data(), &d, sizeof d);
+        send_(sender, out);
+        ++stats_.bounced;
+      }
+      return true;
+    }
+    case Type::Barrier: {
+      if (!known) return true;
+      arrived_[h.seq].insert(h.from_cn);
+      barrier_cns_[h.seq] = h.num_cns;
+      try_release();
+      return true;
+    }
+    default:
+      return true;  // memnode-to-computenode types are not for us
+  }
+}
+
+void Relay::tick(Clock::time_point now) {
+  std::vector<uint32_t> silent;
+  for (auto& [cn, m] : members_)
+    if (m.alive && now - m.last_seen > timeout_) silent.push_back(cn);
+  for (uint32_t cn : silent)
+    gone(cn, "no heartbeat for " + std::to_string(timeout_.count()) + " ms");
+}
+
+}  // namespace dmhnsw::memory

@@ -1,0 +1,231 @@
+// Routing policies (router/policy.hpp; paper section 7.2, Algorithm 2).
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cstdint>
+#include <numeric>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "router/policy.hpp"
+
+using namespace dmhnsw::router;
+
+namespace {
+
+uint64_t sum(const std::vector<uint32_t>& v) {
+  return std::accumulate(v.begin(), v.end(), uint64_t{0});
+}
+
+/// Routes one whole batch whose queries all rank the computenodes as `ranked`.
+std::vector<uint32_t> route_batch(RoutingPolicy& p, const std::vector<uint32_t>& ranked,
+                                  uint32_t batch) {
+  std::vector<uint32_t> got(ranked.size(), 0);
+  for (uint32_t i = 0; i < batch; ++i) {
+    CHECK_FALSE(p.batch_full());
+    ++got[p.choose(ranked.data())];
+  }
+  CHECK(p.batch_full());
+  return got;
+}
+
+}  // namespace
+
+TEST_CASE("parse_policy and policy_name round-trip", "[router][policy]") {
+  for (Policy p : {Policy::None, Policy::BestFit, Policy::Balanced, Policy::Adaptive})
+    CHECK(parse_policy(policy_name(p)) == p);
+  CHECK(std::string(policy_name(Policy::BestFit)) == "best-fit");
+  CHECK(parse_policy("Adaptive") == Policy::Adaptive);
+  try {
+    parse_policy("roundrobin");
+    FAIL("unknown policy accepted");
+  } catch (const std::invalid_argument& e) {
+    const std::string msg = e.what();
+    CHECK(msg.find("--routing") != std::string::npos);
+    CHECK(msg.find("roundrobin") != std::string::npos);
+  }
+}
+
+TEST_CASE("RoutingPolicy rejects bad arguments", "[router][policy]") {
+  CHECK_THROWS_AS(RoutingPolicy(Policy::Balanced, 0, 0), std::invalid_argument);
+  CHECK_THROWS_AS(RoutingPolicy(Policy::Balanced, 3, 3), std::invalid_argument);
+  CHECK_THROWS_AS(RoutingPolicy(Policy::Balanced, 3, 0, 0), std::invalid_argument);
+  RoutingPolicy a(Policy::Adaptive, 3, 0, 30);
+  CHECK_THROWS_AS(a.end_batch({1, 2}), std::invalid_argument);
+}
+
+TEST_CASE("none keeps every query, best-fit follows the oracle", "[router][policy]") {
+  RoutingPolicy none(Policy::None, 4, 2, 10);
+  RoutingPolicy best(Policy::BestFit, 4, 2, 10);
+  const std::vector<std::vector<uint32_t>> rankings{{0, 1, 2, 3}, {3, 2, 1, 0}, {1, 0, 3, 2},
+                                                    {2, 3, 0, 1}};
+  for (int round = 0; round < 25; ++round)
+    for (const auto& r : rankings) {
+      CHECK(none.choose(r.data()) == 2);
+      CHECK(best.choose(r.data()) == r[0]);
+    }
+  // No batches for these two policies; the histogram still counts the choices.
+  CHECK_FALSE(none.batch_full());
+  CHECK_FALSE(best.batch_full());
+  CHECK(none.histogram() == std::vector<uint32_t>{0, 0, 100, 0});
+  CHECK(best.histogram() == std::vector<uint32_t>{25, 25, 25, 25});
+  best.end_batch({});
+  CHECK(best.histogram() == std::vector<uint32_t>{0, 0, 0, 0});
+}
+
+TEST_CASE("balanced: limits b/K summing to b, each computenode gets exactly its limit",
+          "[router][policy]") {
+  for (uint32_t self = 0; self < 3; ++self) {
+    RoutingPolicy p(Policy::Balanced, 3, self, 1000);
+    REQUIRE(p.limits().size() == 3);
+    CHECK(sum(p.limits()) == 1000);
+    for (uint32_t i = 0; i < 3; ++i) CHECK(p.limits()[i] == (i == self ? 334u : 333u));
+
+    // Every query prefers CN 0, then 1, then 2: the quotas still hold exactly.
+    for (int batch = 0; batch < 3; ++batch) {
+      const std::vector<uint32_t> got = route_batch(p, {0, 1, 2}, 1000);
+      CHECK(got == p.limits());
+      CHECK(p.histogram() == p.limits());
+      p.end_batch({});
+      CHECK(p.histogram() == std::vector<uint32_t>{0, 0, 0});
+      CHECK_FALSE(p.batch_full());
+      CHECK(sum(p.limits()) == 1000);  // equal limits kept
+      for (uint32_t i = 0; i < 3; ++i) CHECK(p.limits()[i] == (i == self ? 334u : 333u));
+    }
+  }
+}
+
+TEST_CASE("balanced: goes down the ranking in order and overflows to ranked[0]", "[router][policy]") {
+  RoutingPolicy p(Policy::Balanced, 4, 0, 8);
+  CHECK(p.limits() == std::vector<uint32_t>{2, 2, 2, 2});
+  const uint32_t r[4] = {2, 0, 3, 1};
+  std::vector<uint32_t> seq;
+  for (int i = 0; i < 8; ++i) seq.push_back(p.choose(r));
+  CHECK(seq == std::vector<uint32_t>{2, 2, 0, 0, 3, 3, 1, 1});
+  CHECK(p.batch_full());
+  // Past the batch every computenode is at its limit: ranked[0].
+  CHECK(p.choose(r) == 2);
+  // Mixed rankings: each query takes its best computenode with room left.
+  p.end_batch({});
+  const uint32_t a[4] = {1, 2, 3, 0}, b[4] = {1, 3, 2, 0};
+  CHECK(p.choose(a) == 1);
+  CHECK(p.choose(b) == 1);
+  CHECK(p.choose(a) == 2);
+  CHECK(p.choose(b) == 3);
+}
+
+TEST_CASE("balanced with fewer queries per batch than computenodes", "[router][policy]") {
+  RoutingPolicy p(Policy::Balanced, 5, 3, 2);
+  CHECK(p.limits() == std::vector<uint32_t>{0, 0, 0, 1, 1});  // extras from self on
+  const uint32_t r[5] = {0, 1, 2, 3, 4};
+  CHECK(p.choose(r) == 3);
+  CHECK(p.choose(r) == 4);
+  CHECK(p.batch_full());
+}
+
+TEST_CASE("K = 1: every policy keeps every query", "[router][policy]") {
+  for (Policy pol : {Policy::None, Policy::BestFit, Policy::Balanced, Policy::Adaptive}) {
+    RoutingPolicy p(pol, 1, 0, 10);
+    CHECK(p.limits() == std::vector<uint32_t>{10});
+    const uint32_t r[1] = {0};
+    for (int i = 0; i < 25; ++i) {
+      CHECK(p.choose(r) == 0);
+      if (p.batch_full()) p.end_batch({7});
+    }
+    CHECK(p.limits() == std::vector<uint32_t>{10});
+  }
+}
+
+TEST_CASE("adaptive: the worked example of Algorithm 2", "[router][policy]") {
+  // K = 4, b = 1000, queue lengths P = (100, 200, 300, 400): σ = 1000,
+  // Σ(σ − p) = 900 + 800 + 700 + 600 = 3000, ω = 4·(900, 800, 700, 600)/3000
+  // = (1.2, 1.0667, 0.9333, 0.8), limits ω·b/K = (300, 266.67, 233.33, 200):
+  // floors (300, 266, 233, 200) sum to 999; the largest remainder (2/3, CN 1) gets the last.
+  RoutingPolicy p(Policy::Adaptive, 4, 0, 1000);
+  CHECK(p.limits() == std::vector<uint32_t>{250, 250, 250, 250});
+  route_batch(p, {3, 2, 1, 0}, 1000);
+  p.end_batch({100, 200, 300, 400});
+  CHECK(p.limits() == std::vector<uint32_t>{300, 267, 233, 200});
+  CHECK(p.histogram() == std::vector<uint32_t>{0, 0, 0, 0});
+
+  // All queries prefer the busiest CN 3: each CN still gets exactly its limit.
+  const std::vector<uint32_t> got = route_batch(p, {3, 2, 1, 0}, 1000);
+  CHECK(got == std::vector<uint32_t>{300, 267, 233, 200});
+
+  // One busy computenode, two idle ones: (σ − P) = (0, 10, 10), Σ = 20 → (0, 500, 500).
+  RoutingPolicy q(Policy::Adaptive, 3, 0, 1000);
+  q.end_batch({10, 0, 0});
+  CHECK(q.limits() == std::vector<uint32_t>{0, 500, 500});
+  const uint32_t r[3] = {0, 1, 2};
+  CHECK(q.choose(r) == 1);  // CN 0 has no quota in this batch
+}
+
+TEST_CASE("adaptive: equal or empty queues give equal limits", "[router][policy]") {
+  RoutingPolicy p(Policy::Adaptive, 3, 1, 1000);
+  CHECK(p.limits() == std::vector<uint32_t>{333, 334, 333});
+  p.end_batch({0, 0, 0});
+  CHECK(p.limits() == std::vector<uint32_t>{333, 334, 333});
+  p.end_batch({5, 5, 5});
+  CHECK(p.limits() == std::vector<uint32_t>{333, 334, 333});
+  p.end_batch({123456789, 123456789, 123456789});
+  CHECK(p.limits() == std::vector<uint32_t>{333, 334, 333});
+  RoutingPolicy q(Policy::Adaptive, 4, 2, 1000);
+  q.end_batch({7, 7, 7, 7});
+  CHECK(q.limits() == std::vector<uint32_t>{250, 250, 250, 250});
+  q.end_batch({0, 0, 0, 0});
+  CHECK(q.limits() == std::vector<uint32_t>{250, 250, 250, 250});
+}
+
+TEST_CASE("adaptive: limits sum to b, the longest queue gets the smallest limit", "[router][policy]") {
+  std::mt19937_64 rng(5);
+  for (int trial = 0; trial < 500; ++trial) {
+    const uint32_t k = 2 + static_cast<uint32_t>(rng() % 7);
+    const uint32_t b = 1 + static_cast<uint32_t>(rng() % 5000);
+    RoutingPolicy p(Policy::Adaptive, k, static_cast<uint32_t>(rng() % k), b);
+    std::vector<uint64_t> queues(k);
+    for (auto& q : queues) q = rng() % 3000;
+    queues[rng() % k] = 3000 + rng() % 1000;  // a unique longest queue
+    p.end_batch(queues);
+    INFO("trial " << trial << " k=" << k << " b=" << b);
+    REQUIRE(sum(p.limits()) == b);
+    const auto longest = std::max_element(queues.begin(), queues.end()) - queues.begin();
+    const uint32_t smallest = *std::min_element(p.limits().begin(), p.limits().end());
+    CHECK(p.limits()[static_cast<size_t>(longest)] == smallest);
+    // Longer queue → no larger limit.
+    for (uint32_t i = 0; i < k; ++i)
+      for (uint32_t j = 0; j < k; ++j)
+        if (queues[i] > queues[j]) CHECK(p.limits()[i] <= p.limits()[j]);
+    // Each limit is ω_i·b/K rounded down or up.
+    double sigma = 0;
+    for (auto q : queues) sigma += static_cast<double>(q);
+    for (uint32_t i = 0; i < k; ++i) {
+      const double exact = b * (sigma - static_cast<double>(queues[i])) / ((k - 1) * sigma);
+      CHECK(p.limits()[i] >= std::floor(exact) - 1e-9);
+      CHECK(p.limits()[i] <= std::ceil(exact) + 1e-9);
+    }
+    // A whole batch fills every limit exactly.
+    std::vector<uint32_t> ranked(k);
+    std::iota(ranked.begin(), ranked.end(), 0u);
+    std::shuffle(ranked.begin(), ranked.end(), rng);
+    std::vector<uint32_t> got(k, 0);
+    for (uint32_t i = 0; i < b; ++i) ++got[p.choose(ranked.data())];
+    CHECK(got == p.limits());
+    CHECK(p.batch_full());
+  }
+}
+
+TEST_CASE("balanced ignores queue lengths and end_batch resets the counters", "[router][policy]") {
+  RoutingPolicy p(Policy::Balanced, 2, 0, 10);
+  const uint32_t r[2] = {1, 0};
+  for (int i = 0; i < 4; ++i) p.choose(r);
+  CHECK_FALSE(p.batch_full());
+  p.end_batch({100, 0});
+  CHECK(p.limits() == std::vector<uint32_t>{5, 5});
+  CHECK(p.histogram() == std::vector<uint32_t>{0, 0});
+  for (int i = 0; i < 9; ++i) p.choose(r);
+  CHECK_FALSE(p.batch_full());
+  p.choose(r);
+  CHECK(p.batch_full());
+}
