@@ -149,7 +149,7 @@ struct EntryHeader {  // 32 bytes
   uint64_t key;
   uint64_t next;  // tagged link to the next entry of the chain
   uint32_t label;
-  uint32_t unused;
+  uint32_t level;  // the node's level (the replay's admission needs it for hits too)
 };
 static_assert(sizeof(EntryHeader) == 32);
 
@@ -306,7 +306,7 @@ struct NodeCache::Impl {
 
   // Lock-free search. Returns the entry index (and its validated meta) or kNone.
   template <bool kCopy>
-  uint32_t find(uint64_t key, uint64_t h, float* vec, uint32_t* label, uint64_t* meta_out) {
+  uint32_t find(uint64_t key, uint64_t h, float* vec, uint32_t* label, uint64_t* meta_out, unsigned* level = nullptr) {
     Bucket& b = bucket_of(h);
     for (unsigned attempt = 0; attempt < kMaxRestarts; ++attempt) {
       uint64_t link = aref<uint64_t>(b.head).load(std::memory_order_acquire);
@@ -326,10 +326,11 @@ struct NodeCache::Impl {
         }
         const uint64_t k = aref<uint64_t>(e.key).load(std::memory_order_acquire);
         if (k == key) {
-          uint32_t lab = 0;
+          uint32_t lab = 0, lev = 0;
           if constexpr (kCopy) {
             copy_out(idx, vec);
             lab = aref<uint32_t>(e.label).load(std::memory_order_acquire);
+            lev = aref<uint32_t>(e.level).load(std::memory_order_acquire);
           }
           const uint64_t m2 = aref<uint64_t>(e.meta).load(std::memory_order_relaxed);
           if (meta_tag(m2) != meta_tag(m1)) {
@@ -338,6 +339,7 @@ struct NodeCache::Impl {
           }
           if constexpr (kCopy) {
             if (label != nullptr) *label = lab;
+            if (level != nullptr) *level = lev;
           }
           if (meta_out != nullptr) *meta_out = m2;
           return idx;
@@ -497,7 +499,7 @@ NodeCache::~NodeCache() = default;
 uint64_t NodeCache::capacity_entries() const { return impl_->cap; }
 uint32_t NodeCache::dim() const { return impl_->dim; }
 
-bool NodeCache::lookup(RemotePtr key, float* vec, uint32_t* label) {
+bool NodeCache::lookup(RemotePtr key, float* vec, uint32_t* label, unsigned* level) {
   Impl& im = *impl_;
   Stripe& s = im.stripe();
   if (im.cap == 0) {
@@ -506,7 +508,7 @@ bool NodeCache::lookup(RemotePtr key, float* vec, uint32_t* label) {
   }
   const uint64_t h = mix64(key.raw());
   uint64_t m = 0;
-  const uint32_t idx = im.find<true>(key.raw(), h, vec, label, &m);
+  const uint32_t idx = im.find<true>(key.raw(), h, vec, label, &m, level);
   if (idx == kNone) {
     bump(s.misses);
     return false;
@@ -540,6 +542,7 @@ bool NodeCache::admit(RemotePtr key, unsigned level, const float* vec, uint32_t 
   aref<uint64_t>(e.key).store(k, std::memory_order_release);
   if (im.dim != 0) im.copy_in(idx, vec);
   aref<uint32_t>(e.label).store(label, std::memory_order_release);
+  aref<uint32_t>(e.level).store(level, std::memory_order_release);
 
   Bucket& b = im.bucket_of(h);
   bool duplicate = false;

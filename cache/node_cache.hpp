@@ -49,9 +49,10 @@ class NodeCache {
   uint64_t capacity_entries() const;
   uint32_t dim() const;
 
-  /// Lock-free lookup. On a hit copies the vector (dim floats) to `vec` and the label to
-  /// `label` and returns true. Never returns another key's vector.
-  bool lookup(RemotePtr key, float* vec, uint32_t* label);
+  /// Lock-free lookup. On a hit copies the vector (dim floats) to `vec`, the label to
+  /// `label` and (when not null) the node's level to `level`, and returns true. Never
+  /// returns another key's vector.
+  bool lookup(RemotePtr key, float* vec, uint32_t* label, unsigned* level = nullptr);
 
   /// Offers a node just read from remote memory. Level > 0: always admitted; level 0: with
   /// probability admit_probability. Evicts through the cooling table when full. Returns

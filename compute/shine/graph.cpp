@@ -220,12 +220,11 @@ Task<std::vector<Neighbor>> Worker::read_vectors(const std::vector<RemotePtr>& n
     tmp.resize(L.dim());
     for (RemotePtr p : nodes) {
       uint32_t label = 0;
-      if (ctx.node_cache->lookup(p, tmp.data(), &label)) {
+      unsigned level = 0;
+      if (ctx.node_cache->lookup(p, tmp.data(), &label, &level)) {
         ++ctx.search.visited;
         out.push_back({g_.distance()(q, tmp.data()), p, label});
-        // The level is not kept in the cache: a hit's level matters only to admission,
-        // which a hit does not need; the trace records 0 for hits.
-        if (ctx.trace != nullptr) ctx.trace->record(p, 0, true, ctx.measured);
+        if (ctx.trace != nullptr) ctx.trace->record(p, level, true, ctx.measured);
       } else {
         remote.push_back(p);
       }

@@ -223,3 +223,18 @@ TEST_CASE("NodeCache: the same seed gives the same admissions", "[cache]") {
   std::thread([&] { other = run(3); }).join();
   CHECK(other == run(3));
 }
+
+TEST_CASE("NodeCache: a hit also returns the node's level", "[cache]") {
+  NodeCache c(config_for(16, 8));
+  for (unsigned level : {1u, 2u, 7u}) {
+    const auto v = key_vector(level, 8);
+    REQUIRE(c.admit(key_ptr(level), level, v.data(), level));
+  }
+  std::vector<float> out(8);
+  uint32_t label = 0;
+  for (unsigned level : {1u, 2u, 7u}) {
+    unsigned got = 99;
+    REQUIRE(c.lookup(key_ptr(level), out.data(), &label, &got));
+    CHECK(got == level);
+  }
+}
