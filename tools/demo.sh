@@ -4,8 +4,9 @@
 #
 # It starts 2 memnodes, checks the transport (computenode selftest, fabric-bench), builds a
 # shine index (one global HNSW graph spread over both memnodes) on the real SIFT data in
-# ../shared/data with 2 computenodes, runs a Zipf-skewed query workload against it and prints
-# the query report next to hnswlib on the same data.
+# ../shared/data with 2 computenodes, runs a Zipf-skewed query workload against it on 3
+# computenodes with node caches, without and with adaptive routing, prints both query reports
+# and the cache segmentation penalty (csp-report), and hnswlib's numbers on the same data.
 #
 #   tools/demo.sh [--provider shm|tcp]
 set -euo pipefail
@@ -15,7 +16,7 @@ PROVIDER=shm
 while [[ $# -gt 0 ]]; do
   case $1 in
     --provider) PROVIDER=$2; shift 2 ;;
-    -h|--help) sed -n '2,11p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
     *) echo "demo.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -87,15 +88,30 @@ CN1=$!
 wait $CN1 || { echo "computenode 1 failed:"; cat "$RUN/build-cn1.log"; exit 1; }
 
 echo
-echo "== 6. shine query: the Zipf workload, 2 computenodes x 2 threads x 4 coroutines"
-"${CN[@]}" --cn-id 1 query --workload "$WL" --k 10 --ef-search 16,32,64 --threads 2 --coroutines 4 \
-  >"$RUN/query-cn1.log" 2>&1 &
-CN1=$!
-"${CN[@]}" --cn-id 0 query --workload "$WL" --k 10 --ef-search 16,32,64 --threads 2 --coroutines 4 \
-  --report "$RUN/query.json"
-wait $CN1 || { echo "computenode 1 failed:"; cat "$RUN/query-cn1.log"; exit 1; }
+echo "== 6. shine query with node caches: 3 computenodes, 5% cache each, without and with adaptive routing"
+# Runs the workload on 3 computenodes with the given extra flags; computenode 0 writes $1.
+query3() {
+  local report=$1; shift
+  local pids=()
+  for cn in 1 2; do
+    "$BIN/computenode" --mode shine --provider "$PROVIDER" --memnodes "$MEMNODES" --num-cns 3 --cn-id $cn \
+      query --workload "$WL" --k 10 --ef-search 32 --threads 1 --coroutines 4 "$@" >"$RUN/query-cn$cn.log" 2>&1 &
+    pids+=($!)
+  done
+  "$BIN/computenode" --mode shine --provider "$PROVIDER" --memnodes "$MEMNODES" --num-cns 3 --cn-id 0 \
+    query --workload "$WL" --k 10 --ef-search 32 --threads 1 --coroutines 4 "$@" --report "$report"
+  for i in 0 1; do wait "${pids[$i]}" || { echo "computenode $((i + 1)) failed:"; cat "$RUN/query-cn$((i + 1)).log"; exit 1; }; done
+}
+echo "-- routing none (every computenode answers its own share)"
+query3 "$RUN/query-none.json" --cache-ratio 0.05 --routing none --trace "$RUN/trace-none"
+echo "-- routing adaptive (queries go to the computenode whose partition fits, through the memnodes)"
+query3 "$RUN/query-adaptive.json" --cache-ratio 0.05 --routing adaptive --route-batch 200 --trace "$RUN/trace-adaptive"
 
 echo
+echo "== 6b. cache segmentation penalty: each run's accesses replayed into one cache of the summed size"
+"$BIN/csp-report" "$RUN/trace-none" "$RUN/trace-adaptive" --json "$RUN/csp.json"
+rm -rf "$RUN/trace-none" "$RUN/trace-adaptive"
+
 echo "== 7. the same workload on single-machine hnswlib (same M, efConstruction, efSearch)"
 "$BIN/hnswlib-bench" --base "$BASE" --workload "$WL" --m 16 --ef-construction 200 --ef-search 16,32,64 --k 10 \
   --threads 2 --json "$RUN/hnswlib.json"

@@ -182,15 +182,35 @@ void print_query(const json& r) {
               r["distribution"].get<std::string>().c_str(), r["k"].get<unsigned>(), r["num_cns"].get<unsigned>(),
               r["threads"].get<unsigned>(), r["coroutines"].get<unsigned>(), r["read_mode"].get<std::string>().c_str(),
               r["provider"].get<std::string>().c_str());
-  std::printf("%8s %9s %9s %10s %10s %9s %8s %9s %10s %11s %12s\n", "efSearch", "recall", "QPS", "p50 us", "p99 us",
-              "visited", "READs", "doorbells", "KiB/query", "QPS@56Gb/s", "QPS@100Gb/s");
+  const bool cached = r.contains("cache") && r["cache"]["enabled"].get<bool>();
+  if (cached)
+    std::printf("  node cache %.1f MiB per computenode (%llu entries), routing %s\n",
+                static_cast<double>(r["cache"]["capacity_bytes"].get<uint64_t>()) / (1 << 20),
+                static_cast<unsigned long long>(r["cache"]["capacity_entries"].get<uint64_t>()),
+                r.value("routing", std::string("none")).c_str());
+  else
+    std::printf("  no node cache, routing %s\n", r.value("routing", std::string("none")).c_str());
+  std::printf("%8s %9s %9s %10s %10s %9s %8s %9s %10s %11s %12s %7s\n", "efSearch", "recall", "QPS", "p50 us", "p99 us",
+              "visited", "READs", "doorbells", "KiB/query", "QPS@56Gb/s", "QPS@100Gb/s", "CHR");
   for (auto& run : r["runs"]) {
     auto& pq = run["per_query"];
-    std::printf("%8u %9.4f %9.0f %10.1f %10.1f %9.1f %8.1f %9.1f %10.1f %11.0f %12.0f\n", run["ef_search"].get<unsigned>(),
-                run["recall"].get<double>(), run["qps"].get<double>(), run["latency_us"]["p50"].get<double>(),
-                run["latency_us"]["p99"].get<double>(), pq["visited"].get<double>(), pq["reads"].get<double>(),
-                pq["doorbells"].get<double>(), pq["bytes"].get<double>() / 1024,
-                run["network_bound_qps"]["56Gbps"].get<double>(), run["network_bound_qps"]["100Gbps"].get<double>());
+    std::printf("%8u %9.4f %9.0f %10.1f %10.1f %9.1f %8.1f %9.1f %10.1f %11.0f %12.0f %7.3f\n",
+                run["ef_search"].get<unsigned>(), run["recall"].get<double>(), run["qps"].get<double>(),
+                run["latency_us"]["p50"].get<double>(), run["latency_us"]["p99"].get<double>(),
+                pq["visited"].get<double>(), pq["reads"].get<double>(), pq["doorbells"].get<double>(),
+                pq["bytes"].get<double>() / 1024, run["network_bound_qps"]["56Gbps"].get<double>(),
+                run["network_bound_qps"]["100Gbps"].get<double>(), run.value("cache_hit_rate", 0.0));
+    if (r["num_cns"].get<unsigned>() > 1) {
+      for (auto& c : run["per_cn"])
+        std::printf("    cn %u: %llu answered (%llu own input, %llu routed away, %llu received), CHR %.3f, %.0f QPS\n",
+                    c["cn_id"].get<unsigned>(), static_cast<unsigned long long>(c["queries"].get<uint64_t>()),
+                    static_cast<unsigned long long>(c.value("input", uint64_t{0})),
+                    static_cast<unsigned long long>(c.value("routed_away", uint64_t{0})),
+                    static_cast<unsigned long long>(c.value("received", uint64_t{0})),
+                    c.contains("cache") ? c["cache"]["hit_rate"].get<double>() : 0.0, c["qps"].get<double>());
+    }
+    for (auto& g : run.value("computenodes_gone", json::array()))
+      std::printf("    computenode %u is gone: %s\n", g["cn_id"].get<unsigned>(), g["why"].get<std::string>().c_str());
   }
 }
 
