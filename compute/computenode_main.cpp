@@ -46,6 +46,11 @@ int main(int argc, char** argv) {
   app.add_option("--token-file", token_file, "file holding the cluster token (else the DMHNSW_TOKEN variable)");
   app.add_option("--cn-id", cn_id, "this computenode's id, 0..num-cns-1")->capture_default_str();
   app.add_option("--num-cns", num_cns, "number of computenodes in the run")->capture_default_str()->check(CLI::PositiveNumber);
+  int heartbeat_ms = 4000;
+  app.add_option("--heartbeat-timeout-ms", heartbeat_ms,
+                 "a memnode whose control connection answers no ping for this long is declared dead")
+      ->capture_default_str()
+      ->check(CLI::Range(500, 600000));
   app.add_option("--log-level", log_level, "trace, debug, info, warn, error")->capture_default_str();
 
   auto* st = app.add_subcommand("selftest", "write, read, batched reads, fetch_adds, compare_swaps and messages "
@@ -133,6 +138,7 @@ int main(int argc, char** argv) {
     co.token = fabric::load_token(token_file);
     co.mode = *st ? fabric::Mode::None : fabric::parse_mode(mode);
     co.cn_id = cn_id;
+    co.heartbeat_timeout_ms = heartbeat_ms;
     auto cluster = fabric::connect_cluster(co);
     spdlog::info("connected to {} memnode(s) over {}", cluster->memnodes().size(), provider);
     if (!*build && !*insert && !*query) print_headers(*cluster);

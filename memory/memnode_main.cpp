@@ -27,7 +27,7 @@ int main(int argc, char** argv) {
                "READ/WRITE/atomic operations from computenodes"};
   std::string listen = "127.0.0.1:7000", provider = "shm", region = "256MiB", token_file, ready_file, log_level = "info",
               load;
-  int id = 0, numa_node = -1, relay_timeout_ms = 3000;
+  int id = 0, numa_node = -1, relay_timeout_ms = 10000;
   bool hugepages = false;
   app.add_option("--listen", listen, "HOST:PORT of the TCP control port (port 0 picks a free one)")->capture_default_str();
   app.add_option("--id", id, "memory node id (0..N-1, unique in the cluster)")->capture_default_str()->check(CLI::Range(0, 65534));

@@ -2,6 +2,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <cstring>
 
 namespace dmhnsw::memory {
@@ -81,13 +82,42 @@ bool Relay::on_message(const std::vector<char>& payload, uint64_t sender, Clock:
   if (h.from_cn >= relay::kMaxCns) return true;  // malformed: ignore
   auto it = members_.find(h.from_cn);
   const bool known = it != members_.end() && it->second.handle == sender;
-  if (known) it->second.last_seen = now;
+  if (known) {
+    it->second.last_seen = now;
+    if (!it->second.alive && !it->second.left && h.type != static_cast<uint32_t>(Type::Leave)) {
+      // Declared gone but still talking (a stalled host, not a dead process): alive again.
+      // It missed the notices sent while it was out: tell it who is gone now.
+      it->second.alive = true;
+      spdlog::warn("relay: computenode {} is back (it was silent for longer than the timeout)", h.from_cn);
+      for (auto& [cn, m] : members_) {
+        if (cn == h.from_cn || m.alive || cn >= it->second.num_cns) continue;
+        const std::string why = m.left ? "left" : "silent";
+        auto note = relay::encode(Type::Gone, cn, h.from_cn, m.num_cns, 0, why.data(), why.size());
+        Header g;
+        std::memcpy(&g, note.data(), sizeof g);
+        g.memnode = id_;
+        std::memcpy(note.data(), &g, sizeof g);
+        send_(sender, note);
+      }
+    }
+  }
   switch (static_cast<Type>(h.type)) {
     case Type::Join: {
       if (h.num_cns == 0 || h.num_cns > relay::kMaxCns || h.from_cn >= h.num_cns) return true;
       Member& m = members_[h.from_cn];
       m = Member{sender, h.num_cns, now, true, false};
-      for (auto& [seq, set] : arrived_) set.erase(h.from_cn);  // arrivals of an earlier run
+      // A join may start a new run: earlier arrivals of this id, and those of members that are
+      // not alive (left or silent: computenodes of an earlier run), do not count (a stale
+      // arrival at barrier 0 would release the new run before all its computenodes joined).
+      for (auto a = arrived_.begin(); a != arrived_.end();) {
+        std::erase_if(a->second, [&](uint32_t cn) { return cn == h.from_cn || !alive(cn); });
+        if (!a->second.empty()) {
+          ++a;
+          continue;
+        }
+        barrier_cns_.erase(a->first);
+        a = arrived_.erase(a);
+      }
       auto ack = relay::encode(Type::JoinAck, h.from_cn, h.from_cn, h.num_cns, h.seq);
       Header a;
       std::memcpy(&a, ack.data(), sizeof a);
@@ -145,6 +175,14 @@ bool Relay::on_message(const std::vector<char>& payload, uint64_t sender, Clock:
 }
 
 void Relay::tick(Clock::time_point now) {
+  // The progress thread was not scheduled (or the host stalled) for a while: that time is
+  // nobody's silence (a tick right after it must not find every member gone).
+  const auto normal = timeout_ / 4;
+  if (last_tick_ != Clock::time_point{} && now - last_tick_ > normal) {
+    const auto stalled = now - last_tick_ - normal;
+    for (auto& [cn, m] : members_) m.last_seen = std::min(now, m.last_seen + stalled);
+  }
+  if (now > last_tick_) last_tick_ = now;
   std::vector<uint32_t> silent;
   for (auto& [cn, m] : members_)
     if (m.alive && now - m.last_seen > timeout_) silent.push_back(cn);

@@ -20,10 +20,13 @@ class Relay {
   /// Sends `bytes` to the endpoint with handle `to` (RegionServer::send_to).
   using Send = std::function<void(uint64_t to, const std::vector<char>& bytes)>;
 
-  Relay(uint16_t memnode_id, Send send, std::chrono::milliseconds timeout = std::chrono::milliseconds(3000));
+  Relay(uint16_t memnode_id, Send send, std::chrono::milliseconds timeout = std::chrono::milliseconds(10000));
   /// Handles one relay message from the endpoint `sender`; false when it is not one.
   bool on_message(const std::vector<char>& payload, uint64_t sender, Clock::time_point now = Clock::now());
-  /// Declares members silent for longer than the timeout gone.
+  /// Declares members silent for longer than the timeout gone. Time the relay itself did
+  /// not run (a gap between ticks longer than a quarter of the timeout, less that quarter)
+  /// does not count as silence: after a stall of the memnode the heartbeats of that time may
+  /// still wait unread.
   void tick(Clock::time_point now = Clock::now());
 
   struct Stats {
@@ -51,6 +54,7 @@ class Relay {
   std::map<uint64_t, std::set<uint32_t>> arrived_;  // barrier seq -> computenodes arrived
   std::map<uint64_t, uint32_t> barrier_cns_;        // barrier seq -> num_cns of its run
   uint64_t generation_ = 0;
+  Clock::time_point last_tick_{};  // none yet
   Stats stats_;
 };
 

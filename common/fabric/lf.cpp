@@ -1,5 +1,12 @@
 #include "common/fabric/lf.hpp"
 
+#include <spdlog/spdlog.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <mutex>
+#include <string>
+
 #include <sys/stat.h>
 
 #include <cstdio>
@@ -35,7 +42,29 @@ bool rdma_device_present() {
 }
 }  // namespace
 
+namespace {
+// libfabric's shm provider names its shared-memory regions /dev/shm/<pid>:<n>:<m>. A process
+// that was killed leaves them behind, and a later process that gets the same pid then fails to
+// open its endpoints (EBUSY), or crashes on a truncated one. Files named after our own pid can
+// only be such leftovers: remove them before the first shm endpoint exists.
+void remove_stale_shm_regions() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    const std::string prefix = std::to_string(::getpid()) + ":";
+    std::error_code ec;
+    for (const auto& e : std::filesystem::directory_iterator("/dev/shm", ec)) {
+      const std::string name = e.path().filename().string();
+      if (name.rfind(prefix, 0) == 0) {
+        std::filesystem::remove(e.path(), ec);
+        spdlog::debug("removed {}, left by an earlier process with this pid", e.path().string());
+      }
+    }
+  });
+}
+}  // namespace
+
 std::shared_ptr<Domain> Domain::open(Provider p, const std::string& src_host, bool rma_events) {
+  if (p == Provider::Shm) remove_stale_shm_regions();
   auto d = std::shared_ptr<Domain>(new Domain());
   d->provider_ = p;
   if (p == Provider::Verbs && !rdma_device_present()) {

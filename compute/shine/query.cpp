@@ -264,7 +264,25 @@ json run_query(const RunContext& rc, const QueryOptions& o) {
       ex.on_done(from, m.phase, m.sent);
     }
   };
+  std::atomic<uint32_t> done_resends{0};
+  std::atomic<compute::RelayClient*> relay_ptr{nullptr};
   cb.bounce = [&](uint32_t to, const char* body, size_t len) {
+    uint32_t kind = 0;
+    if (len >= 4) std::memcpy(&kind, body, 4);
+    if (kind == kDoneMsg && len == sizeof(DoneMsg)) {
+      // The relay took `to` for gone while it is not (a stalled host): its count must still
+      // arrive, or it would wait for it. Resend a while; a computenode really gone is
+      // reported gone by the relays and nobody waits for it.
+      if (!ex.gone(to) && relay_ptr.load() != nullptr && done_resends.fetch_add(1) < 2000) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+        try {
+          relay_ptr.load()->forward(to, body, len);
+        } catch (const std::exception& e) {
+          spdlog::debug("resending a done count to computenode {}: {}", to, e.what());
+        }
+      }
+      return;
+    }
     QueryMsg m;
     if (len < sizeof m) return;
     std::memcpy(&m, body, sizeof m);
@@ -282,6 +300,7 @@ json run_query(const RunContext& rc, const QueryOptions& o) {
     }
   };
   compute::RelayClient relay(c, self, K, cb);
+  relay_ptr.store(&relay);
 
   // ---- traces
   std::vector<std::unique_ptr<cache::TraceWriter>> traces(o.threads);
