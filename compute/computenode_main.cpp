@@ -173,9 +173,11 @@ int main(int argc, char** argv) {
       qo.ef_search.clear();
       for (auto& e : split_commas(ef_list)) qo.ef_search.push_back(static_cast<uint32_t>(std::stoul(e)));
       if (qo.ef_search.empty()) throw std::invalid_argument("--ef-search: no value");
-      auto r = shine::run_query(rc, qo);
-      if (cn_id == 0) shine::print_query(r);
-      write_report(query_report, r);
+      qo.on_report = [&](const nlohmann::json& r) {
+        if (cn_id == 0) shine::print_query(r);
+        write_report(query_report, r);
+      };
+      shine::run_query(rc, qo);
       return 0;
     }
     if (*st) {

@@ -547,21 +547,34 @@ struct RegionServer::Impl {
               "fi_recv");
   }
   // Posts queued replies; never blocks on a computenode that does not progress.
+  // Posts queued messages; never blocks on a computenode that does not progress. A
+  // destination that refuses (EAGAIN) keeps its messages, in order, for the next pass while
+  // the others' go out (a dead computenode must not delay everyone's replies).
   void flush_outbox() {
-    while (!outbox.empty()) {
-      auto& o = outbox.front();
-      ssize_t rc = fi_send(ep->ep(), o.buf.data(), o.len, bufs_mr->desc(), o.to, o.ctx.get());
+    if (outbox.empty()) return;
+    std::vector<fi_addr_t> refused;
+    const auto now = Clock::now();
+    for (auto it = outbox.begin(); it != outbox.end();) {
+      if (std::find(refused.begin(), refused.end(), it->to) != refused.end()) {
+        ++it;
+        continue;
+      }
+      ssize_t rc = fi_send(ep->ep(), it->buf.data(), it->len, bufs_mr->desc(), it->to, it->ctx.get());
       if (rc == -FI_EAGAIN) {
-        if (Clock::now() < o.deadline) return;
+        if (now < it->deadline) {
+          refused.push_back(it->to);
+          ++it;
+          continue;
+        }
         ++dropped;
-        spdlog::warn("memnode {}: dropped a reply: the computenode did not accept it within 5 s", id);
+        spdlog::warn("memnode {}: dropped a message: the computenode did not accept it within 5 s", id);
       } else if (rc == 0) {
-        in_flight.push_back(std::move(o));
+        in_flight.push_back(std::move(*it));
       } else {
         ++dropped;
-        spdlog::warn("memnode {}: reply send failed: {}", id, fi_strerror(static_cast<int>(-rc)));
+        spdlog::warn("memnode {}: message send failed: {}", id, fi_strerror(static_cast<int>(-rc)));
       }
-      outbox.pop_front();
+      it = outbox.erase(it);
     }
   }
   void queue_send(fi_addr_t to, const void* data, size_t n) {

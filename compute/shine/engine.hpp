@@ -2,6 +2,7 @@
 // SHINE control of a run: build (insert a share of a base set with T threads x C
 // coroutines) and query (a workload with T threads x C coroutines); reports as JSON.
 #include <nlohmann/json.hpp>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -49,6 +50,9 @@ struct QueryOptions {
   uint32_t route_threshold = 1000;  // t: the router waits while its working queue is longer
   uint64_t kmeans_seed = 1;
   std::string trace_dir;         // record node-cache accesses here (tools/csp-report)
+  /// Called with the finished report before the run's connections are torn down (so the
+  /// report is out even if the teardown fails).
+  std::function<void(const nlohmann::json&)> on_report;
 };
 
 /// Inserts this computenode's share; returns the build report (merged on computenode 0).

@@ -574,6 +574,7 @@ json run_query(const RunContext& rc, const QueryOptions& o) {
                 {"per_cn", per_cn}};
     report["runs"].push_back(run);
   }
+  if (o.on_report) o.on_report(report);
   return report;
 }
 
