@@ -12,29 +12,7 @@ using std::chrono::seconds;
 
 namespace {
 
-struct Data {
-  TempDir dir;
-  std::string base, queries, gt, wl;
-  Data() {
-    base = dir.file("base.fvecs");
-    queries = dir.file("queries.fvecs");
-    gt = dir.file("gt.ivecs");
-    wl = dir.file("q.wl");
-    auto ok = [&](std::vector<std::string> argv, const char* name) {
-      auto r = run(std::move(argv), dir, name, seconds(120));
-      INFO(r.output);
-      REQUIRE(r.code == 0);
-    };
-    ok({bin("datagen"), "--n", "3000", "--d", "24", "--clusters", "16", "--spread", "0.5", "--seed", "3", "--queries",
-        "200", "--out-base", base, "--out-queries", queries},
-       "datagen");
-    ok({bin("groundtruth"), "--base", base, "--queries", queries, "--k", "10", "--metric", "l2", "--out", gt},
-       "groundtruth");
-    ok({bin("workload"), "--queries", queries, "--groundtruth", gt, "--dist", "uniform", "--count", "400", "--warmup",
-        "50", "--seed", "1", "--out", wl},
-       "workload");
-  }
-};
+using Data = SmallData;
 
 std::vector<std::string> cn(const std::string& provider, const std::string& memnodes, int id, int k,
                             std::vector<std::string> rest) {

@@ -31,28 +31,15 @@ void stop(Memnode& m) {
 
 /// The data and one index built over 2 memnodes and stored as images, once per process: each
 /// test serves it from fresh memnodes (memnode --load), so no relay state leaks between tests.
-struct Index {
-  TempDir dir;
-  std::string base, queries, gt, wl, images;
-  Index() {
-    base = dir.file("base.fvecs");
-    queries = dir.file("queries.fvecs");
-    gt = dir.file("gt.ivecs");
-    wl = dir.file("q.wl");
+struct Index : SmallData {
+  std::string images;
+  Index() : SmallData(kMeasured) {
     images = dir.file("images");
     auto ok = [&](std::vector<std::string> argv, const char* name) {
       auto r = run(std::move(argv), dir, name, seconds(120));
       INFO(r.output);
       REQUIRE(r.code == 0);
     };
-    ok({bin("datagen"), "--n", "3000", "--d", "24", "--clusters", "16", "--spread", "0.5", "--seed", "3", "--queries",
-        "200", "--out-base", base, "--out-queries", queries},
-       "datagen");
-    ok({bin("groundtruth"), "--base", base, "--queries", queries, "--k", "10", "--metric", "l2", "--out", gt},
-       "groundtruth");
-    ok({bin("workload"), "--queries", queries, "--groundtruth", gt, "--dist", "uniform", "--count",
-        std::to_string(kMeasured), "--warmup", "50", "--seed", "1", "--out", wl},
-       "workload");
     Memnode m0(dir, 0, "shm"), m1(dir, 1, "shm");
     ok({bin("computenode"), "--mode", "shine", "--provider", "shm", "--memnodes", m0.address + "," + m1.address,
         "--cn-id", "0", "--num-cns", "1", "build", "--data", base, "--m", "12", "--ef-construction", "40", "--threads",
