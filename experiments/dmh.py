@@ -586,3 +586,26 @@ def cache_md(name, res):
 
 def pct(x):
     return "—" if x is None else f"{100 * x:.1f}%"
+
+
+# ---- shared by the shine cache/routing experiment drivers
+
+VARIANTS = ["baseline", "cached", "cached-aqr"]
+LABEL = {"baseline": "Shine (no cache)", "cached": "Shine-Cached", "cached-aqr": "Shine-Cached-Aqr"}
+COLOR = {"baseline": "0.5", "cached": "C0", "cached-aqr": "C3"}
+
+
+def experiment_start(name, a, here):
+    """(work dir, output dir, start time, results dict) of one experiment run."""
+    import time as _time
+    work = Path(a.work)
+    results = {"experiment": name, "command": command_line(), "date": _time.strftime("%Y-%m-%d %H:%M"),
+               "params": vars(a), "sets": {}}
+    return work, out_dir(a, here, work), _time.time(), results
+
+
+def shine_set(a, name):
+    """(index images, query flags, index description) of data set `name`, built once."""
+    images = shine_index(name, a.index_work, a.m, a.ef_construction, a.memnodes, provider=a.provider,
+                         region=a.region, timeout=a.timeout)
+    return images, query_flags(a, name), {"dir": str(images[0].parent), "build": shine_index_info(images)}

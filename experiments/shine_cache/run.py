@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import dmh  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
-VARIANTS = ["baseline", "cached", "cached-aqr"]
+VARIANTS = dmh.VARIANTS
 LABEL = {"baseline": "Shine (no cache)", "cached": "Shine-Cached (routing none)",
          "cached-aqr": "Shine-Cached-Aqr (adaptive)"}
 
@@ -38,18 +38,13 @@ ap.add_argument("--work", default=str(dmh.ROOT / "runs" / "shine_cache"), help="
 ap.add_argument("--out", default=None, help="results.json/results.md/PNGs (default: this folder; WORK/quick with --quick)")
 a = dmh.shine_quick(ap.parse_args())
 
-work, t_start = Path(a.work), time.time()
-out = dmh.out_dir(a, HERE, work)
+work, out, t_start, results = dmh.experiment_start("shine_cache", a, HERE)
 sets, dists = a.sets.split(","), a.dists.split(",")
 dmh.log(f"shine_cache: sets {sets}, dists {dists}, {a.num_cns} computenodes x {a.threads} threads x {a.coroutines} "
         f"coroutines, cache {a.cache_ratio:g}, efSearch {a.ef_search}, {a.warmup} warm-up + {a.queries} measured queries")
-results = {"experiment": "shine_cache", "command": dmh.command_line(), "date": time.strftime("%Y-%m-%d %H:%M"),
-           "params": vars(a), "sets": {}}
 for name in sets:
-    images = dmh.shine_index(name, a.index_work, a.m, a.ef_construction, a.memnodes, provider=a.provider,
-                             region=a.region, timeout=a.timeout)
-    flags = dmh.query_flags(a, name)
-    results["sets"][name] = {"index": {"dir": str(images[0].parent), "build": dmh.shine_index_info(images)},
+    images, flags, index_info = dmh.shine_set(a, name)
+    results["sets"][name] = {"index": index_info,
                              "dists": {}}
     for dist in dists:
         wl = dmh.shine_workload(name, a.index_work, dist, a.queries, a.warmup, a.seed)

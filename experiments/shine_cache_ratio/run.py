@@ -20,8 +20,7 @@ import dmh  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 CACHED = ["cached", "cached-aqr"]
-LABEL = {"baseline": "Shine (no cache)", "cached": "Shine-Cached", "cached-aqr": "Shine-Cached-Aqr"}
-COLOR = {"baseline": "0.5", "cached": "C0", "cached-aqr": "C3"}
+VARIANTS, LABEL, COLOR = dmh.VARIANTS, dmh.LABEL, dmh.COLOR
 
 ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
 dmh.shine_args(ap)
@@ -33,16 +32,11 @@ a = dmh.shine_quick(ap.parse_args())
 if a.quick:
     a.ratios = "0.02,0.10"
 
-work, t_start = Path(a.work), time.time()
-out = dmh.out_dir(a, HERE, work)
+work, out, t_start, results = dmh.experiment_start("shine_cache_ratio", a, HERE)
 sets, ratios = a.sets.split(","), [float(x) for x in a.ratios.split(",")]
 dmh.log(f"shine_cache_ratio: sets {sets}, {a.dist}, ratios {ratios}, {a.num_cns} computenodes")
-results = {"experiment": "shine_cache_ratio", "command": dmh.command_line(), "date": time.strftime("%Y-%m-%d %H:%M"),
-           "params": vars(a), "sets": {}}
 for name in sets:
-    images = dmh.shine_index(name, a.index_work, a.m, a.ef_construction, a.memnodes, provider=a.provider,
-                             region=a.region, timeout=a.timeout)
-    flags = dmh.query_flags(a, name)
+    images, flags, index_info = dmh.shine_set(a, name)
     wl = dmh.shine_workload(name, a.index_work, a.dist, a.queries, a.warmup, a.seed)
     d = work / name / a.dist.replace(":", "")
     dmh.log(f"{name} {a.dist}")
@@ -54,7 +48,7 @@ for name in sets:
             p[v] = dmh.shine_measure(images, a.num_cns, wl, d, f"{v}-c{ratio:g}", variant=v, cache_ratio=ratio,
                                      repeats=a.repeats, **flags)
         points.append(p)
-    results["sets"][name] = {"index": {"dir": str(images[0].parent), "build": dmh.shine_index_info(images)},
+    results["sets"][name] = {"index": index_info,
                              "baseline": base, "points": points}
 results["seconds"] = time.time() - t_start
 

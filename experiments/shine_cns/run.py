@@ -37,19 +37,14 @@ a = dmh.shine_quick(ap.parse_args())
 if a.quick:
     a.cns = "2,3"
 
-work, t_start = Path(a.work), time.time()
-out = dmh.out_dir(a, HERE, work)
+work, out, t_start, results = dmh.experiment_start("shine_cns", a, HERE)
 out.mkdir(parents=True, exist_ok=True)
 sets, dists, cns = a.sets.split(","), a.dists.split(","), [int(x) for x in a.cns.split(",")]
 dmh.log(f"shine_cns: sets {sets}, dists {dists}, computenodes {cns}, cache {a.cache_ratio:g}")
-results = {"experiment": "shine_cns", "command": dmh.command_line(), "date": time.strftime("%Y-%m-%d %H:%M"),
-           "params": vars(a), "sets": {}}
 keep = int(a.keep_traces_gb * 2**30)
 for name in sets:
-    images = dmh.shine_index(name, a.index_work, a.m, a.ef_construction, a.memnodes, provider=a.provider,
-                             region=a.region, timeout=a.timeout)
-    flags = dmh.query_flags(a, name)
-    results["sets"][name] = {"index": {"dir": str(images[0].parent), "build": dmh.shine_index_info(images)},
+    images, flags, index_info = dmh.shine_set(a, name)
+    results["sets"][name] = {"index": index_info,
                              "dists": {}}
     for dist in dists:
         wl = dmh.shine_workload(name, a.index_work, dist, a.queries, a.warmup, a.seed)

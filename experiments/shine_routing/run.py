@@ -29,18 +29,13 @@ ap.add_argument("--work", default=str(dmh.ROOT / "runs" / "shine_routing"), help
 ap.add_argument("--out", default=None, help="results.json/results.md/PNGs (default: this folder; WORK/quick with --quick)")
 a = dmh.shine_quick(ap.parse_args())
 
-work, t_start = Path(a.work), time.time()
-out = dmh.out_dir(a, HERE, work)
+work, out, t_start, results = dmh.experiment_start("shine_routing", a, HERE)
 sets, dists, policies = a.sets.split(","), a.dists.split(","), a.policies.split(",")
 ref = policies[0]
 dmh.log(f"shine_routing: sets {sets}, dists {dists}, policies {policies}, {a.num_cns} computenodes, cache {a.cache_ratio:g}")
-results = {"experiment": "shine_routing", "command": dmh.command_line(), "date": time.strftime("%Y-%m-%d %H:%M"),
-           "params": vars(a), "sets": {}}
 for name in sets:
-    images = dmh.shine_index(name, a.index_work, a.m, a.ef_construction, a.memnodes, provider=a.provider,
-                             region=a.region, timeout=a.timeout)
-    flags = dmh.query_flags(a, name)
-    results["sets"][name] = {"index": {"dir": str(images[0].parent), "build": dmh.shine_index_info(images)},
+    images, flags, index_info = dmh.shine_set(a, name)
+    results["sets"][name] = {"index": index_info,
                              "dists": {}}
     for dist in dists:
         wl = dmh.shine_workload(name, a.index_work, dist, a.queries, a.warmup, a.seed)

@@ -18,9 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import dmh  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
-VARIANTS = ["baseline", "cached", "cached-aqr"]
-LABEL = {"baseline": "Shine (no cache)", "cached": "Shine-Cached", "cached-aqr": "Shine-Cached-Aqr"}
-COLOR = {"baseline": "0.5", "cached": "C0", "cached-aqr": "C3"}
+VARIANTS, LABEL, COLOR = dmh.VARIANTS, dmh.LABEL, dmh.COLOR
 
 ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
 dmh.shine_args(ap)
@@ -31,16 +29,11 @@ a = dmh.shine_quick(ap.parse_args())
 if a.quick:
     a.skews = "0.5,1.5"
 
-work, t_start = Path(a.work), time.time()
-out = dmh.out_dir(a, HERE, work)
+work, out, t_start, results = dmh.experiment_start("shine_skew", a, HERE)
 sets, skews = a.sets.split(","), [float(x) for x in a.skews.split(",")]
 dmh.log(f"shine_skew: sets {sets}, zipf s {skews}, {a.num_cns} computenodes, cache {a.cache_ratio:g}")
-results = {"experiment": "shine_skew", "command": dmh.command_line(), "date": time.strftime("%Y-%m-%d %H:%M"),
-           "params": vars(a), "sets": {}}
 for name in sets:
-    images = dmh.shine_index(name, a.index_work, a.m, a.ef_construction, a.memnodes, provider=a.provider,
-                             region=a.region, timeout=a.timeout)
-    flags = dmh.query_flags(a, name)
+    images, flags, index_info = dmh.shine_set(a, name)
     points = []
     for sk in skews:
         dist = f"zipf:{sk:g}"
@@ -51,7 +44,7 @@ for name in sets:
             p[v] = dmh.shine_measure(images, a.num_cns, wl, work / name / f"zipf{sk:g}", v, variant=v,
                                      cache_ratio=a.cache_ratio, repeats=a.repeats, **flags)
         points.append(p)
-    results["sets"][name] = {"index": {"dir": str(images[0].parent), "build": dmh.shine_index_info(images)},
+    results["sets"][name] = {"index": index_info,
                              "points": points}
 results["seconds"] = time.time() - t_start
 
