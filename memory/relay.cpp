@@ -29,11 +29,7 @@ void Relay::gone(uint32_t cn, const std::string& why) {
   it->second.alive = false;
   ++stats_.gone;
   if (!it->second.left) spdlog::warn("relay: computenode {} is gone: {}", cn, why);
-  auto note = relay::encode(Type::Gone, cn, relay::kAll, it->second.num_cns, 0, why.data(), why.size());
-  Header h;
-  std::memcpy(&h, note.data(), sizeof h);
-  h.memnode = id_;
-  std::memcpy(note.data(), &h, sizeof h);
+  auto note = relay::encode(Type::Gone, cn, relay::kAll, it->second.num_cns, 0, why.data(), why.size(), id_);
   for (auto& [other, m] : members_)
     if (other != cn && m.alive && other < it->second.num_cns) send_(m.handle, note);
   try_release();
@@ -64,11 +60,7 @@ void Relay::try_release() {
     }
     body.generation = ++generation_;
     ++stats_.barriers;
-    auto msg = relay::encode(Type::Release, relay::kAll, relay::kAll, k, seq, &body, sizeof body);
-    Header h;
-    std::memcpy(&h, msg.data(), sizeof h);
-    h.memnode = id_;
-    std::memcpy(msg.data(), &h, sizeof h);
+    auto msg = relay::encode(Type::Release, relay::kAll, relay::kAll, k, seq, &body, sizeof body, id_);
     for (uint32_t cn : it->second) send(cn, msg);
     barrier_cns_.erase(seq);
     it = arrived_.erase(it);
@@ -92,11 +84,7 @@ bool Relay::on_message(const std::vector<char>& payload, uint64_t sender, Clock:
       for (auto& [cn, m] : members_) {
         if (cn == h.from_cn || m.alive || cn >= it->second.num_cns) continue;
         const std::string why = m.left ? "left" : "silent";
-        auto note = relay::encode(Type::Gone, cn, h.from_cn, m.num_cns, 0, why.data(), why.size());
-        Header g;
-        std::memcpy(&g, note.data(), sizeof g);
-        g.memnode = id_;
-        std::memcpy(note.data(), &g, sizeof g);
+        auto note = relay::encode(Type::Gone, cn, h.from_cn, m.num_cns, 0, why.data(), why.size(), id_);
         send_(sender, note);
       }
     }
@@ -118,11 +106,7 @@ bool Relay::on_message(const std::vector<char>& payload, uint64_t sender, Clock:
         barrier_cns_.erase(a->first);
         a = arrived_.erase(a);
       }
-      auto ack = relay::encode(Type::JoinAck, h.from_cn, h.from_cn, h.num_cns, h.seq);
-      Header a;
-      std::memcpy(&a, ack.data(), sizeof a);
-      a.memnode = id_;
-      std::memcpy(ack.data(), &a, sizeof a);
+      auto ack = relay::encode(Type::JoinAck, h.from_cn, h.from_cn, h.num_cns, h.seq, nullptr, 0, id_);
       send_(sender, ack);
       spdlog::debug("relay: computenode {} of {} joined", h.from_cn, h.num_cns);
       return true;

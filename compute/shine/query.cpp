@@ -63,9 +63,7 @@ class Exchange {
 
   void push(uint32_t phase, Item it) {
     std::lock_guard g(mu_);
-    auto& p = ph(phase);
-    if (it.routed) ++p.received_total;
-    p.queue.push_back(std::move(it));
+    ph(phase).queue.push_back(std::move(it));
   }
   bool pop(uint32_t phase, Item& out) {
     std::lock_guard g(mu_);
@@ -242,7 +240,6 @@ json run_query(const RunContext& rc, const QueryOptions& o) {
 
   // ---- the relay: routed queries, progress, done counts, liveness
   Exchange ex(K);
-  std::atomic<uint32_t> current_phase{0};
   compute::RelayClient::Callbacks cb;
   cb.deliver = [&](uint32_t from, const char* body, size_t len) {
     uint32_t kind = 0;
@@ -339,7 +336,6 @@ json run_query(const RunContext& rc, const QueryOptions& o) {
                        bool is_measured, std::vector<PerQuery>& out) -> PhaseResult {
     PhaseResult pr;
     pr.routed_to.assign(K, 0);
-    current_phase.store(phase);
     std::atomic<bool> stop{false}, router_done{false};
     const bool need_done = policy != router::Policy::None && K > 1;
     std::mutex mu;
