@@ -57,7 +57,6 @@ void RelayClient::send_to_memnode(uint16_t node, const std::vector<char>& bytes)
     throw FabricError("query relay: sending to memnode " + std::to_string(node) + " (" + c_.memnodes()[node].address +
                       ") failed: " + fabric::status_name(st) +
                       (c_.alive(node) ? std::string() : " (" + c_.dead_reason(node) + ")"));
-  ++sent_;
 }
 
 uint16_t RelayClient::pick_memnode() {
@@ -102,16 +101,6 @@ RelayClient::Release RelayClient::barrier(int timeout_s) {
                         " computenodes arrived within " + std::to_string(timeout_s) + " s");
     cv_.wait_for(g, std::chrono::milliseconds(100));
   }
-}
-
-bool RelayClient::is_gone(uint32_t cn) const {
-  std::lock_guard g(mu_);
-  return gone_.count(cn) > 0;
-}
-
-std::vector<uint32_t> RelayClient::gone() const {
-  std::lock_guard g(mu_);
-  return {gone_.begin(), gone_.end()};
 }
 
 void RelayClient::handle(const fabric::Message& m) {
@@ -191,7 +180,6 @@ void RelayClient::io_loop() {
         }
         if (!have) break;
         got = true;
-        ++received_;
         handle(m);
       }
     } catch (const std::exception& e) {

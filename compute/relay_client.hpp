@@ -51,12 +51,8 @@ class RelayClient {
   /// `timeout_s`, or when memnode 0 is gone.
   Release barrier(int timeout_s = 600);
 
-  bool is_gone(uint32_t cn) const;
-  std::vector<uint32_t> gone() const;
   uint32_t cn_id() const { return cn_; }
   uint32_t num_cns() const { return k_; }
-  uint64_t messages_sent() const { return sent_.load(); }
-  uint64_t messages_received() const { return received_.load(); }
 
  private:
   void io_loop();
@@ -72,7 +68,6 @@ class RelayClient {
   std::mt19937_64 rng_;
   std::thread io_;
   std::atomic<bool> stop_{false};
-  std::atomic<uint64_t> sent_{0}, received_{0};
 
   mutable std::mutex mu_;
   std::condition_variable cv_;
