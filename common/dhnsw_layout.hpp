@@ -1,0 +1,258 @@
+#pragma once
+// d-HNSW region layout (DESIGN.md "Remote memory"; paper section 4.2, Figure 7).
+//
+// Every memnode's region:
+//
+//   [RegionHeader page][scratch][metadata block][group][group]...
+//
+// The metadata block is the same on every memnode (a computenode reads it from memnode 0):
+//
+//   [MetaHeader, 128 B][SubDesc x num_subs, 256 B each][serialized meta-HNSW (Faiss)]
+//
+// A group holds two sub-HNSWs: the first (slot 0) at the group's start, growing forward; the
+// second (slot 1) at the group's end, growing backward; between them the shared overflow gap.
+// The first's overflow grows from the gap's start upwards, the second's from the gap's end
+// downwards, so a sub-HNSW and the part of the gap it uses are always one contiguous range
+// (fetch_range). Groups are placed on memnodes round-robin (group g on memnode g % N); a
+// group holds subs 2g and 2g+1 (the last group holds one sub when their number is odd).
+//
+// Inside a sub-HNSW block the five arrays follow each other, each followed by an internal gap
+// (default 10 % of the array) so it can grow in place:
+//
+//   levels   int32  x count              (Faiss HNSW::levels: levels a node is in, >= 1)
+//   offsets  uint64 x (count + 1)        (Faiss HNSW::offsets into neighbors)
+//   neighbors int32 x offsets[count]     (Faiss HNSW::neighbors, -1 = empty slot)
+//   vectors  float  x dim x count        (IndexFlat codes)
+//   labels   int64  x count              (global ids)
+//
+// The overflow part of a sub-HNSW (used by in-place inserts once an internal gap is full) is
+// a sequence of records, each an OverflowRecord header followed by `bytes` of elements that
+// extend array `array`. Offsets in ArraySlot are relative to the block start; every other
+// offset is a byte offset into the region. All integers little-endian.
+//
+// Overflow records, precisely. A record occupies overflow_record_bytes(bytes) =
+// round_up(16 + bytes, kAlign) bytes: the 16-byte header, the payload, zero padding; so every
+// record starts kAlign-aligned and SubDesc::overflow_used (the sum of the sub's record sizes)
+// is a multiple of kAlign. `bytes` is a multiple of the array's element size (element_bytes:
+// 4 for levels and neighbours, 8 for offsets and labels, 4 * dim for vectors). The used part
+// of the gap is [overflow_offset, overflow_offset + overflow_used) for slot 0 (right after
+// its block) and [block_offset - overflow_used, block_offset) for slot 1 (right before its
+// block). Readers always parse the records in increasing address order, from the start of
+// the used part to its end (they must tile it exactly). Records are written in time order
+// away from the block: slot 0 appends each new record at the end of its used part (so
+// address order is time order), slot 1 puts each new record in front of its used part
+// (next_overflow_record_offset; so address order is reverse time order). An array's
+// elements are, in order: its internal [offset, offset + used) bytes, then the payloads of
+// its records in time order, i.e. in address order for slot 0 and in reverse address order
+// for slot 1. SubDesc::count is the vector count including the vectors held in overflow
+// records.
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+namespace dmhnsw::dhnsw {
+
+inline constexpr char kMetaMagic[8] = {'D', 'M', 'H', 'D', 'H', 'N', 'S', 'W'};
+inline constexpr uint32_t kMetaFormatVersion = 1;
+inline constexpr uint64_t kAlign = 64;  // every block, array and gap starts 64-byte aligned
+
+enum Array : uint32_t { kLevels = 0, kOffsets = 1, kNeighbors = 2, kVectors = 3, kLabels = 4 };
+inline constexpr uint32_t kNumArrays = 5;
+const char* array_name(uint32_t a);
+
+struct MetaHeader {
+  char magic[8];              // kMetaMagic
+  uint32_t version;           // kMetaFormatVersion
+  uint32_t num_subs;          // P
+  uint32_t dim;
+  uint8_t metric;             // MetricCode (common/region.hpp)
+  uint8_t reserved0[3];
+  uint32_t num_memnodes;
+  uint32_t m;                 // HNSW M of the sub-HNSWs
+  uint32_t ef_construction;   // of the sub-HNSWs
+  uint32_t meta_m;            // HNSW M of the meta-HNSW
+  uint64_t num_vectors;       // sum of the subs' counts at build time
+  uint64_t block_bytes;       // the whole metadata block: header, table, meta-HNSW
+  uint64_t sub_table_offset;  // from the block start
+  uint64_t meta_index_offset; // from the block start
+  uint64_t meta_index_bytes;
+  uint64_t epoch;             // build epoch (rebuilds bump it)
+  uint64_t internal_gap_ppm;  // internal gap share, parts per million of each array
+  uint64_t overflow_gap_ppm;  // shared gap share, parts per million of the group's two blocks
+  uint64_t reserved1[2];
+  uint64_t checksum;          // metadata_checksum(): checksum64 (common/checksum.hpp) of the block with this field 0
+};
+static_assert(std::is_trivially_copyable_v<MetaHeader> && std::is_standard_layout_v<MetaHeader>);
+static_assert(sizeof(MetaHeader) == 128);
+static_assert(offsetof(MetaHeader, version) == 8);
+static_assert(offsetof(MetaHeader, num_subs) == 12);
+static_assert(offsetof(MetaHeader, dim) == 16);
+static_assert(offsetof(MetaHeader, metric) == 20);
+static_assert(offsetof(MetaHeader, num_memnodes) == 24);
+static_assert(offsetof(MetaHeader, num_vectors) == 40);
+static_assert(offsetof(MetaHeader, block_bytes) == 48);
+static_assert(offsetof(MetaHeader, sub_table_offset) == 56);
+static_assert(offsetof(MetaHeader, meta_index_offset) == 64);
+static_assert(offsetof(MetaHeader, meta_index_bytes) == 72);
+static_assert(offsetof(MetaHeader, epoch) == 80);
+static_assert(offsetof(MetaHeader, checksum) == 120);
+
+/// One array of a sub-HNSW: [offset, offset + used) holds elements, [offset + used,
+/// offset + capacity) is its internal gap. Offsets relative to the block start.
+struct ArraySlot {
+  uint64_t offset;
+  uint64_t used;      // bytes
+  uint64_t capacity;  // bytes, >= used
+};
+static_assert(std::is_trivially_copyable_v<ArraySlot> && sizeof(ArraySlot) == 24);
+
+struct SubDesc {
+  uint32_t id;               // partition id, 0..P-1
+  uint16_t memnode;          // memnode holding its group
+  uint8_t slot;              // 0: group start, grows forward; 1: group end, grows backward
+  uint8_t reserved0;
+  uint32_t group;
+  uint32_t partner;          // the other sub of the group, or kNoPartner
+  uint64_t count;            // vectors
+  int32_t entry_point;       // Faiss HNSW::entry_point (-1 when empty)
+  int32_t max_level;         // Faiss HNSW::max_level
+  uint64_t block_offset;     // region offset of the block
+  uint64_t block_bytes;      // sum of the array capacities
+  ArraySlot arrays[kNumArrays];
+  uint64_t group_offset;     // region offset of the group
+  uint64_t group_bytes;
+  uint64_t overflow_offset;  // region offset of the group's shared gap
+  uint64_t overflow_bytes;   // its size (shared with the partner)
+  uint64_t overflow_used;    // bytes of the gap this sub uses, from its side
+  uint64_t version;          // bumped by every in-place update
+  uint64_t reserved1[5];
+};
+inline constexpr uint32_t kNoPartner = ~uint32_t{0};
+static_assert(std::is_trivially_copyable_v<SubDesc> && std::is_standard_layout_v<SubDesc>);
+static_assert(sizeof(SubDesc) == 256);
+static_assert(offsetof(SubDesc, memnode) == 4);
+static_assert(offsetof(SubDesc, slot) == 6);
+static_assert(offsetof(SubDesc, group) == 8);
+static_assert(offsetof(SubDesc, count) == 16);
+static_assert(offsetof(SubDesc, entry_point) == 24);
+static_assert(offsetof(SubDesc, block_offset) == 32);
+static_assert(offsetof(SubDesc, arrays) == 48);
+static_assert(offsetof(SubDesc, group_offset) == 168);
+static_assert(offsetof(SubDesc, overflow_used) == 200);
+static_assert(offsetof(SubDesc, version) == 208);
+
+/// Header of one record in a sub-HNSW's overflow part.
+struct OverflowRecord {
+  uint32_t array;     // Array the bytes extend
+  uint32_t reserved;  // 0
+  uint64_t bytes;     // payload bytes that follow (a multiple of the array's element size;
+                      // the record is padded to overflow_record_bytes(bytes), see the top)
+};
+static_assert(std::is_trivially_copyable_v<OverflowRecord> && sizeof(OverflowRecord) == 16);
+
+/// Gap shares of the layout.
+struct LayoutParams {
+  double internal_gap = 0.10;  // of each array
+  double overflow_gap = 0.10;  // of the two blocks of a group
+};
+
+/// What a sub-HNSW holds, i.e. the used bytes of its arrays.
+struct SubShape {
+  uint64_t count = 0;             // vectors
+  uint64_t neighbor_entries = 0;  // int32 entries of the neighbors array (Faiss offsets[count])
+  uint32_t dim = 0;
+};
+/// Used bytes of each array for `s`.
+void array_bytes(const SubShape& s, uint64_t out[kNumArrays]);
+
+/// Array slots of one block: each array's capacity is its used bytes plus the internal gap,
+/// rounded up to kAlign (an empty array still gets kAlign bytes); returns the block size.
+uint64_t plan_arrays(const SubShape& s, const LayoutParams& p, ArraySlot out[kNumArrays]);
+
+/// The metadata block starts right after the header page (RegionHeader::data_offset); the
+/// groups follow it. The scratch area (self-tests, the coordination board) comes AFTER the
+/// last group, kScratchBytes long, so a region image (which holds bytes [0, data end),
+/// RegionHeader mode word dhnsw_word::kDataEnd) carries no scratch bytes:
+///   [header page][metadata block][groups][scratch, kScratchBytes]
+/// RegionPlan::region_bytes includes the scratch area; RegionPlan::data_end is per memnode.
+inline constexpr uint64_t kScratchBytes = 64ull << 20;
+inline constexpr uint64_t kMetadataOffset = 4096;
+
+/// The layout of a whole index: sub descriptors (with memnode, group and offsets filled in)
+/// and, per memnode, the region size it needs. The metadata block starts at kMetadataOffset
+/// in every region; its size covers the header, the table and `meta_index_bytes`, rounded up
+/// to kAlign; groups follow it, kAlign-aligned; then the scratch area.
+struct RegionPlan {
+  std::vector<SubDesc> subs;
+  std::vector<uint64_t> region_bytes;  // per memnode: data end + kScratchBytes
+  std::vector<uint64_t> data_end;      // per memnode: end of its last group (4096-aligned) = scratch offset
+  uint64_t metadata_offset = 0;        // region offset of the metadata block (every memnode)
+  uint64_t metadata_bytes = 0;
+};
+RegionPlan plan_region(std::span<const SubShape> subs, uint32_t num_memnodes, uint64_t meta_index_bytes,
+                       const LayoutParams& p);
+
+/// Region bytes [offset, offset + length) to READ to get sub `d` with the overflow it uses.
+std::pair<uint64_t, uint64_t> fetch_range(const SubDesc& d);
+/// Where sub `d`'s block starts inside a buffer holding fetch_range(d).
+uint64_t block_offset_in_fetch(const SubDesc& d);
+/// Free bytes of the shared gap of a group whose subs are `a` and `b` (b may be null).
+uint64_t overflow_free(const SubDesc& a, const SubDesc* b);
+
+/// round_up(v, a) for a power of two a.
+constexpr uint64_t align_up(uint64_t v, uint64_t a) { return (v + a - 1) & ~(a - 1); }
+/// Size of one element of array `a` for dimension `dim` (levels 4, offsets 8, neighbors 4,
+/// vectors 4 * dim, labels 8).
+uint64_t element_bytes(uint32_t a, uint32_t dim);
+/// Bytes an overflow record with `payload` bytes occupies: round_up(16 + payload, kAlign).
+constexpr uint64_t overflow_record_bytes(uint64_t payload) {
+  return align_up(sizeof(OverflowRecord) + payload, kAlign);
+}
+/// Region offset where the next overflow record of sub `d`, `record_bytes` long
+/// (overflow_record_bytes), goes: right after the used part for slot 0, right before it for
+/// slot 1. The caller checks overflow_free() first.
+uint64_t next_overflow_record_offset(const SubDesc& d, uint64_t record_bytes);
+
+/// Bounds checks of a metadata block read from a region of `region_size` bytes held by
+/// memnode `memnode` (or any memnode when kAnyMemnode): magic, version, sizes, the table and
+/// the meta-HNSW inside the block, every block, array and gap inside its group, groups inside
+/// their region (for subs on `memnode`), subs and overflow not overlapping. Throws
+/// std::runtime_error naming `what` and the byte offset of the first bad field.
+inline constexpr uint32_t kAnyMemnode = ~uint32_t{0};
+void validate_metadata(const MetaHeader& h, std::span<const SubDesc> subs, uint64_t region_size, uint32_t memnode,
+                       const std::string& what);
+
+/// Size of a metadata block: header, `num_subs` SubDescs, the meta-HNSW, rounded up to kAlign.
+uint64_t metadata_block_bytes(uint32_t num_subs, uint64_t meta_index_bytes);
+
+/// MetaHeader::checksum of a metadata block of `bytes` bytes (the whole block, header
+/// included): checksum64 of the block with the checksum field taken as 0. The checksum covers
+/// the block as a build or rebuild wrote it; whoever changes a SubDesc in place must rewrite it.
+uint64_t metadata_checksum(const char* block, size_t bytes);
+
+/// A metadata block ready to be written at kMetadataOffset of every region: `h` with
+/// block_bytes, sub_table_offset, meta_index_offset, meta_index_bytes, num_subs and checksum
+/// filled in, the table, the meta-HNSW bytes, zero padding to kAlign.
+std::vector<char> encode_metadata(const MetaHeader& h, std::span<const SubDesc> subs, const char* meta_index,
+                                  uint64_t meta_index_bytes);
+
+/// A parsed metadata block.
+struct Metadata {
+  MetaHeader header{};
+  std::vector<SubDesc> subs;
+  std::vector<char> meta_index;  // the serialized meta-HNSW
+};
+/// Checks the header of a metadata block (magic, version, sizes) from its first
+/// sizeof(MetaHeader) bytes; returns it (its block_bytes says how much to read for the rest).
+MetaHeader check_meta_header(const char* bytes, size_t len, uint64_t region_size, const std::string& what);
+/// Parses a whole metadata block read from region offset kMetadataOffset (`len` >= its
+/// block_bytes): header, checksum, table, meta-HNSW bytes, then validate_metadata. Throws
+/// std::runtime_error naming `what` and the region offset of the first bad field.
+Metadata decode_metadata(const char* block, size_t len, uint64_t region_size, uint32_t memnode,
+                         const std::string& what);
+
+}  // namespace dmhnsw::dhnsw

@@ -1,0 +1,498 @@
+#include "compute/dhnsw/pipeline.hpp"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <atomic>
+#include <bit>
+#include <chrono>
+#include <cmath>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <exception>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <stdexcept>
+#include <thread>
+
+#include "common/region.hpp"
+#include "compute/dhnsw/planner.hpp"
+#include "compute/dhnsw/subindex.hpp"
+
+namespace dmhnsw::dhnsw {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double secs(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
+
+/// A bounded queue between two stages. close() wakes everyone: push then fails, pop drains
+/// what is left and then returns nothing.
+template <class T>
+class Channel {
+ public:
+  explicit Channel(size_t cap) : cap_(std::max<size_t>(cap, 1)) {}
+  bool push(T v) {
+    std::unique_lock l(mu_);
+    cv_.wait(l, [&] { return closed_ || q_.size() < cap_; });
+    if (closed_) return false;
+    q_.push_back(std::move(v));
+    cv_.notify_all();
+    return true;
+  }
+  std::optional<T> pop() {
+    std::unique_lock l(mu_);
+    cv_.wait(l, [&] { return closed_ || !q_.empty(); });
+    if (q_.empty()) return std::nullopt;
+    T v = std::move(q_.front());
+    q_.pop_front();
+    cv_.notify_all();
+    return v;
+  }
+  void close() {
+    std::lock_guard g(mu_);
+    closed_ = true;
+    cv_.notify_all();
+  }
+  /// Closes and drops what is queued: only once no other thread uses the channel (items may
+  /// hold buffers of a pool that is not thread-safe).
+  void clear() {
+    std::lock_guard g(mu_);
+    closed_ = true;
+    q_.clear();
+    cv_.notify_all();
+  }
+
+ private:
+  size_t cap_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<T> q_;
+  bool closed_ = false;
+};
+
+struct Job {
+  size_t first = 0;  // index of the batch's first query in the run
+  uint32_t n = 0;
+  BatchPlan plan;
+  std::map<uint32_t, std::shared_ptr<const SubIndex>> hits;  // cached entries, pinned at plan time
+  Clock::time_point closed;
+  size_t remaining = 0;  // entries not searched yet (search stage only)
+  BatchStats st;         // each stage writes its own fields before handing an item on
+};
+
+struct Item {
+  std::shared_ptr<Job> job;
+  uint32_t entry = 0;
+  fabric::Buffer buf;
+  size_t len = 0;
+  std::shared_ptr<const SubIndex> sub;
+};
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+Index load_index(fabric::Cluster& c, fabric::Endpoint& ep) {
+  if (c.memnodes().empty()) throw std::runtime_error("dhnsw: no memnode");
+  Index idx;
+  RegionHeader h0 = header_from_blob(c.memnodes()[0].header, "memnode 0");
+  if (h0.mode != static_cast<uint8_t>(Mode::Dhnsw))
+    throw std::runtime_error("memnode 0 holds no d-HNSW index (region mode " +
+                             std::string(fabric::mode_name(static_cast<Mode>(h0.mode))) +
+                             "): start it with --load IMAGE written by tools/dhnsw-build");
+  const uint64_t off = h0.mode_words[dhnsw_word::kMetadataOffset], len = h0.mode_words[dhnsw_word::kMetadataSize];
+  if (len < sizeof(MetaHeader) || off > h0.region_size || len > h0.region_size - off)
+    throw std::runtime_error("memnode 0: region header at offset " +
+                             std::to_string(mode_word_offset(dhnsw_word::kMetadataOffset)) +
+                             ": metadata block [" + std::to_string(off) + ", +" + std::to_string(len) +
+                             ") outside the region of " + std::to_string(h0.region_size) + " bytes");
+  std::vector<char> block(len);
+  ep.read(RemotePtr(0, off), block.data(), len);
+  std::memcpy(&idx.header, block.data(), sizeof idx.header);
+  const MetaHeader& h = idx.header;
+  const std::string what = "memnode 0 metadata block";
+  if (std::memcmp(h.magic, kMetaMagic, sizeof h.magic) != 0)
+    throw std::runtime_error(what + " at offset " + std::to_string(off) + ": bad magic (not a d-HNSW index)");
+  if (h.block_bytes != len)
+    throw std::runtime_error(what + " at offset " + std::to_string(off + offsetof(MetaHeader, block_bytes)) +
+                             ": block size " + std::to_string(h.block_bytes) + " but the region header says " +
+                             std::to_string(len));
+  if (h.sub_table_offset > len || uint64_t{h.num_subs} * sizeof(SubDesc) > len - h.sub_table_offset)
+    throw std::runtime_error(what + " at offset " + std::to_string(off + offsetof(MetaHeader, sub_table_offset)) +
+                             ": sub-HNSW table outside the block");
+  idx.subs.resize(h.num_subs);
+  std::memcpy(idx.subs.data(), block.data() + h.sub_table_offset, idx.subs.size() * sizeof(SubDesc));
+  validate_metadata(h, idx.subs, h0.region_size, kAnyMemnode, what);
+  if (metadata_checksum(block.data(), block.size()) != h.checksum)
+    throw std::runtime_error(what + " at offset " + std::to_string(off + offsetof(MetaHeader, checksum)) +
+                             ": checksum mismatch (corrupted metadata)");
+  if (h.num_memnodes != c.memnodes().size())
+    throw std::runtime_error("the d-HNSW index spans " + std::to_string(h.num_memnodes) + " memnode(s), --memnodes names " +
+                             std::to_string(c.memnodes().size()));
+  for (const auto& mn : c.memnodes()) {
+    RegionHeader r = header_from_blob(mn.header, "memnode " + std::to_string(mn.id));
+    if (r.mode != static_cast<uint8_t>(Mode::Dhnsw) || r.dim != h.dim)
+      throw std::runtime_error("memnode " + std::to_string(mn.id) + " (" + mn.address +
+                               ") does not hold the same d-HNSW index as memnode 0");
+  }
+  for (const auto& s : idx.subs) {
+    RegionHeader r = header_from_blob(c.memnodes().at(s.memnode).header, "memnode " + std::to_string(s.memnode));
+    auto [fo, fl] = fetch_range(s);
+    if (fo > r.region_size || fl > r.region_size - fo)
+      throw std::runtime_error("sub-HNSW " + std::to_string(s.id) + " lies outside memnode " + std::to_string(s.memnode) +
+                               "'s region of " + std::to_string(r.region_size) + " bytes");
+  }
+  idx.meta = deserialize_meta(block.data() + h.meta_index_offset, h.meta_index_bytes, what + " (meta-HNSW)");
+  idx.metadata_bytes = len;
+  return idx;
+}
+
+// ---------------------------------------------------------------------------------------------
+struct Engine::Impl {
+  fabric::Cluster& c;
+  const Index& index;
+  EngineOptions o;
+  LruCache<SubIndex> cache;
+  uint64_t max_fetch = 0, buf_bytes = 0;
+
+  Impl(fabric::Cluster& cl, const Index& ix, const EngineOptions& opts, size_t cap)
+      : c(cl), index(ix), o(opts), cache(cap) {
+    for (const auto& s : index.subs) max_fetch = std::max(max_fetch, fetch_range(s).second);
+    buf_bytes = std::bit_ceil(std::max<uint64_t>(max_fetch, 4096));
+  }
+
+  std::string sub_name(uint32_t id) const {
+    const SubDesc& d = index.subs.at(id);
+    return "sub-HNSW " + std::to_string(id) + " (partition " + std::to_string(id) + ", memnode " +
+           std::to_string(d.memnode) + " offset " + std::to_string(fetch_range(d).first) + ")";
+  }
+
+  /// Closes a batch: meta-HNSW search for every query, then the load plan.
+  std::shared_ptr<Job> open_batch(const float* queries, size_t first, uint32_t n) {
+    auto job = std::make_shared<Job>();
+    job->first = first;
+    job->n = n;
+    job->closed = Clock::now();
+    job->st.queries = n;
+    const uint32_t P = index.header.num_subs, b = std::min(o.probe, P);
+    std::vector<std::vector<uint32_t>> probes(n);
+    {
+      std::vector<float> D(size_t{n} * b);
+      std::vector<faiss::idx_t> I(size_t{n} * b);
+      index.meta->hnsw.efSearch = static_cast<int>(std::max(o.meta_ef_search, b));
+      index.meta->search(n, queries + first * index.header.dim, b, D.data(), I.data());
+      for (uint32_t q = 0; q < n; ++q)
+        for (uint32_t j = 0; j < b; ++j) {
+          faiss::idx_t p = I[size_t{q} * b + j];
+          if (p >= 0 && p < static_cast<faiss::idx_t>(P)) probes[q].push_back(static_cast<uint32_t>(p));
+        }
+    }
+    job->plan = plan_batch(probes, o.regroup, [&](uint32_t s) {
+      if (!o.regroup) return false;
+      auto hit = cache.get(s);
+      if (!hit) return false;
+      job->hits[s] = std::move(hit);
+      return true;
+    });
+    job->remaining = job->plan.entries.size();
+    job->st.needed = job->plan.needed;
+    job->st.cache_hits = job->plan.cache_hits;
+    job->st.fetched = job->plan.fetches();
+    job->st.meta_s = secs(job->closed, Clock::now());
+    return job;
+  }
+
+  /// Fetches the given entries of a batch (one doorbell, or one READ per post) and hands
+  /// each fetched buffer to `emit`.
+  template <class Emit>
+  void fetch_group(const std::shared_ptr<Job>& job, const std::vector<uint32_t>& entries, fabric::Endpoint& ep,
+                   Emit&& emit) {
+    auto t0 = Clock::now();
+    std::vector<Item> items(entries.size());
+    std::vector<fabric::Op> ops;
+    std::vector<uint32_t> chunks(entries.size(), 0);
+    for (size_t i = 0; i < entries.size(); ++i) {
+      const SubDesc& d = index.subs[job->plan.entries[entries[i]].sub];
+      auto [off, len] = fetch_range(d);
+      items[i].job = job;
+      items[i].entry = entries[i];
+      items[i].len = len;
+      items[i].buf = ep.alloc(buf_bytes);
+      for (uint64_t at = 0; at < len; at += o.max_read_bytes) {
+        uint64_t n = std::min<uint64_t>(o.max_read_bytes, len - at);
+        ops.push_back(fabric::Op::read(RemotePtr(d.memnode, off + at), items[i].buf.data() + at, n, i));
+        ++chunks[i];
+      }
+      job->st.bytes += len;
+    }
+    auto fail = [&](const fabric::Completion& cpl) {
+      uint32_t sub = job->plan.entries[entries.at(cpl.tag)].sub;
+      throw fabric::FabricError("fetching " + sub_name(sub) + " failed: " + ep.describe(cpl));
+    };
+    auto wait = [&](size_t n) {
+      fabric::Completion cs[16];
+      while (n > 0) {
+        size_t got = ep.poll(cs);
+        for (size_t j = 0; j < got; ++j)
+          if (cs[j].status != fabric::Status::Ok) fail(cs[j]);
+        n -= got;
+        if (got == 0) std::this_thread::yield();
+      }
+    };
+    auto post = [&](std::span<const fabric::Op> span) {
+      fabric::Status s = ep.post(span);
+      if (s != fabric::Status::Ok) {
+        fabric::Completion cpl;
+        cpl.tag = span.front().tag;
+        cpl.status = s;
+        cpl.node = span.front().remote.node();
+        fail(cpl);
+      }
+      ++job->st.doorbells;
+    };
+    if (o.doorbell) {
+      post(ops);
+      wait(ops.size());
+    } else {
+      for (const auto& op : ops) {
+        post(std::span<const fabric::Op>(&op, 1));
+        wait(1);
+      }
+    }
+    job->st.reads += ops.size();
+    job->st.fetch_s += secs(t0, Clock::now());
+    for (auto& it : items) emit(std::move(it));
+  }
+
+  void deserialize(Item& it) {
+    auto t0 = Clock::now();
+    const uint32_t sub = it.job->plan.entries[it.entry].sub;
+    const SubDesc& d = index.subs[sub];
+    auto s = std::make_shared<SubIndex>(deserialize_sub(it.buf.data(), it.len, d, index.header, sub_name(sub)));
+    it.sub = std::move(s);
+    if (o.regroup) cache.put(sub, it.sub);
+    it.job->st.deserialize_s += secs(t0, Clock::now());
+  }
+
+  /// Searches one sub-HNSW for the batch's queries that need it and merges their top-k.
+  /// Returns true when this finished the batch.
+  bool search(Item& it, const float* queries, std::vector<Answer>& answers) {
+    auto t0 = Clock::now();
+    Job& job = *it.job;
+    const PlanEntry& e = job.plan.entries[it.entry];
+    const SubIndex& s = *it.sub;
+    const uint32_t dim = index.header.dim, nq = static_cast<uint32_t>(e.queries.size());
+    const uint32_t k = o.k;
+    if (s.index && s.index->ntotal > 0) {
+      std::vector<float> X(size_t{nq} * dim), D(size_t{nq} * k);
+      std::vector<faiss::idx_t> I(size_t{nq} * k);
+      for (uint32_t i = 0; i < nq; ++i)
+        std::memcpy(X.data() + size_t{i} * dim, queries + (job.first + e.queries[i]) * dim, sizeof(float) * dim);
+      s.index->hnsw.efSearch = static_cast<int>(std::max(o.ef_search, k));
+      s.index->search(nq, X.data(), k, D.data(), I.data());
+      const bool ip = index.inner_product();
+      auto better = [ip](const std::pair<float, int64_t>& a, const std::pair<float, int64_t>& b) {
+        if (a.first != b.first) return ip ? a.first > b.first : a.first < b.first;
+        return a.second < b.second;
+      };
+      for (uint32_t i = 0; i < nq; ++i) {
+        Answer& a = answers[job.first + e.queries[i]];
+        for (uint32_t j = 0; j < k; ++j) {
+          faiss::idx_t l = I[size_t{i} * k + j];
+          if (l < 0 || static_cast<size_t>(l) >= s.labels.size()) continue;
+          a.emplace_back(D[size_t{i} * k + j], s.labels[static_cast<size_t>(l)]);
+        }
+        std::sort(a.begin(), a.end(), better);
+        a.erase(std::unique(a.begin(), a.end(), [](const auto& x, const auto& y) { return x.second == y.second; }),
+                a.end());
+        if (a.size() > k) a.resize(k);
+      }
+    }
+    job.st.search_s += secs(t0, Clock::now());
+    return --job.remaining == 0;
+  }
+};
+
+Engine::Engine(fabric::Cluster& c, const Index& index, EngineOptions o) : o_(o) {
+  if (o_.batch == 0) throw std::invalid_argument("--batch must be at least 1");
+  if (o_.probe == 0) throw std::invalid_argument("--probe must be at least 1");
+  if (o_.k == 0) throw std::invalid_argument("--k must be at least 1");
+  if (o_.max_read_bytes < 4096) o_.max_read_bytes = 4096;
+  if (o_.doorbell_subs == 0) o_.doorbell_subs = 1;
+  if (!index.meta) throw std::invalid_argument("dhnsw engine: the index has no meta-HNSW");
+  const uint32_t P = index.header.num_subs;
+  size_t cap = o_.cache_subs >= 0 ? static_cast<size_t>(o_.cache_subs)
+                                  : static_cast<size_t>(std::llround(o_.cache_ratio * static_cast<double>(P)));
+  if (!o_.regroup) cap = 0;
+  impl_ = std::make_unique<Impl>(c, index, o_, cap);
+}
+
+Engine::~Engine() = default;
+
+uint64_t Engine::cache_capacity() const { return impl_->cache.capacity(); }
+
+void Engine::set_ef_search(uint32_t ef) {
+  o_.ef_search = ef;
+  impl_->o.ef_search = ef;
+}
+
+RunStats Engine::run(const float* queries, size_t n, std::vector<Answer>& answers) {
+  Impl& im = *impl_;
+  answers.assign(n, {});
+  RunStats rs;
+  rs.cache_capacity = im.cache.capacity();
+  const uint64_t evictions0 = im.cache.evictions();
+  const uint32_t G = o_.doorbell ? o_.doorbell_subs : 1;
+  // One endpoint, used by the fetch stage only; every buffer goes back to it before it dies.
+  auto ep = im.c.make_endpoint(std::max<size_t>(im.buf_bytes * (G + o_.queue_depth + 3), 16u << 20));
+  const auto t_start = Clock::now();
+
+  // Batches close when B queries arrived or max_wait_us after their first one did.
+  auto arrival = [&](size_t i) {
+    return o_.arrival_qps > 0 ? t_start + std::chrono::duration_cast<Clock::duration>(
+                                              std::chrono::duration<double>(static_cast<double>(i) / o_.arrival_qps))
+                              : t_start;
+  };
+  auto next_batch = [&](size_t first) -> uint32_t {
+    size_t last = std::min(n, first + o_.batch);
+    if (o_.arrival_qps > 0) {
+      auto deadline = arrival(first) + std::chrono::microseconds(o_.max_wait_us);
+      auto full = arrival(last - 1);
+      auto close_at = std::min(deadline, full);
+      std::this_thread::sleep_until(close_at);
+      while (last > first + 1 && arrival(last - 1) > close_at) --last;
+    }
+    return static_cast<uint32_t>(last - first);
+  };
+  auto finish = [&](const Job& job) {
+    BatchStats st = job.st;
+    st.seconds = secs(job.closed, Clock::now());
+    rs.batches.push_back(st);
+    rs.meta_s += st.meta_s;
+    rs.fetch_s += st.fetch_s;
+    rs.deserialize_s += st.deserialize_s;
+    rs.search_s += st.search_s;
+  };
+  auto uncached_groups = [&](const Job& job) {
+    std::vector<std::vector<uint32_t>> groups;
+    for (uint32_t e = 0; e < job.plan.entries.size(); ++e) {
+      if (job.plan.entries[e].cached) continue;
+      if (groups.empty() || groups.back().size() >= G) groups.emplace_back();
+      groups.back().push_back(e);
+    }
+    return groups;
+  };
+
+  if (!o_.pipeline) {
+    for (size_t first = 0; first < n;) {
+      uint32_t bn = next_batch(first);
+      auto job = im.open_batch(queries, first, bn);
+      for (uint32_t e = 0; e < job->plan.entries.size(); ++e)
+        if (job->plan.entries[e].cached) {
+          Item it{job, e, {}, 0, job->hits.at(job->plan.entries[e].sub)};
+          if (im.search(it, queries, answers)) finish(*job);
+        }
+      for (auto& g : uncached_groups(*job)) {
+        std::vector<Item> got;
+        im.fetch_group(job, g, *ep, [&](Item&& it) { got.push_back(std::move(it)); });
+        for (auto& it : got) {
+          im.deserialize(it);
+          it.buf.reset();
+        }
+        for (auto& it : got)
+          if (im.search(it, queries, answers)) finish(*job);
+      }
+      if (job->plan.entries.empty()) finish(*job);
+      first += bn;
+    }
+  } else {
+    Channel<Item> to_deser(o_.queue_depth), to_search(o_.queue_depth);
+    std::mutex ret_mu;
+    std::vector<fabric::Buffer> returned;  // buffers done with, freed by the fetch stage
+    std::mutex err_mu;
+    std::exception_ptr error;
+    std::atomic<bool> abort{false};
+    auto fail = [&](std::exception_ptr e) {
+      {
+        std::lock_guard g(err_mu);
+        if (!error) error = e;
+      }
+      abort.store(true);
+      to_deser.close();  // wakes every stage; queued items are dropped after the joins
+      to_search.close();
+    };
+    std::thread fetcher([&] {
+      try {
+        for (size_t first = 0; first < n && !abort.load();) {
+          uint32_t bn = next_batch(first);
+          auto job = im.open_batch(queries, first, bn);
+          if (job->plan.entries.empty()) {  // nothing to search: done at once
+            Item it{job, 0, {}, 0, nullptr};
+            job->remaining = 1;
+            to_search.push(std::move(it));
+          }
+          for (uint32_t e = 0; e < job->plan.entries.size(); ++e)
+            if (job->plan.entries[e].cached)
+              if (!to_search.push(Item{job, e, {}, 0, job->hits.at(job->plan.entries[e].sub)})) return;
+          for (auto& g : uncached_groups(*job)) {
+            {
+              std::vector<fabric::Buffer> drop;
+              std::lock_guard l(ret_mu);
+              drop.swap(returned);
+            }
+            bool ok = true;
+            im.fetch_group(job, g, *ep, [&](Item&& it) { ok = ok && to_deser.push(std::move(it)); });
+            if (!ok || abort.load()) return;
+          }
+          first += bn;
+        }
+        to_deser.close();
+      } catch (...) {
+        fail(std::current_exception());
+      }
+    });
+    std::thread deser([&] {
+      while (auto it = to_deser.pop()) {
+        std::exception_ptr err;
+        if (!abort.load()) {
+          try {
+            im.deserialize(*it);
+          } catch (...) {
+            err = std::current_exception();
+          }
+        }
+        {
+          std::lock_guard l(ret_mu);  // the buffer always goes back to the fetch stage's pool
+          returned.push_back(std::move(it->buf));
+        }
+        if (err) fail(err);
+        if (abort.load() || !to_search.push(std::move(*it))) break;
+      }
+      to_search.close();
+    });
+    try {
+      while (auto it = to_search.pop()) {
+        if (abort.load()) break;
+        if (!it->sub) {  // an empty batch
+          if (--it->job->remaining == 0) finish(*it->job);
+          continue;
+        }
+        if (im.search(*it, queries, answers)) finish(*it->job);
+      }
+    } catch (...) {
+      fail(std::current_exception());
+    }
+    fetcher.join();
+    deser.join();
+    to_deser.clear();
+    to_search.clear();
+    returned.clear();
+    if (error) std::rethrow_exception(error);
+  }
+  rs.seconds = secs(t_start, Clock::now());
+  rs.cache_evictions = im.cache.evictions() - evictions0;
+  return rs;
+}
+
+}  // namespace dmhnsw::dhnsw

@@ -1,0 +1,89 @@
+#pragma once
+// d-HNSW query engine (paper sections 4.3-4.4, appendix A.1): queries in batches; the cached
+// meta-HNSW picks each query's top-b partitions; each needed sub-HNSW is fetched once per
+// batch (most-demanded first, several per doorbell, together with the overflow it uses);
+// an LRU keeps c deserialized sub-HNSWs across batches; a fetch stage, a deserialize stage
+// and a search stage run on their own threads with bounded queues, so fetching one batch
+// overlaps searching the previous one; each query's top-k is merged across its partitions.
+#include <faiss/IndexHNSW.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "common/dhnsw_layout.hpp"
+#include "common/fabric/transport.hpp"
+
+namespace dmhnsw::dhnsw {
+
+/// What a computenode holds of an index: the metadata block of memnode 0 (validated, its
+/// checksum checked) and the deserialized meta-HNSW.
+struct Index {
+  MetaHeader header{};
+  std::vector<SubDesc> subs;
+  std::unique_ptr<faiss::IndexHNSWFlat> meta;
+  uint64_t metadata_bytes = 0;
+  bool inner_product() const { return header.metric == 1; }
+};
+/// Reads and checks the metadata block (region mode words dhnsw_word::kMetadataOffset/Size of
+/// memnode 0) and every memnode's region header; throws naming the memnode and offset.
+Index load_index(fabric::Cluster& c, fabric::Endpoint& ep);
+
+struct EngineOptions {
+  uint32_t k = 10;
+  uint32_t batch = 1000;            // B: queries per batch
+  uint32_t max_wait_us = 1000;      // a batch closes this long after its first query arrived
+  double arrival_qps = 0;           // > 0: queries arrive at this rate (else all at once)
+  uint32_t probe = 2;               // b: partitions searched per query
+  uint32_t ef_search = 64;          // efSearch in the sub-HNSWs
+  uint32_t meta_ef_search = 64;     // efSearch in the meta-HNSW (at least b)
+  int64_t cache_subs = -1;          // c: deserialized sub-HNSWs kept across batches (-1: cache_ratio x P)
+  double cache_ratio = 0.10;
+  uint32_t doorbell_subs = 8;       // sub-HNSW fetches posted with one doorbell
+  uint64_t max_read_bytes = 4u << 20;  // a fetch larger than this is split into several READs
+  uint32_t queue_depth = 4;         // items between two stages
+  bool regroup = true;              // false: each query fetches its own partitions (no cache)
+  bool doorbell = true;             // false: one READ per post, each waited for
+  bool pipeline = true;             // false: the stages of a batch run in sequence on one thread
+};
+
+struct BatchStats {
+  uint32_t queries = 0;
+  uint64_t needed = 0, fetched = 0, cache_hits = 0, bytes = 0, reads = 0, doorbells = 0;
+  double seconds = 0;  // from the batch's close to its last query's answer
+  double meta_s = 0, fetch_s = 0, deserialize_s = 0, search_s = 0;
+};
+
+struct RunStats {
+  std::vector<BatchStats> batches;
+  double seconds = 0;  // wall time of the whole run
+  double meta_s = 0, fetch_s = 0, deserialize_s = 0, search_s = 0;  // busy time per stage
+  uint64_t cache_capacity = 0, cache_evictions = 0;
+};
+
+/// One query's answer: (distance, global id), best first; at most k.
+using Answer = std::vector<std::pair<float, int64_t>>;
+
+class Engine {
+ public:
+  Engine(fabric::Cluster& c, const Index& index, EngineOptions o);
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+  /// Answers n queries (n x dim, row-major) into answers[0..n). Throws on a failed fetch
+  /// (naming the partition and the memnode) after every stage stopped.
+  RunStats run(const float* queries, size_t n, std::vector<Answer>& answers);
+  const EngineOptions& options() const { return o_; }
+  void set_ef_search(uint32_t ef);
+  uint64_t cache_capacity() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+  EngineOptions o_;
+};
+
+}  // namespace dmhnsw::dhnsw
