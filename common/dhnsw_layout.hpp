@@ -3,7 +3,10 @@
 //
 // Every memnode's region:
 //
-//   [RegionHeader page][scratch][metadata block][group][group]...
+//   [RegionHeader page][metadata block][group][group]...[scratch]
+//
+// (the metadata block at kMetadataOffset = 4096, the scratch area of kScratchBytes after the
+// last group, at RegionHeader mode word dhnsw_word::kDataEnd; see RegionPlan.)
 //
 // The metadata block is the same on every memnode (a computenode reads it from memnode 0):
 //
@@ -185,7 +188,9 @@ inline constexpr uint64_t kMetadataOffset = 4096;
 /// The layout of a whole index: sub descriptors (with memnode, group and offsets filled in)
 /// and, per memnode, the region size it needs. The metadata block starts at kMetadataOffset
 /// in every region; its size covers the header, the table and `meta_index_bytes`, rounded up
-/// to kAlign; groups follow it, kAlign-aligned; then the scratch area.
+/// to kAlign; groups follow it, kAlign-aligned; then the scratch area. plan_region leaves
+/// SubDesc::entry_point and max_level at -1 (the builder copies them from the sub-HNSWs) and
+/// overflow_used and version at 0.
 struct RegionPlan {
   std::vector<SubDesc> subs;
   std::vector<uint64_t> region_bytes;  // per memnode: data end + kScratchBytes

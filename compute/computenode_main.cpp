@@ -9,6 +9,7 @@
 #include "common/fabric/fabric_cluster.hpp"
 #include "common/region.hpp"
 #include "common/units.hpp"
+#include "compute/dhnsw/query.hpp"
 #include "compute/selftest.hpp"
 #include "compute/shine/engine.hpp"
 #include "compute/store.hpp"
@@ -98,7 +99,8 @@ int main(int argc, char** argv) {
   query->add_option("--report", query_report, "write the query report (JSON) here (computenode 0: merged)");
   std::string cache_bytes;
   query->add_option("--cache-ratio", qo.cache_ratio,
-                    "node cache per computenode as a share of the index size, e.g. 0.05 (0: no cache)")
+                    "shine: node cache per computenode as a share of the index size, e.g. 0.05 (0: no cache); "
+                    "dhnsw: sub-HNSWs kept across batches as a share of the partitions (default 0.10)")
       ->capture_default_str()
       ->check(CLI::Range(0.0, 1.0));
   query->add_option("--cache-bytes", cache_bytes, "node cache per computenode in bytes, e.g. 64MiB (overrides --cache-ratio)");
@@ -121,6 +123,32 @@ int main(int argc, char** argv) {
   query->add_option("--kmeans-seed", qo.kmeans_seed, "seed of the balanced k-means (the same on every computenode)")
       ->capture_default_str();
   query->add_option("--trace", qo.trace_dir, "record every node-cache access to DIR/cn<id>-t<thread>.trace (tools/csp-report)");
+  // ---- dhnsw query options (paper sections 4.3-4.4)
+  dhnsw::QueryOptions dq;
+  bool no_regroup = false, no_doorbell = false, no_pipeline = false;
+  query->add_option("--batch", dq.engine.batch, "dhnsw: B, queries per batch")->capture_default_str()->check(CLI::PositiveNumber);
+  query->add_option("--max-wait-us", dq.engine.max_wait_us,
+                    "dhnsw: a batch closes this long after its first query arrived (with --arrival-qps)")
+      ->capture_default_str();
+  query->add_option("--arrival-qps", dq.engine.arrival_qps,
+                    "dhnsw: queries arrive at this rate (0: all are there at the start)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  query->add_option("--probe", dq.engine.probe, "dhnsw: b, partitions (sub-HNSWs) searched per query")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  query->add_option("--meta-ef-search", dq.engine.meta_ef_search, "dhnsw: efSearch in the meta-HNSW")->capture_default_str();
+  query->add_option("--cache-subs", dq.engine.cache_subs,
+                    "dhnsw: c, deserialized sub-HNSWs kept across batches (overrides --cache-ratio)");
+  query->add_option("--doorbell-subs", dq.engine.doorbell_subs, "dhnsw: sub-HNSW fetches posted with one doorbell")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  query->add_option("--queue-depth", dq.engine.queue_depth, "dhnsw: items between two pipeline stages")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  query->add_flag("--no-regroup", no_regroup, "dhnsw ablation: each query fetches its own partitions (no sharing, no cache)");
+  query->add_flag("--no-doorbell", no_doorbell, "dhnsw ablation: one READ per post, each waited for");
+  query->add_flag("--no-pipeline", no_pipeline, "dhnsw ablation: fetch, deserialize and search in sequence on one thread");
   for (auto* sc : {build, insert, query})
     sc->add_option("--read-mode", read_mode, "batch: a candidate's neighbours in one doorbell; per-read: one READ each")
         ->capture_default_str()
@@ -166,8 +194,25 @@ int main(int argc, char** argv) {
       }
       return 0;
     }
+    if (*query && mode == "dhnsw") {
+      dq.workload = qo.workload;
+      dq.engine.k = qo.k;
+      dq.ef_search.clear();
+      for (auto& e : split_commas(ef_list)) dq.ef_search.push_back(static_cast<uint32_t>(std::stoul(e)));
+      if (dq.ef_search.empty()) throw std::invalid_argument("--ef-search: no value");
+      // --cache-ratio is a share of the sub-HNSWs here (default 0.10, like the paper)
+      dq.engine.cache_ratio = query->get_option("--cache-ratio")->count() > 0 ? qo.cache_ratio : 0.10;
+      dq.engine.regroup = !no_regroup;
+      dq.engine.doorbell = !no_doorbell;
+      dq.engine.pipeline = !no_pipeline;
+      dq.on_report = [&](const nlohmann::json& r) {
+        if (cn_id == 0) dhnsw::print_query(r);
+        write_report(query_report, r);
+      };
+      dhnsw::run_query({cluster.get(), cn_id, num_cns, provider}, dq);
+      return 0;
+    }
     if (*query) {
-      if (mode != "shine") throw std::invalid_argument("--mode dhnsw: not implemented yet (issue 5); use --mode shine");
       qo.mode = rm;
       if (!cache_bytes.empty()) qo.cache_bytes = parse_bytes(cache_bytes, "--cache-bytes");
       qo.ef_search.clear();

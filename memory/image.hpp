@@ -15,6 +15,7 @@
 #include <string>
 #include <type_traits>
 
+#include "common/checksum.hpp"
 #include "common/region.hpp"
 
 namespace dmhnsw::memory {
@@ -49,29 +50,15 @@ static_assert(offsetof(ImageHeader, body_checksum) == 32);
 static_assert(offsetof(ImageHeader, created_unix_ns) == 40);
 static_assert(offsetof(ImageHeader, header_checksum) == 120);
 
-/// A fast 64-bit checksum (not cryptographic): four independent multiply-xorshift lanes over
-/// 8-byte little-endian words, then the tail and the length. Every step is a bijection of the
-/// state, so a change confined to one 8-byte word is always detected. Streaming: feeding the
-/// same bytes in any split gives the same digest.
-class Checksum64 {
- public:
-  Checksum64();
-  void update(const void* data, size_t len);
-  uint64_t digest() const;
-
- private:
-  void stripe(const unsigned char* p);
-  uint64_t lane_[4];
-  unsigned char pending_[32];
-  size_t npending_ = 0;
-  uint64_t total_ = 0;
-};
-uint64_t checksum64(const void* data, size_t len);
+/// The checksum of image headers and bodies (common/checksum.hpp; names kept here for callers).
+using dmhnsw::Checksum64;
+using dmhnsw::checksum64;
 
 /// How much of a region is meaningful, i.e. what an image must hold: region bytes
 /// [0, result). Modes None and SHINE: max(bump word mode_words[shine_word::kBump],
 /// data_offset), the data offset alone when the bump word is 0, never more than the region.
-/// Mode d-HNSW: the whole region (sub-HNSWs grow backward from the end of their groups).
+/// Mode d-HNSW: [0, mode word dhnsw_word::kDataEnd), the end of the last group (the scratch
+/// area follows it); the whole region when that word is 0.
 uint64_t region_used_bytes(const RegionHeader& h);
 
 /// What was written or loaded.

@@ -123,7 +123,6 @@ Index load_index(fabric::Cluster& c, fabric::Endpoint& ep) {
                              ": sub-HNSW table outside the block");
   idx.subs.resize(h.num_subs);
   std::memcpy(idx.subs.data(), block.data() + h.sub_table_offset, idx.subs.size() * sizeof(SubDesc));
-  validate_metadata(h, idx.subs, h0.region_size, kAnyMemnode, what);
   if (metadata_checksum(block.data(), block.size()) != h.checksum)
     throw std::runtime_error(what + " at offset " + std::to_string(off + offsetof(MetaHeader, checksum)) +
                              ": checksum mismatch (corrupted metadata)");
@@ -136,13 +135,9 @@ Index load_index(fabric::Cluster& c, fabric::Endpoint& ep) {
       throw std::runtime_error("memnode " + std::to_string(mn.id) + " (" + mn.address +
                                ") does not hold the same d-HNSW index as memnode 0");
   }
-  for (const auto& s : idx.subs) {
-    RegionHeader r = header_from_blob(c.memnodes().at(s.memnode).header, "memnode " + std::to_string(s.memnode));
-    auto [fo, fl] = fetch_range(s);
-    if (fo > r.region_size || fl > r.region_size - fo)
-      throw std::runtime_error("sub-HNSW " + std::to_string(s.id) + " lies outside memnode " + std::to_string(s.memnode) +
-                               "'s region of " + std::to_string(r.region_size) + " bytes");
-  }
+  for (const auto& mn : c.memnodes())  // every group against the region of the memnode holding it
+    validate_metadata(h, idx.subs, header_from_blob(mn.header, "memnode " + std::to_string(mn.id)).region_size, mn.id,
+                      what);
   idx.meta = deserialize_meta(block.data() + h.meta_index_offset, h.meta_index_bytes, what + " (meta-HNSW)");
   idx.metadata_bytes = len;
   return idx;
@@ -179,13 +174,13 @@ struct Engine::Impl {
     std::vector<std::vector<uint32_t>> probes(n);
     {
       std::vector<float> D(size_t{n} * b);
-      std::vector<faiss::idx_t> I(size_t{n} * b);
+      std::vector<faiss::Index::idx_t> I(size_t{n} * b);
       index.meta->hnsw.efSearch = static_cast<int>(std::max(o.meta_ef_search, b));
       index.meta->search(n, queries + first * index.header.dim, b, D.data(), I.data());
       for (uint32_t q = 0; q < n; ++q)
         for (uint32_t j = 0; j < b; ++j) {
-          faiss::idx_t p = I[size_t{q} * b + j];
-          if (p >= 0 && p < static_cast<faiss::idx_t>(P)) probes[q].push_back(static_cast<uint32_t>(p));
+          faiss::Index::idx_t p = I[size_t{q} * b + j];
+          if (p >= 0 && p < static_cast<faiss::Index::idx_t>(P)) probes[q].push_back(static_cast<uint32_t>(p));
         }
     }
     job->plan = plan_batch(probes, o.regroup, [&](uint32_t s) {
@@ -242,11 +237,17 @@ struct Engine::Impl {
     };
     auto post = [&](std::span<const fabric::Op> span) {
       fabric::Status s = ep.post(span);
-      if (s != fabric::Status::Ok) {
+      if (s != fabric::Status::Ok) {  // nothing was posted: name an op toward a dead memnode if any
+        const fabric::Op* bad = &span.front();
+        for (const auto& op : span)
+          if (!c.alive(op.remote.node())) {
+            bad = &op;
+            break;
+          }
         fabric::Completion cpl;
-        cpl.tag = span.front().tag;
+        cpl.tag = bad->tag;
         cpl.status = s;
-        cpl.node = span.front().remote.node();
+        cpl.node = bad->remote.node();
         fail(cpl);
       }
       ++job->st.doorbells;
@@ -286,7 +287,7 @@ struct Engine::Impl {
     const uint32_t k = o.k;
     if (s.index && s.index->ntotal > 0) {
       std::vector<float> X(size_t{nq} * dim), D(size_t{nq} * k);
-      std::vector<faiss::idx_t> I(size_t{nq} * k);
+      std::vector<faiss::Index::idx_t> I(size_t{nq} * k);
       for (uint32_t i = 0; i < nq; ++i)
         std::memcpy(X.data() + size_t{i} * dim, queries + (job.first + e.queries[i]) * dim, sizeof(float) * dim);
       s.index->hnsw.efSearch = static_cast<int>(std::max(o.ef_search, k));
@@ -299,7 +300,7 @@ struct Engine::Impl {
       for (uint32_t i = 0; i < nq; ++i) {
         Answer& a = answers[job.first + e.queries[i]];
         for (uint32_t j = 0; j < k; ++j) {
-          faiss::idx_t l = I[size_t{i} * k + j];
+          faiss::Index::idx_t l = I[size_t{i} * k + j];
           if (l < 0 || static_cast<size_t>(l) >= s.labels.size()) continue;
           a.emplace_back(D[size_t{i} * k + j], s.labels[static_cast<size_t>(l)]);
         }

@@ -1,5 +1,5 @@
 // d-HNSW batch planner and LRU cache of sub-HNSWs.
-#include <catch2/catch_test_macros.hpp>
+#include <catch2/catch.hpp>
 
 #include <set>
 

@@ -1,0 +1,282 @@
+#include "compute/dhnsw/build.hpp"
+
+#include <faiss/IndexHNSW.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <exception>
+#include <limits>
+#include <memory>
+#include <mutex>
+#include <stdexcept>
+#include <thread>
+
+#include "common/region.hpp"
+#include "compute/dhnsw/subindex.hpp"
+#include "router/balanced_partition.hpp"
+
+namespace dmhnsw::dhnsw {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+void need(bool ok, const std::string& message) {
+  if (!ok) throw std::invalid_argument(message);
+}
+
+/// Runs task(i) for i in [0, tasks) on `threads` std::threads, each with OpenMP limited to one
+/// thread (Faiss's add() stays single-threaded: deterministic, no oversubscription). The first
+/// exception is rethrown after all workers stop.
+template <typename F>
+void run_pool(size_t tasks, uint32_t threads, F&& task) {
+  std::atomic<size_t> next{0};
+  std::atomic<bool> failed{false};
+  std::exception_ptr error;
+  std::mutex mu;
+  auto worker = [&] {
+    omp_set_num_threads(1);
+    for (;;) {
+      const size_t i = next.fetch_add(1);
+      if (i >= tasks || failed.load()) return;
+      try {
+        task(i);
+      } catch (...) {
+        std::lock_guard<std::mutex> lock(mu);
+        if (!error) error = std::current_exception();
+        failed.store(true);
+      }
+    }
+  };
+  std::vector<std::thread> pool;
+  const size_t nt = std::max<size_t>(1, std::min<size_t>(threads, tasks));
+  pool.reserve(nt);
+  for (size_t t = 0; t < nt; ++t) pool.emplace_back(worker);
+  for (auto& t : pool) t.join();
+  if (error) std::rethrow_exception(error);
+}
+
+}  // namespace
+
+uint32_t resolve_partitions(uint32_t partitions, size_t n) {
+  if (partitions != 0) return partitions;
+  const double r = std::round(std::sqrt(static_cast<double>(n)));
+  return static_cast<uint32_t>(std::clamp<double>(r, 1.0, std::min<double>(static_cast<double>(n), 1 << 20)));
+}
+
+BuiltIndex build_index(const float* data, size_t n, uint32_t dim, Metric metric, const BuildOptions& opts) {
+  need(data != nullptr && n >= 1, "build: no vectors");
+  need(dim >= 1 && dim <= 65536, "build: dimension " + std::to_string(dim) + " outside [1, 65536]");
+  need(opts.m >= 2 && opts.m <= 4096, "--m: " + std::to_string(opts.m) + " outside [2, 4096]");
+  need(opts.meta_m >= 2 && opts.meta_m <= 4096, "--meta-m: " + std::to_string(opts.meta_m) + " outside [2, 4096]");
+  need(opts.ef_construction >= 1, "--ef-construction: must be >= 1");
+  need(opts.memnodes >= 1 && opts.memnodes <= 0xFFFF,
+       "--memnodes: " + std::to_string(opts.memnodes) + " outside [1, 65535]");
+  need(std::isfinite(opts.layout.internal_gap) && opts.layout.internal_gap >= 0 && opts.layout.internal_gap <= 1000,
+       "--internal-gap: " + std::to_string(opts.layout.internal_gap) + " outside [0, 1000]");
+  need(std::isfinite(opts.layout.overflow_gap) && opts.layout.overflow_gap >= 0 && opts.layout.overflow_gap <= 1000,
+       "--overflow-gap: " + std::to_string(opts.layout.overflow_gap) + " outside [0, 1000]");
+  const uint32_t P = resolve_partitions(opts.partitions, n);
+  need(P <= n, "--partitions: " + std::to_string(P) + " partitions for " + std::to_string(n) + " vectors");
+
+  BuiltIndex out;
+  out.options = opts;
+  out.options.partitions = P;
+  out.metric = metric;
+  out.num_vectors = n;
+  out.dim = dim;
+  const uint32_t threads = opts.threads != 0 ? opts.threads : std::max(1u, std::thread::hardware_concurrency());
+
+  // ---- 1. partitioning
+  auto t0 = Clock::now();
+  router::CapacityKMeansOptions ko;
+  ko.iterations = opts.kmeans_iterations;
+  ko.seed = opts.seed;
+  ko.max_train = opts.kmeans_max_train;
+  const router::Partitioning part = opts.plain_kmeans ? router::plain_kmeans(data, n, dim, P, metric, ko)
+                                                      : router::capacity_kmeans(data, n, dim, P, metric, ko);
+  if (part.k != P || part.assignment.size() != n || part.centroids.size() != size_t{P} * dim)
+    throw std::runtime_error("build: the partitioning returned an inconsistent result");
+  out.partition_sizes = part.sizes;
+  out.partition_max_over_mean = part.max_over_mean();
+  out.partition_inertia = part.inertia;
+  // Members of each partition, in increasing global id (the sub's local ids follow it).
+  std::vector<std::vector<int64_t>> members(P);
+  for (uint32_t p = 0; p < P; ++p) members[p].reserve(part.sizes[p]);
+  for (size_t i = 0; i < n; ++i) {
+    const uint32_t p = part.assignment[i];
+    if (p >= P) throw std::runtime_error("build: vector " + std::to_string(i) + " assigned to partition " +
+                                         std::to_string(p) + " of " + std::to_string(P));
+    members[p].push_back(static_cast<int64_t>(i));
+  }
+  for (uint32_t p = 0; p < P; ++p)
+    if (members[p].size() > static_cast<size_t>(std::numeric_limits<int32_t>::max()))
+      throw std::invalid_argument("--partitions: partition " + std::to_string(p) +
+                                  " holds more than 2^31-1 vectors (Faiss ids); use more partitions");
+  out.seconds_partition = since(t0);
+
+  // ---- 2. sub-HNSWs (tasks 0..P-1) and the meta-HNSW (task P), in parallel
+  t0 = Clock::now();
+  const faiss::MetricType fmetric = metric == Metric::IP ? faiss::METRIC_INNER_PRODUCT : faiss::METRIC_L2;
+  std::vector<std::unique_ptr<faiss::IndexHNSWFlat>> subs(P);
+  std::unique_ptr<faiss::IndexHNSWFlat> meta;
+  run_pool(size_t{P} + 1, threads, [&](size_t t) {
+    if (t == P) {
+      meta = std::make_unique<faiss::IndexHNSWFlat>(static_cast<int>(dim), static_cast<int>(opts.meta_m), fmetric);
+      meta->hnsw.efConstruction = static_cast<int>(opts.ef_construction);
+      meta->add(static_cast<faiss::Index::idx_t>(P), part.centroids.data());
+      return;
+    }
+    const std::vector<int64_t>& ids = members[t];
+    std::vector<float> vecs(ids.size() * dim);
+    for (size_t j = 0; j < ids.size(); ++j)
+      std::memcpy(vecs.data() + j * dim, data + static_cast<size_t>(ids[j]) * dim, sizeof(float) * dim);
+    auto idx = std::make_unique<faiss::IndexHNSWFlat>(static_cast<int>(dim), static_cast<int>(opts.m), fmetric);
+    idx->hnsw.efConstruction = static_cast<int>(opts.ef_construction);
+    idx->add(static_cast<faiss::Index::idx_t>(ids.size()), vecs.data());
+    subs[t] = std::move(idx);
+  });
+  out.seconds_build_subs = since(t0);
+
+  // ---- 3. layout and serialization
+  t0 = Clock::now();
+  const std::vector<char> meta_bytes = serialize_meta(*meta);
+  meta.reset();
+  std::vector<SubShape> shapes(P);
+  for (uint32_t p = 0; p < P; ++p) shapes[p] = shape_of(*subs[p]);
+  RegionPlan plan = plan_region(shapes, opts.memnodes, meta_bytes.size(), opts.layout);
+  for (uint32_t p = 0; p < P; ++p) {
+    plan.subs[p].entry_point = subs[p]->hnsw.entry_point;
+    plan.subs[p].max_level = subs[p]->hnsw.max_level;
+  }
+
+  MetaHeader h{};
+  h.num_subs = P;
+  h.dim = dim;
+  h.metric = static_cast<uint8_t>(metric == Metric::IP ? MetricCode::IP : MetricCode::L2);
+  h.num_memnodes = opts.memnodes;
+  h.m = opts.m;
+  h.ef_construction = opts.ef_construction;
+  h.meta_m = opts.meta_m;
+  h.num_vectors = n;
+  h.epoch = 1;
+  h.internal_gap_ppm = static_cast<uint64_t>(std::llround(opts.layout.internal_gap * 1e6));
+  h.overflow_gap_ppm = static_cast<uint64_t>(std::llround(opts.layout.overflow_gap * 1e6));
+  const std::vector<char> block = encode_metadata(h, plan.subs, meta_bytes.data(), meta_bytes.size());
+  if (block.size() != plan.metadata_bytes) throw std::runtime_error("build: metadata block size mismatch");
+  std::memcpy(&out.header, block.data(), sizeof out.header);
+  out.subs = plan.subs;
+
+  out.regions.resize(opts.memnodes);
+  for (uint32_t m = 0; m < opts.memnodes; ++m) {
+    std::vector<char>& r = out.regions[m];
+    r.assign(plan.data_end[m], 0);
+    RegionHeader rh = make_region_header(static_cast<uint16_t>(m), plan.region_bytes[m]);
+    rh.mode = static_cast<uint8_t>(fabric::Mode::Dhnsw);
+    rh.metric = h.metric;
+    rh.elem_type = static_cast<uint8_t>(ElemType::F32);
+    rh.dim = dim;
+    rh.memnode_count = static_cast<uint16_t>(opts.memnodes);
+    rh.epoch = h.epoch;
+    rh.scratch_offset = plan.data_end[m];
+    rh.scratch_size = kScratchBytes;
+    rh.data_offset = kMetadataOffset;
+    rh.mode_words[dhnsw_word::kMetadataOffset] = kMetadataOffset;
+    rh.mode_words[dhnsw_word::kMetadataSize] = block.size();
+    rh.mode_words[dhnsw_word::kDataEnd] = plan.data_end[m];
+    validate_region_header(rh, "build: memnode " + std::to_string(m) + " region header");
+    std::memcpy(r.data(), &rh, sizeof rh);
+    std::memcpy(r.data() + kMetadataOffset, block.data(), block.size());
+  }
+  run_pool(P, threads, [&](size_t p) {
+    const SubDesc& d = plan.subs[p];
+    serialize_sub(*subs[p], members[p].data(), d, out.regions[d.memnode].data() + d.block_offset);
+    subs[p].reset();
+  });
+  out.region_bytes = plan.region_bytes;
+  for (uint32_t m = 0; m < opts.memnodes; ++m) {
+    const std::vector<char>& r = out.regions[m];
+    decode_metadata(r.data() + kMetadataOffset, r.size() - kMetadataOffset, out.region_bytes[m], m,
+                    "build: memnode " + std::to_string(m) + " region");
+  }
+  out.seconds_layout = since(t0);
+  return out;
+}
+
+nlohmann::json BuiltIndex::report() const {
+  nlohmann::json j;
+  uint64_t mn = 0, mx = 0, sum = 0;
+  if (!partition_sizes.empty()) {
+    mn = *std::min_element(partition_sizes.begin(), partition_sizes.end());
+    mx = *std::max_element(partition_sizes.begin(), partition_sizes.end());
+    for (uint64_t s : partition_sizes) sum += s;
+  }
+  const double mean = partition_sizes.empty() ? 0.0 : static_cast<double>(sum) / partition_sizes.size();
+  j["tool"] = "dhnsw-build";
+  j["vectors"] = num_vectors;
+  j["dim"] = dim;
+  j["metric"] = std::string(to_string(metric));
+  j["options"] = {{"partitions", options.partitions},
+                  {"m", options.m},
+                  {"ef_construction", options.ef_construction},
+                  {"meta_m", options.meta_m},
+                  {"memnodes", options.memnodes},
+                  {"internal_gap", options.layout.internal_gap},
+                  {"overflow_gap", options.layout.overflow_gap},
+                  {"seed", options.seed},
+                  {"plain_kmeans", options.plain_kmeans},
+                  {"kmeans_iterations", options.kmeans_iterations},
+                  {"kmeans_max_train", options.kmeans_max_train},
+                  {"threads", options.threads}};
+  j["partitions"] = {{"count", partition_sizes.size()},
+                     {"sizes", partition_sizes},
+                     {"min", mn},
+                     {"mean", mean},
+                     {"max", mx},
+                     {"max_over_mean", partition_max_over_mean},
+                     {"inertia", partition_inertia}};
+  j["seconds"] = {{"partition", seconds_partition},
+                  {"build_subs", seconds_build_subs},
+                  {"layout", seconds_layout},
+                  {"total", seconds_partition + seconds_build_subs + seconds_layout}};
+  uint64_t blocks = 0, gaps = 0;
+  for (const SubDesc& d : subs) {
+    blocks += d.block_bytes;
+    if (d.slot == 0) gaps += d.overflow_bytes;
+  }
+  std::vector<uint64_t> data_end;
+  for (const auto& r : regions) data_end.push_back(r.size());
+  j["layout"] = {{"metadata_offset", kMetadataOffset},
+                 {"data_end", data_end},
+                 {"scratch_bytes", kScratchBytes},
+                 {"metadata_bytes", header.block_bytes},
+                 {"meta_index_bytes", header.meta_index_bytes},
+                 {"sub_block_bytes", blocks},
+                 {"overflow_gap_bytes", gaps},
+                 {"region_bytes", region_bytes},
+                 {"epoch", header.epoch},
+                 {"checksum", header.checksum}};
+  return j;
+}
+
+std::string image_path(const std::string& out, uint32_t id, uint32_t memnodes) {
+  return memnodes == 1 ? out : out + "." + std::to_string(id);
+}
+
+std::vector<memory::ImageInfo> write_images(const BuiltIndex& built, const std::string& out) {
+  std::vector<memory::ImageInfo> infos;
+  const uint32_t n = static_cast<uint32_t>(built.regions.size());
+  for (uint32_t m = 0; m < n; ++m) {
+    const std::vector<char>& r = built.regions[m];
+    infos.push_back(memory::write_image(image_path(out, m, n), r.data(), built.region_bytes.at(m), r.size(),
+                                        static_cast<uint16_t>(m)));
+  }
+  return infos;
+}
+
+}  // namespace dmhnsw::dhnsw

@@ -1,0 +1,73 @@
+#pragma once
+// d-HNSW index build (paper sections 4.1-4.2): balanced partitioning of the data set
+// (router/balanced_partition.hpp), one Faiss sub-HNSW per partition, the meta-HNSW over the
+// partition centroids, the region layout (common/dhnsw_layout.hpp) and the region images that
+// memnodes serve (`memnode --load`).
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "common/dhnsw_layout.hpp"
+#include "common/distance.hpp"
+#include "memory/image.hpp"
+
+namespace dmhnsw::dhnsw {
+
+struct BuildOptions {
+  /// Partitions (sub-HNSWs) P. 0: round(sqrt(n)), at least 1 and at most n (sub-HNSWs of about
+  /// sqrt(n) vectors: 100 of 100 for 10k vectors, 1000 of 1000 for 1M).
+  uint32_t partitions = 0;
+  uint32_t m = 32;                 // HNSW M of the sub-HNSWs (>= 2)
+  uint32_t ef_construction = 100;  // of the sub-HNSWs and the meta-HNSW (>= 1)
+  uint32_t meta_m = 16;            // HNSW M of the meta-HNSW (>= 2)
+  uint32_t memnodes = 1;           // regions: group g on memnode g % memnodes
+  LayoutParams layout;             // internal and shared overflow gap shares
+  uint64_t seed = 1;               // partitioning seed
+  bool plain_kmeans = false;       // plain Lloyd k-means instead of the capacity-constrained one
+  uint32_t kmeans_iterations = 10;
+  size_t kmeans_max_train = 0;     // > 0: train the centroids on a sample of this many vectors
+  /// Worker threads building sub-HNSWs, each sub-HNSW single-threaded (so the build is
+  /// deterministic: the same data and options give the same regions). 0: hardware threads.
+  uint32_t threads = 0;
+};
+
+/// The partitions resolved from BuildOptions::partitions for n vectors.
+uint32_t resolve_partitions(uint32_t partitions, size_t n);
+
+struct BuiltIndex {
+  MetaHeader header{};          // as written in every region (checksum included)
+  std::vector<SubDesc> subs;    // as written in the metadata block
+  /// One region image body per memnode: regions[m] is memnode m's region bytes [0, data end)
+  /// (RegionPlan::data_end): RegionHeader (mode Dhnsw, dim, metric, elem F32, memnode id and
+  /// count, epoch, region_size = region_bytes[m], data_offset = kMetadataOffset, scratch of
+  /// kScratchBytes at data end, mode words dhnsw_word::kMetadataOffset, kMetadataSize,
+  /// kDataEnd), the metadata block, the groups. The scratch area after it is not held (zero).
+  std::vector<std::vector<char>> regions;
+  std::vector<uint64_t> region_bytes;  // per memnode: the whole region (data end + scratch)
+  std::vector<uint64_t> partition_sizes;
+  double partition_max_over_mean = 0;
+  double partition_inertia = 0;
+  double seconds_partition = 0, seconds_build_subs = 0, seconds_layout = 0;
+  BuildOptions options;
+  Metric metric = Metric::L2;
+  uint64_t num_vectors = 0;
+  uint32_t dim = 0;
+  /// Options, partition sizes (min/mean/max, max/mean), times, region and metadata sizes.
+  nlohmann::json report() const;
+};
+
+/// Builds the whole index over `n` vectors of `dim` floats (row-major; global id = row).
+/// Throws std::invalid_argument on bad options (naming the option) and std::runtime_error if
+/// the result does not validate.
+BuiltIndex build_index(const float* data, size_t n, uint32_t dim, Metric metric, const BuildOptions& opts);
+
+/// Image file of memnode `id` of `memnodes`: `out` when memnodes == 1, else `out` + "." + id.
+std::string image_path(const std::string& out, uint32_t id, uint32_t memnodes);
+/// Writes one region image per memnode (memory::write_image at image_path(): body = regions[m],
+/// region size = region_bytes[m]).
+std::vector<memory::ImageInfo> write_images(const BuiltIndex& built, const std::string& out);
+
+}  // namespace dmhnsw::dhnsw

@@ -1,0 +1,315 @@
+#include "compute/dhnsw/subindex.hpp"
+
+#include <faiss/IndexFlatCodes.h>
+#include <faiss/impl/FaissException.h>
+#include <faiss/impl/io.h>
+#include <faiss/index_io.h>
+
+#include <algorithm>
+#include <cstring>
+#include <exception>
+#include <functional>
+#include <limits>
+#include <stdexcept>
+#include <type_traits>
+
+namespace dmhnsw::dhnsw {
+
+namespace {
+
+std::string num(uint64_t v) { return std::to_string(v); }
+
+const faiss::IndexFlatCodes& flat_storage(const faiss::IndexHNSWFlat& idx) {
+  auto* s = dynamic_cast<const faiss::IndexFlatCodes*>(idx.storage);
+  if (s == nullptr) throw std::invalid_argument("sub-HNSW: the storage of the IndexHNSWFlat is not an IndexFlatCodes");
+  if (s->code_size != sizeof(float) * static_cast<size_t>(idx.d))
+    throw std::invalid_argument("sub-HNSW: storage code size " + num(s->code_size) + " is not 4 * dim " +
+                                num(static_cast<uint64_t>(idx.d)));
+  return *s;
+}
+
+/// Appends `bytes` bytes at `p` to `v` (one memcpy; typed range insert when aligned).
+template <typename T>
+void append_bytes(std::vector<T>& v, const char* p, uint64_t bytes) {
+  const size_t n = static_cast<size_t>(bytes / sizeof(T));
+  if (n == 0) return;
+  if (reinterpret_cast<uintptr_t>(p) % alignof(T) == 0) {
+    const T* t = reinterpret_cast<const T*>(p);
+    v.insert(v.end(), t, t + n);
+  } else {
+    const size_t old = v.size();
+    v.resize(old + n);
+    std::memcpy(v.data() + old, p, n * sizeof(T));
+  }
+}
+
+/// One overflow record found in a fetched buffer.
+struct Record {
+  uint32_t array;
+  uint64_t payload;  // offset of the payload in the fetched buffer
+  uint64_t bytes;
+};
+
+/// Checks of an assembled Faiss HNSW graph of `count` nodes; `where(a, byte)` names the place
+/// of byte `byte` of array `a` for the message. Everything Faiss's search would index.
+void check_graph(const faiss::HNSW& g, uint64_t count, int32_t entry_point, int32_t max_level,
+                 const std::function<std::string(uint32_t, uint64_t)>& where) {
+  const uint64_t max_levels = g.cum_nneighbor_per_level.size() - 1;  // levels Faiss's tables cover
+  if (max_level + 1 > static_cast<int64_t>(max_levels))
+    throw std::runtime_error(where(kLevels, 0) + ": max level " + std::to_string(max_level) +
+                             " is beyond the " + num(max_levels) + " levels of an HNSW with this M");
+  for (uint64_t i = 0; i < count; ++i) {
+    const int l = g.levels[i];
+    if (l < 1 || l > max_level + 1)
+      throw std::runtime_error(where(kLevels, i * 4) + ": node " + num(i) + " has " + std::to_string(l) +
+                               " levels, outside 1..max_level + 1 = " + std::to_string(max_level + 1));
+  }
+  if (g.offsets[0] != 0)
+    throw std::runtime_error(where(kOffsets, 0) + ": offsets[0] is " + num(g.offsets[0]) + ", not 0");
+  for (uint64_t i = 0; i < count; ++i) {
+    const size_t want = static_cast<size_t>(g.cum_nneighbor_per_level[static_cast<size_t>(g.levels[i])]);
+    if (g.offsets[i + 1] < g.offsets[i] || g.offsets[i + 1] - g.offsets[i] != want)
+      throw std::runtime_error(where(kOffsets, (i + 1) * 8) + ": offsets[" + num(i + 1) + "] = " +
+                               num(g.offsets[i + 1]) + " after offsets[" + num(i) + "] = " + num(g.offsets[i]) +
+                               ": node " + num(i) + " of " + std::to_string(g.levels[i]) + " levels needs " +
+                               num(want) + " neighbour entries");
+  }
+  if (g.offsets[count] != g.neighbors.size())
+    throw std::runtime_error(where(kOffsets, count * 8) + ": offsets[count] = " + num(g.offsets[count]) +
+                             ", but the neighbors array holds " + num(g.neighbors.size()) + " entries");
+  const int64_t n = static_cast<int64_t>(count);
+  for (size_t j = 0; j < g.neighbors.size(); ++j) {
+    const int32_t v = g.neighbors[j];
+    if (v < -1 || v >= n)
+      throw std::runtime_error(where(kNeighbors, j * 4) + ": neighbour id " + std::to_string(v) +
+                               " outside -1.." + std::to_string(n - 1));
+  }
+  const bool ok = count == 0 ? (entry_point == -1 && max_level == -1)
+                             : (entry_point >= 0 && entry_point < n && g.levels[static_cast<size_t>(entry_point)] ==
+                                                                            max_level + 1);
+  if (!ok)
+    throw std::runtime_error(where(kLevels, 0) + ": entry point " + std::to_string(entry_point) + " with max level " +
+                             std::to_string(max_level) + " is not a top-level node of " + num(count) + " nodes");
+}
+
+}  // namespace
+
+faiss::MetricType faiss_metric(uint8_t metric_code) {
+  switch (metric_code) {
+    case 0: return faiss::METRIC_L2;
+    case 1: return faiss::METRIC_INNER_PRODUCT;
+    default: throw std::runtime_error("unknown metric code " + num(metric_code));
+  }
+}
+
+SubShape shape_of(const faiss::IndexHNSWFlat& idx) {
+  SubShape s;
+  s.count = static_cast<uint64_t>(idx.ntotal);
+  s.neighbor_entries = idx.hnsw.offsets.empty() ? 0 : idx.hnsw.offsets.back();
+  s.dim = static_cast<uint32_t>(idx.d);
+  return s;
+}
+
+void serialize_sub(const faiss::IndexHNSWFlat& idx, const int64_t* labels, const SubDesc& d, char* block) {
+  const faiss::IndexFlatCodes& storage = flat_storage(idx);
+  const SubShape s = shape_of(idx);
+  const faiss::HNSW& g = idx.hnsw;
+  if (g.levels.size() != s.count || g.offsets.size() != s.count + 1 || g.neighbors.size() < s.neighbor_entries ||
+      storage.codes.size() < s.count * storage.code_size || static_cast<uint64_t>(storage.ntotal) != s.count)
+    throw std::invalid_argument("serialize_sub: sub " + num(d.id) + ": the Faiss index is inconsistent");
+  if (s.count > 0 && labels == nullptr) throw std::invalid_argument("serialize_sub: no labels");
+  uint64_t used[kNumArrays];
+  array_bytes(s, used);
+  for (uint32_t a = 0; a < kNumArrays; ++a) {
+    const ArraySlot& slot = d.arrays[a];
+    if (slot.used != used[a] || slot.capacity < slot.used || slot.offset + slot.capacity > d.block_bytes)
+      throw std::invalid_argument("serialize_sub: sub " + num(d.id) + ": " + array_name(a) + " slot [" +
+                                  num(slot.offset) + ", used " + num(slot.used) + ", capacity " +
+                                  num(slot.capacity) + "] does not fit the index (" + num(used[a]) +
+                                  " bytes) or the block (" + num(d.block_bytes) + " bytes)");
+  }
+  const void* src[kNumArrays] = {g.levels.data(), g.offsets.data(), g.neighbors.data(), storage.codes.data(),
+                                 labels};
+  // Arrays in address order, zeroing every byte between them and after the last.
+  uint32_t order[kNumArrays] = {0, 1, 2, 3, 4};
+  std::sort(order, order + kNumArrays, [&](uint32_t x, uint32_t y) { return d.arrays[x].offset < d.arrays[y].offset; });
+  uint64_t cursor = 0;
+  for (uint32_t a : order) {
+    const ArraySlot& slot = d.arrays[a];
+    if (slot.offset < cursor)
+      throw std::invalid_argument("serialize_sub: sub " + num(d.id) + ": " + array_name(a) +
+                                  " overlaps the previous array");
+    std::memset(block + cursor, 0, slot.offset - cursor);
+    if (slot.used > 0) std::memcpy(block + slot.offset, src[a], slot.used);
+    cursor = slot.offset + slot.used;
+  }
+  std::memset(block + cursor, 0, d.block_bytes - cursor);
+}
+
+size_t SubIndex::memory_bytes() const {
+  size_t b = sizeof(SubIndex) + labels.capacity() * sizeof(int64_t);
+  if (index) {
+    const faiss::HNSW& g = index->hnsw;
+    b += sizeof(faiss::IndexHNSWFlat) + g.levels.capacity() * sizeof(int) + g.offsets.capacity() * sizeof(size_t) +
+         g.neighbors.capacity() * sizeof(faiss::HNSW::storage_idx_t) +
+         g.assign_probas.capacity() * sizeof(double) + g.cum_nneighbor_per_level.capacity() * sizeof(int);
+    if (auto* s = dynamic_cast<const faiss::IndexFlatCodes*>(index->storage))
+      b += sizeof(faiss::IndexFlatCodes) + s->codes.capacity();
+  }
+  return b;
+}
+
+SubIndex deserialize_sub(const char* fetched, size_t len, const SubDesc& d, const MetaHeader& h,
+                         const std::string& what) {
+  const std::string who = what + ": sub " + num(d.id);
+  auto bad = [&](const std::string& place, const std::string& problem) -> std::runtime_error {
+    return std::runtime_error(who + ": " + place + ": " + problem);
+  };
+  const uint64_t need = fetch_range(d).second;
+  if (len < need)
+    throw bad("fetched buffer", "truncated: " + num(len) + " bytes, its fetch range (block " + num(d.block_bytes) +
+                                    " + overflow " + num(d.overflow_used) + ") is " + num(need) + " bytes");
+  if (h.dim == 0 || h.dim > 65536 || h.m < 2 || h.m > 4096)
+    throw bad("metadata header", "dimension " + num(h.dim) + " or M " + num(h.m) + " out of range");
+  if (d.count > static_cast<uint64_t>(std::numeric_limits<int32_t>::max()))
+    throw bad("descriptor", "count " + num(d.count) + " does not fit Faiss int32 ids");
+  const faiss::MetricType metric = faiss_metric(h.metric);
+  const uint64_t base = block_offset_in_fetch(d);  // block start inside `fetched`
+
+  // The descriptor's slots against the block.
+  for (uint32_t a = 0; a < kNumArrays; ++a) {
+    const ArraySlot& s = d.arrays[a];
+    const std::string place = std::string(array_name(a)) + " array at byte " + num(base + s.offset);
+    if (s.used > s.capacity) throw bad(place, "used " + num(s.used) + " bytes > capacity " + num(s.capacity));
+    if (s.offset > d.block_bytes || s.capacity > d.block_bytes - s.offset)
+      throw bad(place, "[" + num(s.offset) + ", +" + num(s.capacity) + ") outside the block of " +
+                           num(d.block_bytes) + " bytes");
+    if (s.used % element_bytes(a, h.dim) != 0)
+      throw bad(place, "used " + num(s.used) + " bytes is not a multiple of the element size " +
+                           num(element_bytes(a, h.dim)));
+  }
+
+  // Overflow records: parsed in increasing address order from the start of the used part.
+  std::vector<Record> records;
+  {
+    const uint64_t start = d.slot == 0 ? d.block_bytes : 0, end = start + d.overflow_used;
+    uint64_t p = start;
+    while (p < end) {
+      const std::string place = "overflow record at byte " + num(p);
+      if (end - p < sizeof(OverflowRecord))
+        throw bad(place, "truncated: " + num(end - p) + " bytes left of the overflow part, a record header is " +
+                             num(sizeof(OverflowRecord)));
+      OverflowRecord r;
+      std::memcpy(&r, fetched + p, sizeof r);
+      if (r.array >= kNumArrays) throw bad(place, "unknown array " + num(r.array));
+      if (r.reserved != 0) throw bad(place, "reserved word " + num(r.reserved) + " is not 0");
+      const uint64_t room = end - p - sizeof(OverflowRecord);
+      if (r.bytes > room)
+        throw bad(place, std::string(array_name(r.array)) + " payload of " + num(r.bytes) + " bytes, only " +
+                             num(room) + " left in the overflow part");
+      if (r.bytes % element_bytes(r.array, h.dim) != 0)
+        throw bad(place, std::string(array_name(r.array)) + " payload of " + num(r.bytes) +
+                             " bytes is not a multiple of the element size " + num(element_bytes(r.array, h.dim)));
+      const uint64_t rec = overflow_record_bytes(r.bytes);
+      if (rec > end - p)
+        throw bad(place, "the record's padding to " + num(rec) + " bytes runs past the end of the overflow part");
+      records.push_back({r.array, p + sizeof(OverflowRecord), r.bytes});
+      p += rec;
+    }
+    if (d.slot == 1) std::reverse(records.begin(), records.end());  // time order
+  }
+
+  uint64_t total[kNumArrays];
+  for (uint32_t a = 0; a < kNumArrays; ++a) total[a] = d.arrays[a].used;
+  for (const Record& r : records) total[r.array] += r.bytes;
+  // Byte `byte` of array `a` as assembled: where it is in `fetched`.
+  auto where = [&](uint32_t a, uint64_t byte) {
+    std::string place = std::string(array_name(a)) + " array at byte ";
+    if (byte < d.arrays[a].used) return place + num(base + d.arrays[a].offset + byte);
+    byte -= d.arrays[a].used;
+    for (const Record& r : records) {
+      if (r.array != a) continue;
+      if (byte < r.bytes) return place + num(r.payload + byte) + " (overflow)";
+      byte -= r.bytes;
+    }
+    return place + num(base + d.arrays[a].offset + d.arrays[a].used);
+  };
+  const uint64_t n = d.count;
+  const uint64_t expect[kNumArrays] = {n * 4, (n + 1) * 8, total[kNeighbors], n * h.dim * 4, n * 8};
+  for (uint32_t a = 0; a < kNumArrays; ++a)
+    if (total[a] != expect[a])
+      throw bad(where(a, std::min(total[a], expect[a])),
+                num(total[a]) + " bytes with overflow, expected " + num(expect[a]) + " for " + num(n) +
+                    " vectors of dimension " + num(h.dim));
+
+  SubIndex out;
+  out.id = d.id;
+  out.version = d.version;
+  out.index = std::make_unique<faiss::IndexHNSWFlat>(static_cast<int>(h.dim), static_cast<int>(h.m), metric);
+  faiss::IndexHNSWFlat& idx = *out.index;
+  auto* storage = dynamic_cast<faiss::IndexFlatCodes*>(idx.storage);
+  if (storage == nullptr) throw bad("faiss", "IndexHNSWFlat without flat storage");
+  faiss::HNSW& g = idx.hnsw;
+
+  auto gather = [&](auto& vec, uint32_t a) {
+    using T = typename std::remove_reference_t<decltype(vec)>::value_type;
+    vec.clear();
+    vec.reserve(static_cast<size_t>(total[a] / sizeof(T)));
+    append_bytes(vec, fetched + base + d.arrays[a].offset, d.arrays[a].used);
+    for (const Record& r : records)
+      if (r.array == a) append_bytes(vec, fetched + r.payload, r.bytes);
+  };
+  gather(g.levels, kLevels);
+  gather(g.offsets, kOffsets);
+  gather(g.neighbors, kNeighbors);
+  gather(storage->codes, kVectors);
+  gather(out.labels, kLabels);
+
+  check_graph(g, n, d.entry_point, d.max_level, [&](uint32_t a, uint64_t byte) { return who + ": " + where(a, byte); });
+  for (uint64_t i = 0; i < n; ++i)
+    if (out.labels[i] < 0)
+      throw bad(where(kLabels, i * 8), "label " + std::to_string(out.labels[i]) + " of node " + num(i) + " < 0");
+
+  g.entry_point = d.entry_point;
+  g.max_level = d.max_level;
+  g.efConstruction = static_cast<int>(h.ef_construction);
+  idx.ntotal = static_cast<faiss::Index::idx_t>(n);
+  storage->ntotal = static_cast<faiss::Index::idx_t>(n);
+  return out;
+}
+
+std::vector<char> serialize_meta(const faiss::IndexHNSWFlat& idx) {
+  faiss::VectorIOWriter w;
+  faiss::write_index(&idx, &w);
+  return std::vector<char>(w.data.begin(), w.data.end());
+}
+
+std::unique_ptr<faiss::IndexHNSWFlat> deserialize_meta(const char* data, size_t len, const std::string& what) {
+  faiss::VectorIOReader r;
+  r.data.assign(reinterpret_cast<const uint8_t*>(data), reinterpret_cast<const uint8_t*>(data) + len);
+  std::unique_ptr<faiss::Index> any;
+  try {
+    any.reset(faiss::read_index(&r));
+  } catch (const faiss::FaissException& e) {
+    throw std::runtime_error(what + ": meta-HNSW (" + num(len) + " bytes): Faiss cannot read it: " + e.what());
+  } catch (const std::exception& e) {
+    throw std::runtime_error(what + ": meta-HNSW (" + num(len) + " bytes): cannot read it: " + e.what());
+  }
+  auto* hnsw = dynamic_cast<faiss::IndexHNSWFlat*>(any.get());
+  if (hnsw == nullptr) throw std::runtime_error(what + ": meta-HNSW: the Faiss index is not an IndexHNSWFlat");
+  if (r.rp != len)
+    throw std::runtime_error(what + ": meta-HNSW: " + num(len - r.rp) + " unexpected bytes after the index at byte " +
+                             num(r.rp));
+  std::unique_ptr<faiss::IndexHNSWFlat> out(hnsw);
+  any.release();
+  // The graph must be searchable without reading out of bounds.
+  const faiss::HNSW& g = out->hnsw;
+  const uint64_t n = static_cast<uint64_t>(out->ntotal);
+  if (g.levels.size() != n || g.offsets.size() != n + 1 || out->storage == nullptr || out->storage->ntotal != out->ntotal)
+    throw std::runtime_error(what + ": meta-HNSW: " + num(n) + " vectors but inconsistent array sizes");
+  check_graph(g, n, g.entry_point, g.max_level,
+              [&](uint32_t a, uint64_t byte) { return what + ": meta-HNSW " + array_name(a) + " array at byte " + num(byte); });
+  return out;
+}
+
+}  // namespace dmhnsw::dhnsw

@@ -1,0 +1,65 @@
+#pragma once
+// Sub-HNSWs in remote memory: a Faiss IndexHNSWFlat (Faiss 1.7.3) written into the five
+// arrays of its block (common/dhnsw_layout.hpp) and rebuilt from the bytes of one
+// fetch_range() READ; the meta-HNSW as a Faiss index file inside the metadata block.
+//
+// Faiss members used: HNSW::levels (int, levels a node is in, >= 1), HNSW::offsets (size_t,
+// count + 1), HNSW::neighbors (int32, -1 = empty), HNSW::entry_point, HNSW::max_level, and the
+// IndexFlatCodes storage's `codes` (the float vectors, 4 * dim bytes each). Faiss ids inside a
+// sub-HNSW are local (0..count-1); SubIndex::labels maps them to global ids.
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <faiss/IndexHNSW.h>
+
+#include "common/dhnsw_layout.hpp"
+
+namespace dmhnsw::dhnsw {
+
+/// The used sizes of `idx`'s arrays (count = ntotal, neighbour entries = offsets[ntotal]).
+SubShape shape_of(const faiss::IndexHNSWFlat& idx);
+
+/// Writes `idx` (with `labels`: one global id per vector, idx.ntotal of them) into `block`,
+/// which holds d.block_bytes bytes: each array at d.arrays[a].offset, its internal gap (and
+/// any byte of the block outside the arrays) zeroed. The used sizes in `d` must be those of
+/// shape_of(idx) (std::invalid_argument otherwise). Does not write overflow records.
+void serialize_sub(const faiss::IndexHNSWFlat& idx, const int64_t* labels, const SubDesc& d, char* block);
+
+/// A sub-HNSW rebuilt in local memory.
+struct SubIndex {
+  uint32_t id = 0;
+  uint64_t version = 0;  // SubDesc::version it was read at
+  std::unique_ptr<faiss::IndexHNSWFlat> index;
+  std::vector<int64_t> labels;  // global id of each local Faiss id
+  /// Heap bytes held (graph, vectors, labels): what a cache of SubIndexes accounts.
+  size_t memory_bytes() const;
+};
+
+/// Rebuilds sub `d` from `fetched`, the `len` bytes of region range fetch_range(d) (extra
+/// bytes beyond it are ignored; fewer are refused). Checks the descriptor against the buffer
+/// (every array's used <= capacity and inside the block), parses and applies the overflow
+/// records (see the layout header: read in increasing address order from the start of the used
+/// part; applied in time order, i.e. address order for slot 0, reverse address order for slot
+/// 1), then checks the assembled arrays: levels count == d.count, offsets count + 1 entries,
+/// monotone, offsets[0] == 0 and offsets[count] == neighbour entries, each node's neighbour
+/// range matching Faiss's size for its level, levels in 1..max_level + 1, neighbour ids in
+/// -1..count-1, the entry point a node of level max_level + 1, vectors dim * count floats,
+/// labels count entries. Dimension, M, metric and efConstruction come from `h`. Throws
+/// std::runtime_error naming `what`, the array and the byte offset (in `fetched`) on bad data.
+/// Copies: one per array (into Faiss's std::vectors), plus the overflow payloads.
+SubIndex deserialize_sub(const char* fetched, size_t len, const SubDesc& d, const MetaHeader& h,
+                         const std::string& what);
+
+/// The meta-HNSW as a Faiss index file (faiss::write_index into memory).
+std::vector<char> serialize_meta(const faiss::IndexHNSWFlat& idx);
+/// Reads a meta-HNSW written by serialize_meta. Faiss errors (and an index of another type)
+/// are rethrown as std::runtime_error naming `what`.
+std::unique_ptr<faiss::IndexHNSWFlat> deserialize_meta(const char* data, size_t len, const std::string& what);
+
+/// The Faiss metric of a MetricCode byte (0 L2, 1 inner product); std::runtime_error otherwise.
+faiss::MetricType faiss_metric(uint8_t metric_code);
+
+}  // namespace dmhnsw::dhnsw

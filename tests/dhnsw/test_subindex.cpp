@@ -1,0 +1,542 @@
+// Sub-HNSW (de)serialization (compute/dhnsw/subindex.hpp) and the index build
+// (compute/dhnsw/build.hpp): a Faiss IndexHNSWFlat written into a region per the layout, read
+// back with a LocalFabric READ of its fetch range, searched with identical results; corrupted
+// and truncated buffers refused naming the array and the byte; overflow records applied; the
+// meta-HNSW round trip; a whole build validated and searched.
+#include <catch2/catch.hpp>
+
+#include <faiss/IndexFlatCodes.h>
+#include <faiss/IndexHNSW.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <memory>
+#include <random>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "../common/test_util.hpp"
+#include "common/fabric/local_fabric.hpp"
+#include "common/region.hpp"
+#include "compute/dhnsw/build.hpp"
+#include "compute/dhnsw/subindex.hpp"
+#include "memory/image.hpp"
+
+using namespace dmhnsw;
+using namespace dmhnsw::dhnsw;
+using Catch::Contains;
+using idx_t = faiss::Index::idx_t;
+
+namespace {
+
+constexpr uint32_t kDim = 16;
+
+std::vector<float> random_vectors(size_t n, uint32_t dim, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  std::vector<float> v(n * dim);
+  for (float& x : v) x = u(rng);
+  return v;
+}
+
+struct Source {
+  std::vector<float> data;
+  std::unique_ptr<faiss::IndexHNSWFlat> index;
+  std::vector<int64_t> labels;
+};
+
+Source make_source(size_t n, int m, uint64_t seed, int64_t label_base,
+                   faiss::MetricType metric = faiss::METRIC_L2) {
+  Source s;
+  s.data = random_vectors(n, kDim, seed);
+  s.index = std::make_unique<faiss::IndexHNSWFlat>(static_cast<int>(kDim), m, metric);
+  s.index->hnsw.efConstruction = 40;
+  s.index->add(static_cast<idx_t>(n), s.data.data());
+  for (size_t i = 0; i < n; ++i) s.labels.push_back(label_base + static_cast<int64_t>(i) * 3);
+  return s;
+}
+
+MetaHeader header_for(const RegionPlan& plan, uint32_t m, uint8_t metric, uint32_t memnodes = 1) {
+  MetaHeader h{};
+  h.dim = kDim;
+  h.metric = metric;
+  h.num_memnodes = memnodes;
+  h.m = m;
+  h.ef_construction = 40;
+  h.meta_m = 8;
+  std::vector<char> block = encode_metadata(h, plan.subs, nullptr, 0);
+  MetaHeader out;
+  std::memcpy(&out, block.data(), sizeof out);
+  return out;
+}
+
+/// Searches both indexes with the same efSearch; ids compared as global labels.
+void check_same_search(faiss::IndexHNSWFlat& a, const std::vector<int64_t>& la, faiss::IndexHNSWFlat& b,
+                       const std::vector<int64_t>& lb, size_t nq = 100, int k = 10) {
+  const std::vector<float> q = random_vectors(nq, kDim, 4242);
+  a.hnsw.efSearch = 64;
+  b.hnsw.efSearch = 64;
+  std::vector<float> da(nq * k), db(nq * k);
+  std::vector<idx_t> ia(nq * k), ib(nq * k);
+  a.search(static_cast<idx_t>(nq), q.data(), k, da.data(), ia.data());
+  b.search(static_cast<idx_t>(nq), q.data(), k, db.data(), ib.data());
+  size_t same_ids = 0, same_d = 0;
+  for (size_t j = 0; j < nq * static_cast<size_t>(k); ++j) {
+    const int64_t ga = ia[j] < 0 ? -1 : la[static_cast<size_t>(ia[j])];
+    const int64_t gb = ib[j] < 0 ? -1 : lb[static_cast<size_t>(ib[j])];
+    same_ids += ga == gb;
+    same_d += da[j] == db[j];
+  }
+  CHECK(same_ids == nq * static_cast<size_t>(k));
+  CHECK(same_d == nq * static_cast<size_t>(k));
+}
+
+std::vector<char> fetch(fabric::Endpoint& ep, const SubDesc& d) {
+  auto [off, len] = fetch_range(d);
+  std::vector<char> buf(len);
+  ep.read(RemotePtr(d.memnode, off), buf.data(), len);
+  return buf;
+}
+
+/// Two subs in one group (A slot 0, B slot 1) serialized into a LocalFabric region.
+struct Fixture {
+  Source a = make_source(2000, 16, 1, 1000000);
+  Source b = make_source(1500, 16, 2, 5000000);
+  RegionPlan plan;
+  MetaHeader h{};
+  std::shared_ptr<fabric::LocalCluster> cluster;
+  std::unique_ptr<fabric::Endpoint> ep;
+
+  Fixture() {
+    std::vector<SubShape> shapes{shape_of(*a.index), shape_of(*b.index)};
+    plan = plan_region(shapes, 1, 0, LayoutParams{});
+    plan.subs[0].entry_point = a.index->hnsw.entry_point;
+    plan.subs[0].max_level = a.index->hnsw.max_level;
+    plan.subs[1].entry_point = b.index->hnsw.entry_point;
+    plan.subs[1].max_level = b.index->hnsw.max_level;
+    h = header_for(plan, 16, 0);
+    cluster = fabric::LocalCluster::create(1, plan.data_end[0]);
+    ep = cluster->make_endpoint(8u << 20);
+    char* region = cluster->region(0);
+    std::memset(region + plan.subs[0].group_offset, 0x5A, plan.subs[0].group_bytes);  // serialize must zero gaps
+    serialize_sub(*a.index, a.labels.data(), plan.subs[0], region + plan.subs[0].block_offset);
+    serialize_sub(*b.index, b.labels.data(), plan.subs[1], region + plan.subs[1].block_offset);
+    std::memset(region + plan.subs[0].overflow_offset, 0, plan.subs[0].overflow_bytes);
+  }
+};
+
+std::string refusal(const std::vector<char>& buf, size_t len, const SubDesc& d, const MetaHeader& h) {
+  try {
+    deserialize_sub(buf.data(), len, d, h, "test sub");
+  } catch (const std::runtime_error& e) {
+    return e.what();
+  }
+  return "accepted";
+}
+
+/// Moves the last `tail` vectors of a serialized sub into overflow records (two records per
+/// array, interleaved, written in time order), scribbles over the freed internal bytes and
+/// returns the updated descriptor.
+SubDesc move_tail_to_overflow(char* region, SubDesc d, const Source& s, uint64_t tail) {
+  const faiss::HNSW& g = s.index->hnsw;
+  const auto* storage = dynamic_cast<const faiss::IndexFlatCodes*>(s.index->storage);
+  REQUIRE(storage != nullptr);
+  const uint64_t n = d.count, first = n - tail, half = first + tail / 2;
+  struct Piece {
+    uint32_t array;
+    const char* src;
+    uint64_t bytes;
+  };
+  auto pieces_of = [&](uint64_t lo, uint64_t hi) {  // nodes [lo, hi)
+    return std::vector<Piece>{
+        {kLevels, reinterpret_cast<const char*>(g.levels.data() + lo), (hi - lo) * 4},
+        {kVectors, reinterpret_cast<const char*>(storage->codes.data() + lo * kDim * 4), (hi - lo) * kDim * 4},
+        {kOffsets, reinterpret_cast<const char*>(g.offsets.data() + lo + 1), (hi - lo) * 8},
+        {kNeighbors, reinterpret_cast<const char*>(g.neighbors.data() + g.offsets[lo]),
+         (g.offsets[hi] - g.offsets[lo]) * 4},
+        {kLabels, reinterpret_cast<const char*>(s.labels.data() + lo), (hi - lo) * 8},
+    };
+  };
+  std::vector<Piece> records = pieces_of(first, half);
+  for (const Piece& p : pieces_of(half, n)) records.push_back(p);
+  for (const Piece& p : records) {
+    const uint64_t rb = overflow_record_bytes(p.bytes);
+    REQUIRE(overflow_free(d, nullptr) >= rb);
+    const uint64_t off = next_overflow_record_offset(d, rb);
+    OverflowRecord r{p.array, 0, p.bytes};
+    std::memset(region + off, 0, rb);
+    std::memcpy(region + off, &r, sizeof r);
+    std::memcpy(region + off + sizeof r, p.src, p.bytes);
+    d.overflow_used += rb;
+  }
+  // The internal arrays lose their tails; the freed bytes become garbage the reader must ignore.
+  const uint64_t cut[kNumArrays] = {tail * 4, tail * 8, (g.offsets[n] - g.offsets[first]) * 4, tail * kDim * 4,
+                                    tail * 8};
+  for (uint32_t a = 0; a < kNumArrays; ++a) {
+    d.arrays[a].used -= cut[a];
+    std::memset(region + d.block_offset + d.arrays[a].offset + d.arrays[a].used, 0xAB,
+                d.arrays[a].capacity - d.arrays[a].used);
+  }
+  return d;
+}
+
+}  // namespace
+
+TEST_CASE("subindex: a sub-HNSW read back through LocalFabric searches identically (both slots)",
+          "[dhnsw][subindex]") {
+  Fixture f;
+  for (int slot = 0; slot < 2; ++slot) {
+    const SubDesc& d = f.plan.subs[slot];
+    Source& src = slot == 0 ? f.a : f.b;
+    REQUIRE(d.slot == slot);
+    std::vector<char> buf = fetch(*f.ep, d);
+    // The gap bytes of the block were zeroed by serialize_sub.
+    const ArraySlot& lv = d.arrays[kLevels];
+    for (uint64_t i = lv.used; i < lv.capacity; ++i) REQUIRE(buf[lv.offset + i] == 0);
+    SubIndex s = deserialize_sub(buf.data(), buf.size(), d, f.h, "test sub");
+    CHECK(s.id == d.id);
+    CHECK(s.labels == src.labels);
+    CHECK(s.index->ntotal == src.index->ntotal);
+    CHECK(s.index->storage->ntotal == src.index->ntotal);
+    CHECK(s.index->hnsw.entry_point == src.index->hnsw.entry_point);
+    CHECK(s.index->hnsw.max_level == src.index->hnsw.max_level);
+    CHECK(s.index->hnsw.levels == src.index->hnsw.levels);
+    CHECK(s.index->hnsw.offsets == src.index->hnsw.offsets);
+    CHECK(s.index->hnsw.efConstruction == 40);
+    CHECK(s.memory_bytes() > src.data.size() * sizeof(float));
+    check_same_search(*src.index, src.labels, *s.index, s.labels);
+  }
+}
+
+TEST_CASE("subindex: inner-product sub-HNSW round trip", "[dhnsw][subindex]") {
+  Source src = make_source(500, 8, 7, 0, faiss::METRIC_INNER_PRODUCT);
+  RegionPlan plan = plan_region(std::vector<SubShape>{shape_of(*src.index)}, 1, 0, LayoutParams{0.0, 0.0});
+  SubDesc& d = plan.subs[0];
+  d.entry_point = src.index->hnsw.entry_point;
+  d.max_level = src.index->hnsw.max_level;
+  MetaHeader h = header_for(plan, 8, 1);
+  std::vector<char> block(d.block_bytes);
+  serialize_sub(*src.index, src.labels.data(), d, block.data());
+  SubIndex s = deserialize_sub(block.data(), block.size(), d, h, "ip sub");
+  CHECK(s.index->metric_type == faiss::METRIC_INNER_PRODUCT);
+  check_same_search(*src.index, src.labels, *s.index, s.labels, 50);
+}
+
+TEST_CASE("subindex: serialize_sub refuses a descriptor that does not fit the index", "[dhnsw][subindex]") {
+  Source src = make_source(100, 8, 3, 0);
+  RegionPlan plan = plan_region(std::vector<SubShape>{SubShape{99, shape_of(*src.index).neighbor_entries, kDim}}, 1, 0,
+                                LayoutParams{});
+  std::vector<char> block(plan.subs[0].block_bytes);
+  CHECK_THROWS_AS(serialize_sub(*src.index, src.labels.data(), plan.subs[0], block.data()), std::invalid_argument);
+}
+
+TEST_CASE("subindex: truncated and corrupted buffers are refused naming the array and byte", "[dhnsw][subindex]") {
+  Fixture f;
+  const SubDesc d0 = f.plan.subs[1];  // slot 1: the block starts at block_offset_in_fetch
+  const std::vector<char> good = fetch(*f.ep, d0);
+  const uint64_t base = block_offset_in_fetch(d0);
+  std::vector<char> buf = good;
+  SubDesc d = d0;
+  auto at = [&](uint32_t a, uint64_t byte) { return std::to_string(base + d.arrays[a].offset + byte); };
+  auto put32 = [&](uint32_t a, uint64_t index, int32_t v) {
+    std::memcpy(buf.data() + base + d.arrays[a].offset + index * 4, &v, 4);
+  };
+
+  SECTION("truncated fetch") {
+    CHECK_THAT(refusal(buf, buf.size() - 1, d, f.h), Contains("test sub: sub 1: fetched buffer: truncated"));
+  }
+  SECTION("levels: a level beyond max_level + 1") {
+    put32(kLevels, 5, 99);
+    CHECK_THAT(refusal(buf, buf.size(), d, f.h), Contains("levels array at byte " + at(kLevels, 20)));
+  }
+  SECTION("offsets: not matching the node's level") {
+    uint64_t v;
+    std::memcpy(&v, buf.data() + base + d.arrays[kOffsets].offset + 80, 8);
+    v += 1;
+    std::memcpy(buf.data() + base + d.arrays[kOffsets].offset + 80, &v, 8);
+    CHECK_THAT(refusal(buf, buf.size(), d, f.h), Contains("offsets array at byte " + at(kOffsets, 80)));
+  }
+  SECTION("neighbors: an id beyond the sub") {
+    put32(kNeighbors, 7, static_cast<int32_t>(d.count + 5));
+    const std::string msg = refusal(buf, buf.size(), d, f.h);
+    CHECK_THAT(msg, Contains("neighbors array at byte " + at(kNeighbors, 28)));
+    CHECK_THAT(msg, Contains("neighbour id " + std::to_string(d.count + 5)));
+  }
+  SECTION("neighbors: used beyond capacity") {
+    d.arrays[kNeighbors].used = d.arrays[kNeighbors].capacity + 4;
+    const std::string msg = refusal(buf, buf.size(), d, f.h);
+    CHECK_THAT(msg, Contains("neighbors array at byte " + at(kNeighbors, 0)));
+    CHECK_THAT(msg, Contains("capacity"));
+  }
+  SECTION("vectors: a size that is no whole number of vectors") {
+    d.arrays[kVectors].used -= 4;
+    const std::string msg = refusal(buf, buf.size(), d, f.h);
+    CHECK_THAT(msg, Contains("vectors array at byte " + at(kVectors, 0)));
+    CHECK_THAT(msg, Contains("element size 64"));
+  }
+  SECTION("vectors: fewer vectors than the count") {
+    d.arrays[kVectors].used -= 64;
+    CHECK_THAT(refusal(buf, buf.size(), d, f.h), Contains("vectors array at byte"));
+  }
+  SECTION("labels: a negative label") {
+    int64_t bad = -7;
+    std::memcpy(buf.data() + base + d.arrays[kLabels].offset + 24, &bad, 8);
+    CHECK_THAT(refusal(buf, buf.size(), d, f.h), Contains("labels array at byte " + at(kLabels, 24)));
+  }
+  SECTION("labels: an array outside the block") {
+    d.arrays[kLabels].offset = d.block_bytes - 64;
+    CHECK_THAT(refusal(buf, buf.size(), d, f.h), Contains("labels array at byte"));
+  }
+  SECTION("count disagreeing with the arrays") {
+    d.count += 1;
+    CHECK_THAT(refusal(buf, buf.size(), d, f.h), Contains("levels array at byte"));
+  }
+  SECTION("entry point not a top-level node") {
+    d.entry_point = d.entry_point == 0 ? 1 : 0;
+    if (f.b.index->hnsw.levels[static_cast<size_t>(d.entry_point)] == d.max_level + 1) d.entry_point += 1;
+    CHECK_THAT(refusal(buf, buf.size(), d, f.h), Contains("entry point"));
+  }
+  SECTION("unknown metric") {
+    MetaHeader h = f.h;
+    h.metric = 9;
+    CHECK_THAT(refusal(buf, buf.size(), d, h), Contains("metric"));
+  }
+  SECTION("the untouched buffer is accepted") { CHECK(refusal(buf, buf.size(), d, f.h) == "accepted"); }
+}
+
+TEST_CASE("subindex: overflow records after slot 0 and before slot 1 are applied in time order",
+          "[dhnsw][subindex]") {
+  Fixture f;
+  char* region = f.cluster->region(0);
+  SubDesc a = move_tail_to_overflow(region, f.plan.subs[0], f.a, 57);
+  SubDesc b = move_tail_to_overflow(region, f.plan.subs[1], f.b, 41);
+  REQUIRE(a.overflow_used > 0);
+  REQUIRE(b.overflow_used > 0);
+  CHECK(overflow_free(a, &b) == a.overflow_bytes - a.overflow_used - b.overflow_used);
+  // Both descriptors still validate as a pair.
+  std::vector<SubDesc> subs{a, b};
+  CHECK_NOTHROW(validate_metadata(f.h, subs, f.plan.data_end[0], 0, "overflow"));
+
+  for (int slot = 0; slot < 2; ++slot) {
+    const SubDesc& d = slot == 0 ? a : b;
+    Source& src = slot == 0 ? f.a : f.b;
+    std::vector<char> buf = fetch(*f.ep, d);
+    CHECK(buf.size() == d.block_bytes + d.overflow_used);
+    SubIndex s = deserialize_sub(buf.data(), buf.size(), d, f.h, "overflow sub");
+    CHECK(s.labels == src.labels);
+    CHECK(s.index->hnsw.levels == src.index->hnsw.levels);
+    CHECK(s.index->hnsw.offsets == src.index->hnsw.offsets);
+    CHECK(s.index->hnsw.neighbors == std::vector<int32_t>(src.index->hnsw.neighbors.begin(),
+                                                          src.index->hnsw.neighbors.begin() +
+                                                              static_cast<ptrdiff_t>(src.index->hnsw.offsets.back())));
+    check_same_search(*src.index, src.labels, *s.index, s.labels);
+  }
+
+  SECTION("malformed records are refused") {
+    std::vector<char> buf = fetch(*f.ep, a);
+    const uint64_t first = a.block_bytes;  // slot 0: the records follow the block
+    auto corrupt = [&](size_t field_off, const void* v, size_t n) {
+      std::vector<char> c = buf;
+      std::memcpy(c.data() + first + field_off, v, n);
+      return refusal(c, c.size(), a, f.h);
+    };
+    const uint32_t nine = 9, one = 1;
+    const uint64_t huge = 1ull << 40, odd = 6;
+    CHECK_THAT(corrupt(0, &nine, 4), Contains("overflow record at byte " + std::to_string(first)) &&
+                                         Contains("unknown array 9"));
+    CHECK_THAT(corrupt(4, &one, 4), Contains("reserved word"));
+    CHECK_THAT(corrupt(8, &huge, 8), Contains("overflow record at byte " + std::to_string(first)) &&
+                                         Contains("left in the overflow part"));
+    CHECK_THAT(corrupt(8, &odd, 8), Contains("not a multiple of the element size"));
+    SubDesc cut = a;
+    cut.overflow_used -= 64;  // the last record no longer fits
+    CHECK_THAT(refusal(buf, buf.size() - 64, cut, f.h), Contains("overflow record at byte"));
+    // Slot 1: the first record (lowest address) starts the fetched buffer.
+    std::vector<char> bb = fetch(*f.ep, b);
+    std::memcpy(bb.data(), &nine, 4);
+    CHECK_THAT(refusal(bb, bb.size(), b, f.h), Contains("overflow record at byte 0: unknown array 9"));
+  }
+}
+
+TEST_CASE("subindex: meta-HNSW serialize/deserialize round trip", "[dhnsw][subindex]") {
+  const std::vector<float> centroids = random_vectors(64, kDim, 99);
+  faiss::IndexHNSWFlat meta(static_cast<int>(kDim), 8);
+  meta.add(64, centroids.data());
+  const std::vector<char> bytes = serialize_meta(meta);
+  REQUIRE(bytes.size() > 64 * kDim * 4);
+  auto back = deserialize_meta(bytes.data(), bytes.size(), "meta test");
+  REQUIRE(back);
+  CHECK(back->ntotal == 64);
+  std::vector<int64_t> ids(64);
+  for (int i = 0; i < 64; ++i) ids[static_cast<size_t>(i)] = i;
+  check_same_search(meta, ids, *back, ids, 50, 5);
+
+  CHECK_THROWS_WITH(deserialize_meta(bytes.data(), bytes.size() / 2, "meta test"), Contains("meta test: meta-HNSW"));
+  std::vector<char> garbage(bytes.size(), 'z');
+  CHECK_THROWS_WITH(deserialize_meta(garbage.data(), garbage.size(), "meta test"), Contains("meta test: meta-HNSW"));
+  std::vector<char> longer = bytes;
+  longer.resize(bytes.size() + 16);
+  CHECK_THROWS_WITH(deserialize_meta(longer.data(), longer.size(), "meta test"), Contains("unexpected bytes"));
+}
+
+TEST_CASE("build: 8 partitions on 2 memnodes validate, hold every vector once, recall@10 >= 0.95",
+          "[dhnsw][build]") {
+  // Gaussian mixture: 5000 x 16, 12 clusters.
+  const size_t n = 5000;
+  std::mt19937_64 rng(17);
+  std::normal_distribution<float> gauss(0.0f, 1.0f);
+  std::uniform_real_distribution<float> u(-6.0f, 6.0f);
+  std::vector<float> centers(12 * kDim);
+  for (float& c : centers) c = u(rng);
+  std::vector<float> data(n * kDim);
+  for (size_t i = 0; i < n; ++i) {
+    const size_t c = rng() % 12;
+    for (uint32_t j = 0; j < kDim; ++j) data[i * kDim + j] = centers[c * kDim + j] + gauss(rng);
+  }
+  BuildOptions o;
+  o.partitions = 8;
+  o.m = 16;
+  o.ef_construction = 64;
+  o.meta_m = 8;
+  o.memnodes = 2;
+  o.threads = 2;
+  const BuiltIndex built = build_index(data.data(), n, kDim, Metric::L2, o);
+  REQUIRE(built.regions.size() == 2);
+  REQUIRE(built.subs.size() == 8);
+  REQUIRE(built.partition_sizes.size() == 8);
+  uint64_t total = 0;
+  for (uint64_t s : built.partition_sizes) total += s;
+  CHECK(total == n);
+  CHECK(built.header.num_vectors == n);
+  CHECK(built.report()["partitions"]["count"] == 8);
+
+  std::vector<Metadata> md;
+  for (uint32_t m = 0; m < 2; ++m) {
+    const std::vector<char>& r = built.regions[m];
+    RegionHeader rh;
+    std::memcpy(&rh, r.data(), sizeof rh);
+    REQUIRE_NOTHROW(validate_region_header(rh, "region"));
+    CHECK(rh.mode == static_cast<uint8_t>(fabric::Mode::Dhnsw));
+    CHECK(rh.memnode_id == m);
+    CHECK(rh.memnode_count == 2);
+    CHECK(rh.dim == kDim);
+    CHECK(rh.metric == static_cast<uint8_t>(MetricCode::L2));
+    CHECK(rh.region_size == built.region_bytes[m]);
+    CHECK(rh.data_offset == kMetadataOffset);
+    CHECK(rh.scratch_offset == r.size());
+    CHECK(rh.scratch_size == kScratchBytes);
+    CHECK(rh.region_size == r.size() + kScratchBytes);
+    CHECK(rh.mode_words[dhnsw_word::kMetadataOffset] == kMetadataOffset);
+    CHECK(rh.mode_words[dhnsw_word::kMetadataSize] == built.header.block_bytes);
+    CHECK(rh.mode_words[dhnsw_word::kDataEnd] == r.size());
+    md.push_back(decode_metadata(r.data() + kMetadataOffset, built.header.block_bytes, rh.region_size, m, "region"));
+    CHECK(std::memcmp(md.back().subs.data(), built.subs.data(), 8 * sizeof(SubDesc)) == 0);
+  }
+  CHECK(md[0].meta_index == md[1].meta_index);
+  auto meta = deserialize_meta(md[0].meta_index.data(), md[0].meta_index.size(), "meta");
+  CHECK(meta->ntotal == 8);
+
+  // Every vector in exactly one sub, with its global label and its own vector.
+  std::vector<int> seen(n, 0);
+  std::vector<SubIndex> subs;
+  for (const SubDesc& d : built.subs) {
+    CHECK(d.memnode == (d.group % 2));
+    CHECK(d.count == built.partition_sizes[d.id]);
+    const std::vector<char>& r = built.regions[d.memnode];
+    auto [off, len] = fetch_range(d);
+    REQUIRE(off + len <= r.size());
+    subs.push_back(deserialize_sub(r.data() + off, len, d, md[0].header, "sub " + std::to_string(d.id)));
+    const SubIndex& s = subs.back();
+    const auto* storage = dynamic_cast<const faiss::IndexFlatCodes*>(s.index->storage);
+    REQUIRE(storage != nullptr);
+    for (size_t j = 0; j < s.labels.size(); ++j) {
+      const int64_t g = s.labels[j];
+      REQUIRE(g >= 0);
+      REQUIRE(static_cast<size_t>(g) < n);
+      ++seen[static_cast<size_t>(g)];
+      CHECK(std::memcmp(storage->codes.data() + j * kDim * 4, data.data() + static_cast<size_t>(g) * kDim,
+                        kDim * 4) == 0);
+    }
+  }
+  CHECK(std::count(seen.begin(), seen.end(), 1) == static_cast<ptrdiff_t>(n));
+
+  // Recall@10 of all partitions probed against brute force.
+  const size_t nq = 100, k = 10;
+  std::uniform_int_distribution<size_t> pick(0, n - 1);
+  std::vector<float> queries(nq * kDim);
+  for (size_t qi = 0; qi < nq; ++qi) {
+    const size_t base = pick(rng);
+    for (uint32_t j = 0; j < kDim; ++j) queries[qi * kDim + j] = data[base * kDim + j] + 0.3f * gauss(rng);
+  }
+  std::vector<std::vector<std::pair<float, int64_t>>> found(nq);
+  for (SubIndex& s : subs) {  // one batch of all queries per sub
+    s.index->hnsw.efSearch = 64;
+    std::vector<float> dist(nq * k);
+    std::vector<idx_t> ids(nq * k);
+    s.index->search(static_cast<idx_t>(nq), queries.data(), static_cast<idx_t>(k), dist.data(), ids.data());
+    for (size_t qi = 0; qi < nq; ++qi)
+      for (size_t j = 0; j < k; ++j)
+        if (ids[qi * k + j] >= 0)
+          found[qi].emplace_back(dist[qi * k + j], s.labels[static_cast<size_t>(ids[qi * k + j])]);
+  }
+  size_t hits = 0;
+  for (size_t qi = 0; qi < nq; ++qi) {
+    const float* q = queries.data() + qi * kDim;
+    std::vector<std::pair<float, int64_t>> exact;
+    for (size_t i = 0; i < n; ++i) {
+      float dd = 0;
+      for (uint32_t j = 0; j < kDim; ++j) dd += (data[i * kDim + j] - q[j]) * (data[i * kDim + j] - q[j]);
+      exact.emplace_back(dd, static_cast<int64_t>(i));
+    }
+    std::partial_sort(exact.begin(), exact.begin() + k, exact.end());
+    REQUIRE(found[qi].size() >= k);
+    std::partial_sort(found[qi].begin(), found[qi].begin() + k, found[qi].end());
+    std::set<int64_t> truth;
+    for (size_t j = 0; j < k; ++j) truth.insert(exact[j].second);
+    for (size_t j = 0; j < k; ++j) hits += truth.count(found[qi][j].second);
+  }
+  const double recall = static_cast<double>(hits) / (nq * k);
+  INFO("recall@10 " << recall);
+  CHECK(recall >= 0.95);
+
+  // Images: one per memnode, OUT.<id>, loadable by that memnode.
+  test::TempDir dir;
+  const std::string out = dir.file("index.img");
+  const auto infos = write_images(built, out);
+  REQUIRE(infos.size() == 2);
+  for (uint32_t m = 0; m < 2; ++m) {
+    CHECK(infos[m].path == out + "." + std::to_string(m));
+    CHECK(std::filesystem::exists(infos[m].path));
+    const memory::ImageHeader ih = memory::read_image_header(infos[m].path);
+    CHECK(ih.used_bytes == built.regions[m].size());
+    CHECK(ih.region_size == built.region_bytes[m]);
+    std::vector<char> region(ih.region_size, 0);
+    memory::load_image(infos[m].path, region.data(), region.size(), static_cast<uint16_t>(m));
+    CHECK(std::memcmp(region.data(), built.regions[m].data(), built.regions[m].size()) == 0);
+  }
+  CHECK(image_path("x.img", 0, 1) == "x.img");
+  CHECK(image_path("x.img", 3, 4) == "x.img.3");
+}
+
+TEST_CASE("build: bad options are refused naming the option", "[dhnsw][build]") {
+  const std::vector<float> data = random_vectors(100, kDim, 5);
+  BuildOptions o;
+  o.partitions = 4;
+  o.m = 1;
+  CHECK_THROWS_WITH(build_index(data.data(), 100, kDim, Metric::L2, o), Contains("--m"));
+  o.m = 8;
+  o.partitions = 101;
+  CHECK_THROWS_WITH(build_index(data.data(), 100, kDim, Metric::L2, o), Contains("--partitions"));
+  o.partitions = 4;
+  o.memnodes = 0;
+  CHECK_THROWS_WITH(build_index(data.data(), 100, kDim, Metric::L2, o), Contains("--memnodes"));
+  o.memnodes = 1;
+  o.layout.overflow_gap = -1;
+  CHECK_THROWS_WITH(build_index(data.data(), 100, kDim, Metric::L2, o), Contains("--overflow-gap"));
+  CHECK(resolve_partitions(0, 10000) == 100);
+  CHECK(resolve_partitions(0, 1) == 1);
+  CHECK(resolve_partitions(7, 10000) == 7);
+}

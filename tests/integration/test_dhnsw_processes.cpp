@@ -1,0 +1,143 @@
+// d-HNSW across real processes: tools/dhnsw-build writes one image per memnode, memnodes
+// serve them with --load, computenodes query them on shm and tcp (full pipeline and the
+// ablation switches give the same answers); a memnode killed mid-query fails the run fast.
+#include <catch2/catch.hpp>
+
+#include <nlohmann/json.hpp>
+
+#include "proc.hpp"
+
+using namespace dmhnsw::testing;
+using Catch::Contains;
+using std::chrono::seconds;
+
+namespace {
+
+std::vector<std::string> cn(const std::string& provider, const std::string& memnodes, int id, int k,
+                            std::vector<std::string> rest) {
+  std::vector<std::string> a{bin("computenode"), "--mode", "dhnsw", "--provider", provider, "--memnodes", memnodes,
+                             "--cn-id", std::to_string(id), "--num-cns", std::to_string(k), "query"};
+  a.insert(a.end(), rest.begin(), rest.end());
+  return a;
+}
+
+nlohmann::json load(const std::string& path) {
+  std::ifstream in(path);
+  REQUIRE(in.good());
+  return nlohmann::json::parse(in);
+}
+
+/// SmallData plus a d-HNSW image of it over 2 memnodes (8 partitions).
+struct Built {
+  SmallData d;
+  std::string img, build_json;
+  Built() {
+    img = d.dir.file("idx.img");
+    build_json = d.dir.file("build.json");
+    auto r = run({bin("dhnsw-build"), "--data", d.base, "--partitions", "8", "--m", "16", "--ef-construction", "80",
+                  "--memnodes", "2", "--out", img, "--json", build_json},
+                 d.dir, "dhnsw-build", seconds(300));
+    if (r.code != 0) throw std::runtime_error("dhnsw-build failed:\n" + r.output);
+  }
+  std::string image(int id) const { return img + "." + std::to_string(id); }
+};
+
+}  // namespace
+
+TEST_CASE("dhnsw: 2 computenodes query an index built by dhnsw-build over 2 memnodes (shm, tcp)",
+          "[integration][dhnsw]") {
+  Built b;
+  auto br = load(b.build_json);
+  INFO(br.dump());
+  for (std::string provider : {"shm", "tcp"}) {
+    DYNAMIC_SECTION(provider) {
+      TempDir dir;
+      Memnode m0(dir, 0, provider, "127.0.0.1:0", {"--load", b.image(0)});
+      Memnode m1(dir, 1, provider, "127.0.0.1:0", {"--load", b.image(1)});
+      std::string mns = m0.address + "," + m1.address;
+      std::string rep = dir.file("q.json");
+      std::vector<std::string> common{"--workload", b.d.wl, "--k", "10", "--batch", "64", "--probe", "3",
+                                      "--ef-search", "16,64"};
+      auto a0 = common, a1 = common;
+      a0.insert(a0.end(), {"--report", rep});
+      Proc q0(cn(provider, mns, 0, 2, a0), dir.file("q0.log"));
+      Proc q1(cn(provider, mns, 1, 2, a1), dir.file("q1.log"));
+      int c0 = q0.wait(seconds(300)), c1 = q1.wait(seconds(300));
+      INFO(q0.output() << q1.output() << m0.proc->output());
+      REQUIRE(c0 == 0);
+      REQUIRE(c1 == 0);
+      CHECK_THAT(q0.output(), Contains("R@10") && Contains("pipelined"));
+      auto r = load(rep);
+      REQUIRE(r["runs"].size() == 2);
+      CHECK(r["mode"] == "dhnsw");
+      CHECK(r["index"]["partitions"] == 8);
+      for (auto& run : r["runs"]) {
+        CHECK(run["queries"] == 400);
+        CHECK(run["per_cn"].size() == 2);
+        auto& bt = run["batches"];
+        CHECK(bt["needed"].get<double>() <= 8.0);
+        CHECK(bt["fetched"].get<double>() + bt["cache_hits"].get<double>() == Approx(bt["needed"].get<double>()));
+        CHECK(run["per_query"]["bytes"].get<double>() > 0);
+        CHECK(run["stages_us"]["search"].get<double>() > 0);
+      }
+      CHECK(r["runs"][1]["recall"].get<double>() >= 0.9);
+      CHECK(r["runs"][1]["recall"].get<double>() >= r["runs"][0]["recall"].get<double>() - 0.01);
+    }
+  }
+}
+
+TEST_CASE("dhnsw: the ablation switches change how sub-HNSWs are loaded, never the answers", "[integration][dhnsw]") {
+  Built b;
+  TempDir dir;
+  Memnode m0(dir, 0, "shm", "127.0.0.1:0", {"--load", b.image(0)});
+  Memnode m1(dir, 1, "shm", "127.0.0.1:0", {"--load", b.image(1)});
+  std::string mns = m0.address + "," + m1.address;
+  auto query = [&](const std::string& name, std::vector<std::string> extra) {
+    std::string rep = dir.file(name + ".json");
+    std::vector<std::string> a{"--workload", b.d.wl, "--k", "10", "--batch", "50", "--probe", "2", "--ef-search", "32",
+                               "--report", rep};
+    a.insert(a.end(), extra.begin(), extra.end());
+    auto r = run(cn("shm", mns, 0, 1, a), dir, name, seconds(300));
+    INFO(r.output);
+    REQUIRE(r.code == 0);
+    return load(rep)["runs"][0];
+  };
+  auto full = query("full", {});
+  auto naive = query("naive", {"--no-regroup", "--no-doorbell", "--no-pipeline"});
+  auto seq = query("no-pipeline", {"--no-pipeline", "--cache-subs", "0"});
+  CHECK(naive["recall"].get<double>() == Approx(full["recall"].get<double>()).margin(1e-9));
+  CHECK(seq["recall"].get<double>() == Approx(full["recall"].get<double>()).margin(1e-9));
+  CHECK(naive["recall_at_1"].get<double>() == Approx(full["recall_at_1"].get<double>()).margin(1e-9));
+  // naive loading: one fetch per (query, partition), one READ per doorbell
+  CHECK(naive["per_query"]["fetches"].get<double>() == Approx(2.0));
+  CHECK(naive["per_query"]["doorbells"].get<double>() == Approx(naive["per_query"]["reads"].get<double>()));
+  CHECK(full["per_query"]["fetches"].get<double>() < 1.0);  // a batch of 50 shares its partitions
+  CHECK(full["per_query"]["doorbells"].get<double>() < full["per_query"]["reads"].get<double>());
+  CHECK(naive["per_query"]["bytes"].get<double>() > 5 * full["per_query"]["bytes"].get<double>());
+}
+
+TEST_CASE("dhnsw: a memnode killed mid-query makes the computenode fail within 5 s naming it", "[integration][dhnsw]") {
+  Built b;
+  TempDir dir;
+  Memnode m0(dir, 0, "shm", "127.0.0.1:0", {"--load", b.image(0)});
+  Memnode m1(dir, 1, "shm", "127.0.0.1:0", {"--load", b.image(1)});
+  std::string mns = m0.address + "," + m1.address;
+  // Queries arrive at 40 per second in batches of 10: the run lasts about 10 s; no cache, so
+  // every batch reads from both memnodes.
+  Proc q(cn("shm", mns, 0, 1, {"--workload", b.d.wl, "--batch", "10", "--probe", "3", "--arrival-qps", "40",
+                               "--max-wait-us", "1000000", "--cache-subs", "0"}),
+         dir.file("q.log"));
+  auto until = std::chrono::steady_clock::now() + seconds(20);
+  while (q.output().find("d-HNSW index") == std::string::npos && std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  REQUIRE(q.running());
+  m1.proc->signal(SIGKILL);
+  auto t0 = std::chrono::steady_clock::now();
+  int code = q.wait(seconds(15));
+  double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  INFO(q.output());
+  CHECK(code > 0);
+  CHECK(secs < 5.0);
+  CHECK_THAT(q.output(), Contains("memnode 1") && Contains("sub-HNSW"));
+}
