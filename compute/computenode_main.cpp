@@ -146,6 +146,10 @@ int main(int argc, char** argv) {
   query->add_option("--queue-depth", dq.engine.queue_depth, "dhnsw: items between two pipeline stages")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
+  query->add_option("--search-threads", dq.engine.search_threads,
+                    "dhnsw: threads of one sub-HNSW search (0: every core, but one is left to fetching and "
+                    "deserializing when pipelined)")
+      ->capture_default_str();
   query->add_flag("--no-regroup", no_regroup, "dhnsw ablation: each query fetches its own partitions (no sharing, no cache)");
   query->add_flag("--no-doorbell", no_doorbell, "dhnsw ablation: one READ per post, each waited for");
   query->add_flag("--no-pipeline", no_pipeline, "dhnsw ablation: fetch, deserialize and search in sequence on one thread");

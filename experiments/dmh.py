@@ -114,18 +114,19 @@ class Memnodes:
         self.close()
 
 
-def computenodes(mn, provider, num_cns, sub, args, report, logdir=None, timeout=None, fail_grace=10):
+def computenodes(mn, provider, num_cns, sub, args, report, logdir=None, timeout=None, fail_grace=10, mode="shine"):
     """Runs `computenode ... SUB ARGS` on num_cns processes; returns computenode 0's report.
 
     logdir: each computenode's output goes to LOGDIR/cn<i>.log (else through pipes); then, once
     one computenode failed, the others are killed after FAIL_GRACE seconds.
-    timeout: seconds; past it every computenode started here is killed and RuntimeError raised."""
+    timeout: seconds; past it every computenode started here is killed and RuntimeError raised.
+    mode: --mode shine or dhnsw."""
     procs, logs = [], []
     Path(report).unlink(missing_ok=True)
     if logdir is not None:
         Path(logdir).mkdir(parents=True, exist_ok=True)
     for i in range(num_cns):
-        cmd = [str(BIN / "computenode"), "--mode", "shine", "--provider", provider, "--memnodes", mn.list,
+        cmd = [str(BIN / "computenode"), "--mode", mode, "--provider", provider, "--memnodes", mn.list,
                "--cn-id", str(i), "--num-cns", str(num_cns), sub] + [str(a) for a in args]
         if i == 0:
             cmd += ["--report", str(report)]

@@ -1,5 +1,7 @@
 #include "compute/dhnsw/pipeline.hpp"
 
+#include <malloc.h>
+#include <omp.h>
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
@@ -151,8 +153,21 @@ struct Engine::Impl {
   LruCache<SubIndex> cache;
   uint64_t max_fetch = 0, buf_bytes = 0;
 
+  static constexpr uint32_t kParallelQueries = 8;
+  int omp_threads = 1;
+
   Impl(fabric::Cluster& cl, const Index& ix, const EngineOptions& opts, size_t cap)
       : c(cl), index(ix), o(opts), cache(cap) {
+    const int cores = std::max(1, omp_get_num_procs());
+    omp_threads = o.search_threads > 0 ? static_cast<int>(o.search_threads)
+                                       : (o.pipeline ? std::max(1, cores - 1) : cores);
+    // Deserialized sub-HNSWs come and go every batch: keep freed memory in the heap instead
+    // of unmapping it, so the next one does not page-fault its arrays in again.
+    static std::once_flag heap_once;
+    std::call_once(heap_once, [] {
+      mallopt(M_MMAP_THRESHOLD, 32 << 20);
+      mallopt(M_TRIM_THRESHOLD, 1 << 30);
+    });
     for (const auto& s : index.subs) max_fetch = std::max(max_fetch, fetch_range(s).second);
     buf_bytes = std::bit_ceil(std::max<uint64_t>(max_fetch, 4096));
   }
@@ -176,6 +191,7 @@ struct Engine::Impl {
       std::vector<float> D(size_t{n} * b);
       std::vector<faiss::Index::idx_t> I(size_t{n} * b);
       index.meta->hnsw.efSearch = static_cast<int>(std::max(o.meta_ef_search, b));
+      omp_set_num_threads(n >= kParallelQueries ? omp_threads : 1);
       index.meta->search(n, queries + first * index.header.dim, b, D.data(), I.data());
       for (uint32_t q = 0; q < n; ++q)
         for (uint32_t j = 0; j < b; ++j) {
@@ -291,6 +307,9 @@ struct Engine::Impl {
       for (uint32_t i = 0; i < nq; ++i)
         std::memcpy(X.data() + size_t{i} * dim, queries + (job.first + e.queries[i]) * dim, sizeof(float) * dim);
       s.index->hnsw.efSearch = static_cast<int>(std::max(o.ef_search, k));
+      // Faiss opens an OpenMP region per call: for a handful of queries one thread does
+      // better than waking the others (on a busy host that costs milliseconds).
+      omp_set_num_threads(nq >= kParallelQueries ? omp_threads : 1);
       s.index->search(nq, X.data(), k, D.data(), I.data());
       const bool ip = index.inner_product();
       auto better = [ip](const std::pair<float, int64_t>& a, const std::pair<float, int64_t>& b) {

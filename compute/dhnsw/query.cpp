@@ -69,7 +69,7 @@ json run_query(const RunContext& rc, const QueryOptions& o) {
                                {"cache_subs", engine.cache_capacity()}, {"doorbell_subs", eo.doorbell_subs},
                                {"max_wait_us", eo.max_wait_us}, {"arrival_qps", eo.arrival_qps},
                                {"regroup", eo.regroup}, {"doorbell", eo.doorbell}, {"pipeline", eo.pipeline},
-                               {"queue_depth", eo.queue_depth}}},
+                               {"queue_depth", eo.queue_depth}, {"search_threads", eo.search_threads}}},
                  {"runs", json::array()}};
 
   board.barrier();
