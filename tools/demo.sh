@@ -6,7 +6,10 @@
 # shine index (one global HNSW graph spread over both memnodes) on the real SIFT data in
 # ../shared/data with 2 computenodes, runs a Zipf-skewed query workload against it on 3
 # computenodes with node caches, without and with adaptive routing, prints both query reports
-# and the cache segmentation penalty (csp-report), and hnswlib's numbers on the same data.
+# and the cache segmentation penalty (csp-report), and hnswlib's numbers on the same data; then
+# builds a dhnsw index of the same data (8 balanced partitions, a sub-HNSW each, over 2 new
+# memnodes serving the images), runs the same workload on 2 computenodes and prints both
+# modes side by side.
 #
 #   tools/demo.sh [--provider shm|tcp]
 set -euo pipefail
@@ -16,7 +19,7 @@ PROVIDER=shm
 while [[ $# -gt 0 ]]; do
   case $1 in
     --provider) PROVIDER=$2; shift 2 ;;
-    -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
     *) echo "demo.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -115,6 +118,51 @@ rm -rf "$RUN/trace-none" "$RUN/trace-adaptive"
 echo "== 7. the same workload on single-machine hnswlib (same M, efConstruction, efSearch)"
 "$BIN/hnswlib-bench" --base "$BASE" --workload "$WL" --m 16 --ef-construction 200 --ef-search 16,32,64 --k 10 \
   --threads 2 --json "$RUN/hnswlib.json"
+
+echo
+echo "== 8. dhnsw: the same data split into 8 balanced partitions, one sub-HNSW each, over 2 memnodes"
+"$BIN/dhnsw-build" --data "$BASE" --partitions 8 --m 16 --ef-construction 200 --memnodes 2 \
+  --out "$RUN/dhnsw.img" --json "$RUN/dhnsw-build.json"
+DMEMNODES=""
+for id in 0 1; do
+  "$BIN/memnode" --id $id --provider "$PROVIDER" --listen 127.0.0.1:0 --load "$RUN/dhnsw.img.$id" \
+    --ready-file "$RUN/dhnsw-memnode$id.addr" >"$RUN/dhnsw-memnode$id.log" 2>&1 &
+  PIDS+=($!)
+done
+for id in 0 1; do
+  for _ in $(seq 200); do [[ -s $RUN/dhnsw-memnode$id.addr ]] && break; sleep 0.1; done
+  [[ -s $RUN/dhnsw-memnode$id.addr ]] || { echo "memnode $id did not start:"; cat "$RUN/dhnsw-memnode$id.log"; exit 1; }
+  DMEMNODES+="${DMEMNODES:+,}$(cat "$RUN/dhnsw-memnode$id.addr")"
+done
+echo "-- 2 computenodes, batches of 500 queries, each query searches its 3 nearest partitions"
+"$BIN/computenode" --mode dhnsw --provider "$PROVIDER" --memnodes "$DMEMNODES" --num-cns 2 --cn-id 1 \
+  query --workload "$WL" --k 10 --ef-search 32 --batch 500 --probe 3 >"$RUN/dhnsw-query-cn1.log" 2>&1 &
+DCN1=$!
+"$BIN/computenode" --mode dhnsw --provider "$PROVIDER" --memnodes "$DMEMNODES" --num-cns 2 --cn-id 0 \
+  query --workload "$WL" --k 10 --ef-search 32 --batch 500 --probe 3 --report "$RUN/dhnsw-query.json"
+wait $DCN1 || { echo "computenode 1 failed:"; cat "$RUN/dhnsw-query-cn1.log"; exit 1; }
+
+echo
+echo "== 9. both modes side by side (same data, same workload, efSearch 32)"
+/usr/bin/python3 - "$RUN/query-none.json" "$RUN/query-adaptive.json" "$RUN/dhnsw-query.json" <<'PY'
+import json, sys
+rows = []
+for path in sys.argv[1:]:
+    r = json.load(open(path))
+    run = r["runs"][0]
+    if r["mode"] == "shine":
+        what = f"shine, 3 cns, 5% node cache, routing {r['routing']}"
+        extra = f"CHR {run.get('cache_hit_rate', 0):.2f}"
+    else:
+        s = r["settings"]
+        what = f"dhnsw, {r['num_cns']} cns, {r['index']['partitions']} partitions, probe {s['probe']}"
+        extra = f"{run['batches']['fetched']:.1f} sub-HNSWs fetched/batch"
+    rows.append((what, run["recall"], run["qps"], run["latency_us"]["p50"], run["per_query"]["bytes"] / 1024, extra))
+print(f"{'run':48} {'recall@10':>9} {'QPS':>8} {'p50 us':>9} {'KiB/query':>10}  notes")
+for w, rec, qps, p50, kib, extra in rows:
+    print(f"{w:48} {rec:9.4f} {qps:8.0f} {p50:9.1f} {kib:10.1f}  {extra}")
+print("(shine latency: per query; dhnsw latency: per query amortised over its batch)")
+PY
 
 echo
 echo "Report and logs: $RUN"
