@@ -18,6 +18,8 @@
 // order). So the output is bitwise identical for any OMP_NUM_THREADS.
 #include "router/balanced_partition.hpp"
 
+#include "common/workload.hpp"  // Rng: seeded, the same numbers with every standard library
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -31,26 +33,6 @@ namespace dmhnsw::router {
 
 namespace {
 
-/// Uniform numbers from mt19937_64 with explicit arithmetic (portable across libraries).
-class Rng {
- public:
-  explicit Rng(uint64_t seed) : gen_(seed) {}
-  /// [0, 1) with 53 random bits.
-  double uniform01() { return static_cast<double>(gen_() >> 11) * 0x1.0p-53; }
-  /// [0, bound), bound >= 1, unbiased (rejection).
-  uint64_t below(uint64_t bound) {
-    if (bound <= 1) return 0;
-    const uint64_t limit = std::numeric_limits<uint64_t>::max() -
-                           std::numeric_limits<uint64_t>::max() % bound;
-    uint64_t x;
-    do x = gen_();
-    while (x >= limit);
-    return x % bound;
-  }
-
- private:
-  std::mt19937_64 gen_;
-};
 
 /// OpenMP pays off only for large loops: on these 2-core machines another process often holds
 /// the second core, and then a parallel region waits for a descheduled thread. So regions run
@@ -296,7 +278,7 @@ std::vector<float> init_centres(bool l2, const Rows& rows, uint32_t k, uint32_t 
     const float* x = rows.row(i);
     std::copy(x, x + dim, centroids.begin() + static_cast<std::ptrdiff_t>(c) * dim);
   };
-  take(0, rng.below(n));
+  take(0, rng.uniform(n));
   std::vector<float> near(n, std::numeric_limits<float>::infinity());
   std::vector<double> prefix(n);
   for (uint32_t c = 1; c < k; ++c) {
@@ -323,7 +305,7 @@ std::vector<float> init_centres(bool l2, const Rows& rows, uint32_t k, uint32_t 
         if (pick == n || near[i] > near[pick] || (near[i] == near[pick] && i < pick)) pick = i;
       }
     } else {
-      pick = rng.below(n);  // every vector coincides with a chosen centre
+      pick = rng.uniform(n);  // every vector coincides with a chosen centre
     }
     take(c, pick);
   }
@@ -517,7 +499,7 @@ constexpr size_t kInitPoolMin = 16384, kInitPoolPerCentre = 32;
 std::vector<uint64_t> sample_rows(size_t m, size_t count, Rng& rng) {
   std::vector<uint64_t> perm(m);
   std::iota(perm.begin(), perm.end(), uint64_t{0});
-  for (size_t i = 0; i < count; ++i) std::swap(perm[i], perm[i + rng.below(m - i)]);
+  for (size_t i = 0; i < count; ++i) std::swap(perm[i], perm[i + rng.uniform(m - i)]);
   perm.resize(count);
   std::sort(perm.begin(), perm.end());
   return perm;

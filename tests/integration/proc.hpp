@@ -7,6 +7,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <nlohmann/json.hpp>
+
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
@@ -20,6 +22,23 @@
 namespace dmhnsw::testing {
 
 inline std::string bin(const std::string& name) { return std::string(DMHNSW_BIN_DIR) + "/" + name; }
+
+/// `computenode --mode MODE --provider P --memnodes M --cn-id ID --num-cns K REST...`
+inline std::vector<std::string> computenode_args(const std::string& mode, const std::string& provider,
+                                                 const std::string& memnodes, int id, int k,
+                                                 const std::vector<std::string>& rest) {
+  std::vector<std::string> a{bin("computenode"), "--mode", mode, "--provider", provider, "--memnodes", memnodes,
+                             "--cn-id", std::to_string(id), "--num-cns", std::to_string(k)};
+  a.insert(a.end(), rest.begin(), rest.end());
+  return a;
+}
+
+/// A JSON file (a report); throws naming the file when it is missing or malformed.
+inline nlohmann::json load_json(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw std::runtime_error("cannot read " + path);
+  return nlohmann::json::parse(in);
+}
 
 inline std::string slurp(const std::string& path) {
   std::ifstream in(path);

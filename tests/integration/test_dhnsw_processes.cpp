@@ -15,16 +15,8 @@ namespace {
 
 std::vector<std::string> cn(const std::string& provider, const std::string& memnodes, int id, int k,
                             std::vector<std::string> rest) {
-  std::vector<std::string> a{bin("computenode"), "--mode", "dhnsw", "--provider", provider, "--memnodes", memnodes,
-                             "--cn-id", std::to_string(id), "--num-cns", std::to_string(k), "query"};
-  a.insert(a.end(), rest.begin(), rest.end());
-  return a;
-}
-
-nlohmann::json load(const std::string& path) {
-  std::ifstream in(path);
-  REQUIRE(in.good());
-  return nlohmann::json::parse(in);
+  rest.insert(rest.begin(), "query");
+  return computenode_args("dhnsw", provider, memnodes, id, k, rest);
 }
 
 /// SmallData plus a d-HNSW image of it over 2 memnodes (8 partitions).
@@ -47,7 +39,7 @@ struct Built {
 TEST_CASE("dhnsw: 2 computenodes query an index built by dhnsw-build over 2 memnodes (shm, tcp)",
           "[integration][dhnsw]") {
   Built b;
-  auto br = load(b.build_json);
+  auto br = load_json(b.build_json);
   INFO(br.dump());
   for (std::string provider : {"shm", "tcp"}) {
     DYNAMIC_SECTION(provider) {
@@ -67,7 +59,7 @@ TEST_CASE("dhnsw: 2 computenodes query an index built by dhnsw-build over 2 memn
       REQUIRE(c0 == 0);
       REQUIRE(c1 == 0);
       CHECK_THAT(q0.output(), Contains("R@10") && Contains("pipelined"));
-      auto r = load(rep);
+      auto r = load_json(rep);
       REQUIRE(r["runs"].size() == 2);
       CHECK(r["mode"] == "dhnsw");
       CHECK(r["index"]["partitions"] == 8);
@@ -100,7 +92,7 @@ TEST_CASE("dhnsw: the ablation switches change how sub-HNSWs are loaded, never t
     auto r = run(cn("shm", mns, 0, 1, a), dir, name, seconds(300));
     INFO(r.output);
     REQUIRE(r.code == 0);
-    return load(rep)["runs"][0];
+    return load_json(rep)["runs"][0];
   };
   auto full = query("full", {});
   auto naive = query("naive", {"--no-regroup", "--no-doorbell", "--no-pipeline"});

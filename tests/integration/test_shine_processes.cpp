@@ -16,16 +16,7 @@ using Data = SmallData;
 
 std::vector<std::string> cn(const std::string& provider, const std::string& memnodes, int id, int k,
                             std::vector<std::string> rest) {
-  std::vector<std::string> a{bin("computenode"), "--mode", "shine", "--provider", provider, "--memnodes", memnodes,
-                             "--cn-id", std::to_string(id), "--num-cns", std::to_string(k)};
-  a.insert(a.end(), rest.begin(), rest.end());
-  return a;
-}
-
-nlohmann::json load(const std::string& path) {
-  std::ifstream in(path);
-  REQUIRE(in.good());
-  return nlohmann::json::parse(in);
+  return computenode_args("shine", provider, memnodes, id, k, rest);
 }
 
 }  // namespace
@@ -47,7 +38,7 @@ TEST_CASE("shine: 2 computenodes x 2 threads build over 2 memnodes, then query (
       INFO(b0.output() << b1.output());
       REQUIRE(c0 == 0);
       REQUIRE(c1 == 0);
-      auto br = load(rep);
+      auto br = load_json(rep);
       CHECK(br["inserted"] == 3000);
       CHECK(br["index_nodes"] == 3000);
       CHECK(br["per_cn"].size() == 2);
@@ -71,7 +62,7 @@ TEST_CASE("shine: 2 computenodes x 2 threads build over 2 memnodes, then query (
       REQUIRE(c0 == 0);
       REQUIRE(c1 == 0);
       CHECK_THAT(q0.output(), Contains("efSearch") && Contains("recall"));
-      auto qr = load(qrep);
+      auto qr = load_json(qrep);
       REQUIRE(qr["runs"].size() == 2);
       CHECK(qr["runs"][0]["queries"] == 400);
       CHECK(qr["runs"][1]["recall"].get<double>() >= 0.9);
@@ -132,7 +123,7 @@ TEST_CASE("shine: inserts by one computenode while another queries", "[integrati
   REQUIRE(ci == 0);
   REQUIRE(ci2 == 0);
   REQUIRE(cq == 0);  // no crash, no failed read, no garbage pointer followed
-  auto during = load(qrep);
+  auto during = load_json(qrep);
   CHECK(during["runs"][0]["queries"].get<uint64_t>() > 0);
   // After the inserts the index holds every vector and answers the full ground truth.
   std::string after = dir.file("after.json");
@@ -140,7 +131,7 @@ TEST_CASE("shine: inserts by one computenode while another queries", "[integrati
                 seconds(300));
   INFO(q2.output);
   REQUIRE(q2.code == 0);
-  CHECK(load(after)["runs"][0]["recall"].get<double>() >= 0.9);
+  CHECK(load_json(after)["runs"][0]["recall"].get<double>() >= 0.9);
 }
 
 TEST_CASE("shine: an index stored with --store-index and served by memnode --load answers exactly as before",
@@ -173,7 +164,7 @@ TEST_CASE("shine: an index stored with --store-index and served by memnode --loa
   auto r = run(cn("shm", l0.address + "," + l1.address, 0, 1, q), dir, "q2", seconds(300));
   INFO(r.output);
   REQUIRE(r.code == 0);
-  auto a = load(before)["runs"][0], b = load(after)["runs"][0];
+  auto a = load_json(before)["runs"][0], b = load_json(after)["runs"][0];
   CHECK(a["recall"] == b["recall"]);
   CHECK(a["per_query"]["visited"] == b["per_query"]["visited"]);  // the same graph, walked the same way
   CHECK(a["per_query"]["bytes"] == b["per_query"]["bytes"]);

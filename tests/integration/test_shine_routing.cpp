@@ -77,10 +77,7 @@ struct Served {
 };
 
 std::vector<std::string> cn(const Served& s, int id, int k, std::vector<std::string> rest) {
-  std::vector<std::string> a{bin("computenode"), "--mode", "shine", "--provider", s.provider, "--memnodes", s.mns,
-                             "--cn-id", std::to_string(id), "--num-cns", std::to_string(k)};
-  a.insert(a.end(), rest.begin(), rest.end());
-  return a;
+  return computenode_args("shine", s.provider, s.mns, id, k, rest);
 }
 
 /// A query subcommand over the shared workload, 1 thread x 2 coroutines, then `extra`.
@@ -89,12 +86,6 @@ std::vector<std::string> query(std::vector<std::string> extra) {
                              "--coroutines", "2"};
   a.insert(a.end(), extra.begin(), extra.end());
   return a;
-}
-
-nlohmann::json load(const std::string& path) {
-  std::ifstream in(path);
-  REQUIRE(in.good());
-  return nlohmann::json::parse(in);
 }
 
 /// Waits until `p`'s output contains `text` (false after `timeout` or when `p` exited).
@@ -162,7 +153,7 @@ TEST_CASE("shine routing: 3 computenodes, adaptive routing and a node cache answ
   INFO(outputs(ps, s));
   REQUIRE(codes == std::vector<int>{0, 0, 0});
 
-  auto r = load(rep);
+  auto r = load_json(rep);
   REQUIRE(r["runs"].size() == 1);
   const auto& run0 = r["runs"][0];
   const auto& per_cn = run0["per_cn"];
@@ -190,7 +181,7 @@ TEST_CASE("shine routing: 3 computenodes, adaptive routing and a node cache answ
   auto b = run(cn(s, 0, 1, query({"--routing", "none", "--report", base_rep})), dir, "plain", seconds(120));
   INFO(b.output);
   REQUIRE(b.code == 0);
-  auto plain = load(base_rep)["runs"][0];
+  auto plain = load_json(base_rep)["runs"][0];
   CHECK(plain["queries"].get<uint64_t>() == kMeasured);
   const double rr = run0["recall"].get<double>(), pr = plain["recall"].get<double>();
   CHECK(pr > 0.8);
@@ -204,7 +195,7 @@ TEST_CASE("shine routing: 3 computenodes, adaptive routing and a node cache answ
   auto c = run({bin("csp-report"), traces, "--json", csp}, dir, "csp", seconds(60));
   INFO(c.output);
   REQUIRE(c.code == 0);
-  auto cj = load(csp);
+  auto cj = load_json(csp);
   REQUIRE(cj["runs"].size() == 1);
   const auto& cr = cj["runs"][0];
   INFO(cr.dump(1));
@@ -255,7 +246,7 @@ TEST_CASE("shine routing: the run's first barrier waits for a computenode starte
   const double late_connected = log_time(ps[2]->output(), "connected to");
   for (int id = 0; id < 2; ++id) CHECK(since(late_connected, log_time(ps[id]->output(), "warm-up:")) >= 0.0);
 
-  auto run0 = load(rep)["runs"][0];
+  auto run0 = load_json(rep)["runs"][0];
   INFO(run0.dump(1));
   CHECK(run0["computenodes_gone"].empty());
   REQUIRE(run0["per_cn"].size() == 3);
@@ -316,7 +307,7 @@ TEST_CASE("shine routing: a computenode killed mid-run is reported gone and the 
   REQUIRE(c0 == 0);
   REQUIRE(c1 == 0);
   CHECK(secs < 30.0);
-  auto run0 = load(rep)["runs"][0];
+  auto run0 = load_json(rep)["runs"][0];
   INFO(run0.dump(1));
   bool named = false;
   for (const auto& g : run0["computenodes_gone"]) {
