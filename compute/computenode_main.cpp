@@ -147,8 +147,7 @@ int main(int argc, char** argv) {
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
   query->add_option("--search-threads", dq.engine.search_threads,
-                    "dhnsw: threads of one sub-HNSW search (0: every core, but one is left to fetching and "
-                    "deserializing when pipelined)")
+                    "dhnsw: threads of one sub-HNSW search (0: every core)")
       ->capture_default_str();
   query->add_flag("--no-regroup", no_regroup, "dhnsw ablation: each query fetches its own partitions (no sharing, no cache)");
   query->add_flag("--no-doorbell", no_doorbell, "dhnsw ablation: one READ per post, each waited for");

@@ -159,8 +159,9 @@ struct Engine::Impl {
   Impl(fabric::Cluster& cl, const Index& ix, const EngineOptions& opts, size_t cap)
       : c(cl), index(ix), o(opts), cache(cap) {
     const int cores = std::max(1, omp_get_num_procs());
-    omp_threads = o.search_threads > 0 ? static_cast<int>(o.search_threads)
-                                       : (o.pipeline ? std::max(1, cores - 1) : cores);
+    // Every core, also when pipelined: the fetch stage naps while its READs are in flight and
+    // the deserialize stage is short, so leaving them a core of their own measured slower.
+    omp_threads = o.search_threads > 0 ? static_cast<int>(o.search_threads) : cores;
     // Deserialized sub-HNSWs come and go every batch: keep freed memory in the heap instead
     // of unmapping it, so the next one does not page-fault its arrays in again.
     static std::once_flag heap_once;
@@ -241,14 +242,23 @@ struct Engine::Impl {
       uint32_t sub = job->plan.entries[entries.at(cpl.tag)].sub;
       throw fabric::FabricError("fetching " + sub_name(sub) + " failed: " + ep.describe(cpl));
     };
+    // A sub-HNSW READ takes hundreds of microseconds or more: after a short spin the fetch
+    // stage naps between polls, leaving the core to the search and deserialize stages (and,
+    // on shm and tcp, to the memnode's progress thread that serves the READ).
     auto wait = [&](size_t n) {
       fabric::Completion cs[16];
+      unsigned idle = 0;
       while (n > 0) {
         size_t got = ep.poll(cs);
         for (size_t j = 0; j < got; ++j)
           if (cs[j].status != fabric::Status::Ok) fail(cs[j]);
         n -= got;
-        if (got == 0) std::this_thread::yield();
+        if (got > 0)
+          idle = 0;
+        else if (++idle < 64)
+          std::this_thread::yield();
+        else
+          std::this_thread::sleep_for(std::chrono::microseconds(50));
       }
     };
     auto post = [&](std::span<const fabric::Op> span) {

@@ -45,8 +45,7 @@ struct EngineOptions {
   uint32_t doorbell_subs = 8;       // sub-HNSW fetches posted with one doorbell
   uint64_t max_read_bytes = 4u << 20;  // a fetch larger than this is split into several READs
   uint32_t queue_depth = 4;         // items between two stages
-  uint32_t search_threads = 0;      // OpenMP threads of a Faiss search (0: all cores, one left to the
-                                    // fetch and deserialize stages when pipelined)
+  uint32_t search_threads = 0;      // OpenMP threads of a Faiss search (0: every core)
   bool regroup = true;              // false: each query fetches its own partitions (no cache)
   bool doorbell = true;             // false: one READ per post, each waited for
   bool pipeline = true;             // false: the stages of a batch run in sequence on one thread
