@@ -610,3 +610,181 @@ def shine_set(a, name):
     images = shine_index(name, a.index_work, a.m, a.ef_construction, a.memnodes, provider=a.provider,
                          region=a.region, timeout=a.timeout)
     return images, query_flags(a, name), {"dir": str(images[0].parent), "build": shine_index_info(images)}
+
+
+# ---------------------------------------------------------------------------------------------
+# d-HNSW experiments (dhnsw_recall, dhnsw_ablation, dhnsw_cache_ratio, dhnsw_breakdown,
+# dhnsw_partitions): an index (balanced partitions, sub-HNSWs, meta-HNSW) is built once per
+# (data set, P, M, efConstruction, memnodes, partitioning) by tools/dhnsw-build into region
+# images under DHNSW_WORK and served again by fresh memnodes (--load) for every query run. The
+# data sets and workloads are shine's (SHINE_WORK).
+
+DHNSW_WORK = ROOT / "runs" / "dhnsw"  # shared: d-HNSW indexes (the experiments' runs go to subfolders)
+
+
+def dhnsw_index_dir(name, work, partitions, m=16, ef_construction=100, memnodes=1, plain=False, seed=1):
+    tail = (f"_mn{memnodes}" if memnodes != 1 else "") + ("_plain" if plain else "") + (f"_s{seed}" if seed != 1 else "")
+    return Path(work).resolve() / f"dhnsw_{name}_p{partitions}_m{m}_efc{ef_construction}{tail}"
+
+
+def dhnsw_index(name, work, partitions, m=16, ef_construction=100, memnodes=1, plain=False, seed=1, threads=None):
+    """The d-HNSW index of data set NAME (see dataset_files; the data come from SHINE_WORK) with
+    P=PARTITIONS sub-HNSWs of HNSW M / efConstruction over MEMNODES memnodes, partitioned by the
+    capacity-constrained k-means (PLAIN: plain k-means), built once by `dhnsw-build` into
+    WORK/dhnsw_<name>_p<P>_m<M>_efc<E>[_mn<N>][_plain]/ (index.img, or index.img.0 .. .<N-1>,
+    and build.json) under a file lock; returns the image paths for Memnodes(load=...) /
+    dhnsw_query. Reused when present."""
+    d = dhnsw_index_dir(name, work, partitions, m, ef_construction, memnodes, plain, seed)
+    out = d / "index.img"
+    images = [out] if memnodes == 1 else [out.with_name(f"{out.name}.{i}") for i in range(memnodes)]
+    done = d / "build.json"
+    if done.exists() and all(p.exists() for p in images):
+        return images
+    with file_lock(Path(work).resolve() / f".{d.name}.lock"):
+        if done.exists() and all(p.exists() for p in images):
+            return images
+        base, _, _, metric = dataset_files(name, SHINE_WORK)
+        d.mkdir(parents=True, exist_ok=True)
+        for p in list(d.glob("index.img*")) + [done]:
+            p.unlink(missing_ok=True)
+        log(f"building the d-HNSW {name} index (P={partitions}, M={m}, efConstruction={ef_construction}, "
+            f"{memnodes} memnode(s){', plain k-means' if plain else ''}) into {d}")
+        t0 = time.time()
+        tmp = d / "build.json.tmp"  # build.json appears last: it marks a complete build
+        cmd = [BIN / "dhnsw-build", "--data", base, "--metric", metric, "--partitions", partitions, "--m", m,
+               "--ef-construction", ef_construction, "--memnodes", memnodes, "--seed", seed, "--out", out,
+               "--json", tmp]
+        if plain:
+            cmd.append("--plain-kmeans")
+        if threads is not None:
+            cmd += ["--threads", threads]
+        (d / "build.log").write_text(" ".join(map(str, cmd)) + "\n" + run(cmd))
+        missing = [str(p) for p in images if not p.exists()]
+        if missing:
+            raise RuntimeError(f"dhnsw-build wrote no image {missing} (see {d / 'build.log'})")
+        os.replace(tmp, done)
+        log(f"built the d-HNSW {name} index in {time.time() - t0:.0f} s")
+    return images
+
+
+def dhnsw_index_info(images):
+    """dhnsw-build's JSON report stored next to dhnsw_index's images (partitions.sizes, seconds, ...)."""
+    p = Path(images[0]).parent / "build.json"
+    return json.loads(p.read_text()) if p.exists() else {}
+
+
+def dhnsw_query(images, num_cns, workload, report, *, k=10, batch=1000, probe=2, ef_search=64, cache_subs=None,
+                cache_ratio=None, regroup=True, doorbell=True, pipeline=True, extra=(), provider="shm", region="1GiB",
+                timeout=1800, logdir=None, retries=3):
+    """One d-HNSW query run: fresh memnodes serve IMAGES (dhnsw_index), NUM_CNS computenodes run
+    `computenode --mode dhnsw query` with the given flags (EF_SEARCH: a number or a comma list,
+    one run each in the same process); returns computenode 0's merged report (dict; also in
+    REPORT). Logs: LOGDIR (default REPORT's name + .logs). A transient failure
+    (transient_failure) is retried up to RETRIES times with fresh processes."""
+    report = Path(report)
+    report.parent.mkdir(parents=True, exist_ok=True)
+    logdir = Path(logdir) if logdir else report.parent / (report.stem + ".logs")
+    if isinstance(ef_search, (list, tuple)):
+        ef_search = ",".join(str(e) for e in ef_search)
+    args = ["--workload", workload, "--k", k, "--batch", batch, "--probe", probe, "--ef-search", ef_search]
+    if cache_subs is not None:
+        args += ["--cache-subs", cache_subs]
+    elif cache_ratio is not None:
+        args += ["--cache-ratio", cache_ratio]
+    if not regroup:
+        args.append("--no-regroup")
+    if not doorbell:
+        args.append("--no-doorbell")
+    if not pipeline:
+        args.append("--no-pipeline")
+    args += list(extra)
+    for attempt in range(retries + 1):
+        try:
+            with Memnodes(None, provider, region, logdir / "mn", load=images) as mn:
+                return computenodes(mn, provider, num_cns, "query", args, report, logdir=logdir, timeout=timeout,
+                                    mode="dhnsw")[0]
+        except RuntimeError as e:
+            if attempt == retries or not transient_failure(e):
+                raise
+            log(f"  retrying {report.name} (attempt {attempt + 2}): " + next(t for t in TRANSIENT if t in str(e)))
+            failed = logdir.with_name(f"{logdir.name}.failed{attempt}")
+            shutil.rmtree(failed, ignore_errors=True)
+            if logdir.exists():
+                logdir.rename(failed)
+
+
+def dhnsw_run_summary(run):
+    """The numbers of one entry of a d-HNSW query report's runs that the drivers tabulate."""
+    st, b = run["stages_us"], run["batches"]
+    return {"ef_search": run["ef_search"], "queries": run["queries"], "seconds": run["seconds"], "qps": run["qps"],
+            "recall": run["recall"], "recall_at_1": run["recall_at_1"], "latency_us": run["latency_us"],
+            "stages_us": st, "total_us": st["pipelined_total"], "batches": b, "per_query": run["per_query"]}
+
+
+def dhnsw_measure(images, workload, report_base, repeats=1, key="total_us", **flags):
+    """Runs one d-HNSW configuration REPEATS times (dhnsw_query on 1 computenode, reports
+    REPORT_BASE[-r<i>].json) and returns dhnsw_run_summary of the run with the median KEY (of
+    its first efSearch) plus KEY_all (every repetition's value) and settings (the report's)."""
+    report_base = Path(report_base)
+    runs = []
+    for rep in range(repeats):
+        name = report_base.name if repeats == 1 else f"{report_base.name}-r{rep}"
+        r = dhnsw_query(images, 1, workload, report_base.with_name(name + ".json"), **flags)
+        s = dhnsw_run_summary(r["runs"][0])
+        s["settings"] = r["settings"]
+        runs.append(s)
+    best = dict(sorted(runs, key=lambda s: s[key])[len(runs) // 2])
+    best[f"{key}_all"] = [s[key] for s in runs]
+    best["repeats"] = repeats
+    return best
+
+
+def dhnsw_common_args(ap, *, quick_help):
+    """Flags every d-HNSW driver shares."""
+    g = ap.add_argument_group("common")
+    g.add_argument("--m", type=int, default=16, help="HNSW M of the sub-HNSWs (default %(default)s)")
+    g.add_argument("--ef-construction", type=int, default=100, help="efConstruction (default %(default)s)")
+    g.add_argument("--seed", type=int, default=5, help="workload seed (default %(default)s)")
+    g.add_argument("--provider", default="shm", help="fabric provider (default %(default)s)")
+    g.add_argument("--region", default="1GiB", help="memnode region (default %(default)s)")
+    g.add_argument("--timeout", type=float, default=1800, help="seconds a query run may take (default %(default)s)")
+    g.add_argument("--work", default=str(DHNSW_WORK), help="d-HNSW indexes and runs (default %(default)s)")
+    g.add_argument("--out", default=None, help="results.json/results.md/PNGs (default: this folder; "
+                   "WORK/quick/<experiment> with --quick)")
+    g.add_argument("--quick", action="store_true", help=quick_help)
+    return g
+
+
+def binaries_identity(names=("computenode", "memnode", "dhnsw-build")):
+    """{binary: {mtime, sha256 (first 16 hex digits)}} of the build/bin binaries a run used."""
+    import hashlib
+    out = {}
+    for n in names:
+        p = BIN / n
+        if p.exists():
+            out[n] = {"mtime": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(p.stat().st_mtime)),
+                      "sha256": hashlib.sha256(p.read_bytes()).hexdigest()[:16]}
+    return out
+
+
+def dhnsw_start(name, a, here):
+    """(work dir of this experiment's runs, output dir, start time, results dict); the results
+    record the binaries (binaries_identity) the run starts with."""
+    work = Path(a.work).resolve()
+    out = Path(a.out) if a.out else (work / "quick" / name if a.quick else Path(here))
+    results = {"experiment": name, "command": command_line(), "date": time.strftime("%Y-%m-%d %H:%M"),
+               "params": vars(a), "binaries": binaries_identity()}
+    return work, out, time.time(), results
+
+
+def dhnsw_finish(out, here, results, md):
+    """Writes results.json/results.md to OUT (and the README's results section when OUT is the
+    experiment folder); notes in both when a binary changed during the run."""
+    now = binaries_identity()
+    results["binaries_changed"] = sorted(n for n in now if results.get("binaries", {}).get(n) != now[n])
+    if results["binaries_changed"]:
+        note = (f"**Warning:** {', '.join(results['binaries_changed'])} changed in build/bin during this run; "
+                f"its numbers mix two builds.\n\n")
+        print(note, file=sys.stderr)
+        md = note + md
+    write_results(out, results, md, readme=Path(here) / "README.md" if Path(out).resolve() == Path(here).resolve() else None)

@@ -55,7 +55,12 @@ int main(int argc, char** argv) {
   app.add_option("--kmeans-max-train", o.kmeans_max_train, "train centroids on a sample of N vectors (0: all)")
       ->capture_default_str();
   app.add_option("--max-vectors", max_vectors, "index only the first N vectors (0: all)")->capture_default_str();
-  app.add_option("--metric", metric_text, "l2 | ip")->capture_default_str();
+  app.add_option("--metric", metric_text, "l2 | ip: the search metric of the sub-HNSWs")->capture_default_str();
+  std::string partition_metric_text = "l2";
+  app.add_option("--partition-metric", partition_metric_text,
+                 "l2 | ip: metric of the k-means partitioning and of the meta-HNSW's routing (l2 also suits "
+                 "unit-length inner-product data)")
+      ->capture_default_str();
   app.add_option("--threads", o.threads, "threads building sub-HNSWs (0: all cores)")->capture_default_str();
   app.add_option("--json", json_path, "write the JSON report to this file");
   try {
@@ -70,6 +75,11 @@ int main(int argc, char** argv) {
       metric = parse_metric(metric_text);
     } catch (const std::invalid_argument& e) {
       throw std::invalid_argument(std::string("--metric: ") + e.what());
+    }
+    try {
+      o.partition_metric = parse_metric(partition_metric_text);
+    } catch (const std::invalid_argument& e) {
+      throw std::invalid_argument(std::string("--partition-metric: ") + e.what());
     }
     if (out_path.empty()) throw std::invalid_argument("--out: empty path");
 

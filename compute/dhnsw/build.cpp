@@ -98,8 +98,9 @@ BuiltIndex build_index(const float* data, size_t n, uint32_t dim, Metric metric,
   ko.iterations = opts.kmeans_iterations;
   ko.seed = opts.seed;
   ko.max_train = opts.kmeans_max_train;
-  const router::Partitioning part = opts.plain_kmeans ? router::plain_kmeans(data, n, dim, P, metric, ko)
-                                                      : router::capacity_kmeans(data, n, dim, P, metric, ko);
+  const Metric pm = opts.partition_metric;
+  const router::Partitioning part = opts.plain_kmeans ? router::plain_kmeans(data, n, dim, P, pm, ko)
+                                                      : router::capacity_kmeans(data, n, dim, P, pm, ko);
   if (part.k != P || part.assignment.size() != n || part.centroids.size() != size_t{P} * dim)
     throw std::runtime_error("build: the partitioning returned an inconsistent result");
   out.partition_sizes = part.sizes;
@@ -127,7 +128,9 @@ BuiltIndex build_index(const float* data, size_t n, uint32_t dim, Metric metric,
   std::unique_ptr<faiss::IndexHNSWFlat> meta;
   run_pool(size_t{P} + 1, threads, [&](size_t t) {
     if (t == P) {
-      meta = std::make_unique<faiss::IndexHNSWFlat>(static_cast<int>(dim), static_cast<int>(opts.meta_m), fmetric);
+      meta = std::make_unique<faiss::IndexHNSWFlat>(
+          static_cast<int>(dim), static_cast<int>(opts.meta_m),
+          opts.partition_metric == Metric::IP ? faiss::METRIC_INNER_PRODUCT : faiss::METRIC_L2);
       meta->hnsw.efConstruction = static_cast<int>(opts.ef_construction);
       meta->add(static_cast<faiss::Index::idx_t>(P), part.centroids.data());
       return;
@@ -221,6 +224,7 @@ nlohmann::json BuiltIndex::report() const {
   j["vectors"] = num_vectors;
   j["dim"] = dim;
   j["metric"] = std::string(to_string(metric));
+  j["partition_metric"] = std::string(to_string(options.partition_metric));
   j["options"] = {{"partitions", options.partitions},
                   {"m", options.m},
                   {"ef_construction", options.ef_construction},

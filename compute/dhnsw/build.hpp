@@ -27,6 +27,12 @@ struct BuildOptions {
   LayoutParams layout;             // internal and shared overflow gap shares
   uint64_t seed = 1;               // partitioning seed
   bool plain_kmeans = false;       // plain Lloyd k-means instead of the capacity-constrained one
+  /// Metric of the partitioning and of the meta-HNSW that routes queries to partitions (the
+  /// sub-HNSWs use the data's metric). L2 by default, also for inner-product data: k-means
+  /// centroids are means, and ranking unnormalised means by inner product favours the tight
+  /// clusters (on wordnet, unit vectors, recall@10 at 4 of 16 partitions: 0.80 by inner
+  /// product, 0.91 by L2).
+  Metric partition_metric = Metric::L2;
   uint32_t kmeans_iterations = 10;
   size_t kmeans_max_train = 0;     // > 0: train the centroids on a sample of this many vectors
   /// Worker threads building sub-HNSWs, each sub-HNSW single-threaded (so the build is

@@ -396,6 +396,10 @@ RunStats Engine::run(const float* queries, size_t n, std::vector<Answer>& answer
     return static_cast<uint32_t>(last - first);
   };
   auto finish = [&](const Job& job) {
+    // Loads go most-demanded first, so plain LRU order would keep a batch's least-demanded
+    // sub-HNSWs: touch them least-demanded first, leaving the most-demanded most recent.
+    if (o_.regroup)
+      for (auto e = job.plan.entries.rbegin(); e != job.plan.entries.rend(); ++e) im.cache.get(e->sub);
     BatchStats st = job.st;
     st.seconds = secs(job.closed, Clock::now());
     rs.batches.push_back(st);
