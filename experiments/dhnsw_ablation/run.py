@@ -13,7 +13,7 @@ query): one memnode serves the index, one computenode runs probe b=2, efSearch 3
 Per-query latency = stages_us.pipelined_total (the run's wall time per query). Every
 configuration runs REPEATS times (median). Criterion: naive / full >= 50 (the paper: 117-430x).
 
-  experiments/dhnsw_ablation/run.py [--partitions 4,8,16] [--queries 4000] [--warmup 1000]
+  experiments/dhnsw_ablation/run.py [--partitions 4,8,16] [--queries 10000] [--warmup 2000]
       [--naive-queries 200] [--repeats 3] [--quick]
 """
 import argparse
@@ -38,8 +38,8 @@ ap.add_argument("--partitions", default="4,8,16", help="P values (default %(defa
 ap.add_argument("--probe", type=int, default=2, help="b (default %(default)s)")
 ap.add_argument("--ef-search", type=int, default=32, help="efSearch (default %(default)s)")
 ap.add_argument("--batch", type=int, default=1000, help="B (default %(default)s)")
-ap.add_argument("--queries", type=int, default=4000, help="measured queries of the regrouped configurations (default %(default)s)")
-ap.add_argument("--warmup", type=int, default=1000, help="their warm-up queries (default %(default)s)")
+ap.add_argument("--queries", type=int, default=10000, help="measured queries of the regrouped configurations (default %(default)s)")
+ap.add_argument("--warmup", type=int, default=2000, help="their warm-up queries (default %(default)s)")
 ap.add_argument("--naive-queries", type=int, default=200, help="measured queries of naive, no warm-up (default %(default)s)")
 ap.add_argument("--repeats", type=int, default=3, help="runs per configuration, median latency (default %(default)s)")
 ap.add_argument("--min-ratio", type=float, default=50, help="criterion: naive / full >= R (default %(default)s)")
