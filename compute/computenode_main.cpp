@@ -163,6 +163,10 @@ int main(int argc, char** argv) {
   try {
     if (cn_id >= num_cns) throw std::invalid_argument("--cn-id " + std::to_string(cn_id) + " must be below --num-cns " +
                                                       std::to_string(num_cns));
+    if (mode == "dhnsw" && (*build || *insert))  // before connecting: nothing to do there
+      throw std::invalid_argument(std::string("--mode dhnsw ") + (*build ? "build" : "insert") +
+                                  ": a d-HNSW index is built offline by tools/dhnsw-build and served with memnode "
+                                  "--load" + (*build ? "" : "; in-place d-HNSW inserts are not implemented yet"));
     fabric::ClusterOptions co;
     co.provider = fabric::parse_provider(provider);
     co.memnodes = split_commas(memnodes);
@@ -183,7 +187,6 @@ int main(int argc, char** argv) {
     shine::RunContext rc{cluster.get(), cn_id, num_cns, provider};
     auto rm = read_mode == "batch" ? shine::ReadMode::Batch : shine::ReadMode::PerRead;
     if (*build || *insert) {
-      if (mode != "shine") throw std::invalid_argument("--mode dhnsw: not implemented yet (issue 5); use --mode shine");
       bo.params.metric = parse_metric(metric);
       bo.mode = rm;
       bo.format = static_cast<bool>(*build);
