@@ -1,6 +1,8 @@
 #include "compute/dhnsw/subindex.hpp"
 
+#include <faiss/IndexFlat.h>
 #include <faiss/IndexFlatCodes.h>
+#include <faiss/impl/DistanceComputer.h>
 #include <faiss/impl/FaissException.h>
 #include <faiss/impl/io.h>
 #include <faiss/index_io.h>
@@ -13,11 +15,37 @@
 #include <stdexcept>
 #include <type_traits>
 
+#include "common/distance.hpp"
+
 namespace dmhnsw::dhnsw {
 
 namespace {
 
 std::string num(uint64_t v) { return std::to_string(v); }
+
+/// Flat storage of a deserialized sub-HNSW whose distances come from the SIMD kernel chosen
+/// once at start-up (hnswlib's spaces, common/distance.hpp): Debian's Faiss is a generic
+/// build, and the sub-HNSW search spends most of its time here. Inner product keeps Faiss's
+/// convention (the similarity; hnswlib's kernel gives 1 - <q, x>).
+struct SimdFlat final : faiss::IndexFlat {
+  dmhnsw::DistanceComputer kernel;
+  SimdFlat(int dim, faiss::MetricType m)
+      : faiss::IndexFlat(dim, m), kernel(m == faiss::METRIC_INNER_PRODUCT ? Metric::IP : Metric::L2, dim) {}
+
+  struct Dis final : faiss::FlatCodesDistanceComputer {
+    const SimdFlat& s;
+    const float* q = nullptr;
+    const bool ip;
+    explicit Dis(const SimdFlat& st)
+        : faiss::FlatCodesDistanceComputer(st.codes.data(), st.code_size), s(st), ip(st.metric_type != faiss::METRIC_L2) {}
+    float dist(const float* a, const float* b) const { return ip ? 1.0f - s.kernel(a, b) : s.kernel(a, b); }
+    const float* vec(idx_t i) const { return reinterpret_cast<const float*>(codes + i * code_size); }
+    void set_query(const float* x) override { q = x; }
+    float distance_to_code(const uint8_t* code) override { return dist(q, reinterpret_cast<const float*>(code)); }
+    float symmetric_dis(idx_t i, idx_t j) override { return dist(vec(i), vec(j)); }
+  };
+  faiss::FlatCodesDistanceComputer* get_FlatCodesDistanceComputer() const override { return new Dis(*this); }
+};
 
 const faiss::IndexFlatCodes& flat_storage(const faiss::IndexHNSWFlat& idx) {
   auto* s = dynamic_cast<const faiss::IndexFlatCodes*>(idx.storage);
@@ -247,6 +275,8 @@ SubIndex deserialize_sub(const char* fetched, size_t len, const SubDesc& d, cons
   out.version = d.version;
   out.index = std::make_unique<faiss::IndexHNSWFlat>(static_cast<int>(h.dim), static_cast<int>(h.m), metric);
   faiss::IndexHNSWFlat& idx = *out.index;
+  delete idx.storage;  // owned (own_fields): the same flat layout, with the SIMD distance kernel
+  idx.storage = new SimdFlat(static_cast<int>(h.dim), metric);
   auto* storage = dynamic_cast<faiss::IndexFlatCodes*>(idx.storage);
   if (storage == nullptr) throw bad("faiss", "IndexHNSWFlat without flat storage");
   faiss::HNSW& g = idx.hnsw;
