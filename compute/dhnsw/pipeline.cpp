@@ -111,36 +111,22 @@ Index load_index(fabric::Cluster& c, fabric::Endpoint& ep) {
                              ") outside the region of " + std::to_string(h0.region_size) + " bytes");
   std::vector<char> block(len);
   ep.read(RemotePtr(0, off), block.data(), len);
-  std::memcpy(&idx.header, block.data(), sizeof idx.header);
-  const MetaHeader& h = idx.header;
   const std::string what = "memnode 0 metadata block";
-  if (std::memcmp(h.magic, kMetaMagic, sizeof h.magic) != 0)
-    throw std::runtime_error(what + " at offset " + std::to_string(off) + ": bad magic (not a d-HNSW index)");
-  if (h.block_bytes != len)
-    throw std::runtime_error(what + " at offset " + std::to_string(off + offsetof(MetaHeader, block_bytes)) +
-                             ": block size " + std::to_string(h.block_bytes) + " but the region header says " +
-                             std::to_string(len));
-  if (h.sub_table_offset > len || uint64_t{h.num_subs} * sizeof(SubDesc) > len - h.sub_table_offset)
-    throw std::runtime_error(what + " at offset " + std::to_string(off + offsetof(MetaHeader, sub_table_offset)) +
-                             ": sub-HNSW table outside the block");
-  idx.subs.resize(h.num_subs);
-  std::memcpy(idx.subs.data(), block.data() + h.sub_table_offset, idx.subs.size() * sizeof(SubDesc));
-  if (metadata_checksum(block.data(), block.size()) != h.checksum)
-    throw std::runtime_error(what + " at offset " + std::to_string(off + offsetof(MetaHeader, checksum)) +
-                             ": checksum mismatch (corrupted metadata)");
+  Metadata md = decode_metadata(block.data(), len, h0.region_size, 0, what);  // header, checksum, bounds
+  idx.header = md.header;
+  idx.subs = std::move(md.subs);
+  const MetaHeader& h = idx.header;
   if (h.num_memnodes != c.memnodes().size())
     throw std::runtime_error("the d-HNSW index spans " + std::to_string(h.num_memnodes) + " memnode(s), --memnodes names " +
                              std::to_string(c.memnodes().size()));
-  for (const auto& mn : c.memnodes()) {
+  for (const auto& mn : c.memnodes()) {  // every group against the region of the memnode holding it
     RegionHeader r = header_from_blob(mn.header, "memnode " + std::to_string(mn.id));
     if (r.mode != static_cast<uint8_t>(Mode::Dhnsw) || r.dim != h.dim)
       throw std::runtime_error("memnode " + std::to_string(mn.id) + " (" + mn.address +
                                ") does not hold the same d-HNSW index as memnode 0");
+    if (mn.id != 0) validate_metadata(h, idx.subs, r.region_size, mn.id, what);
   }
-  for (const auto& mn : c.memnodes())  // every group against the region of the memnode holding it
-    validate_metadata(h, idx.subs, header_from_blob(mn.header, "memnode " + std::to_string(mn.id)).region_size, mn.id,
-                      what);
-  idx.meta = deserialize_meta(block.data() + h.meta_index_offset, h.meta_index_bytes, what + " (meta-HNSW)");
+  idx.meta = deserialize_meta(md.meta_index.data(), md.meta_index.size(), what + " (meta-HNSW)");
   idx.metadata_bytes = len;
   return idx;
 }
