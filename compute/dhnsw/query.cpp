@@ -9,18 +9,12 @@
 
 #include "common/workload.hpp"
 #include "compute/board.hpp"
+#include "compute/shine/run_util.hpp"  // percentile
 
 namespace dmhnsw::dhnsw {
 namespace {
 
 using json = nlohmann::json;
-
-double pct(std::vector<double> v, double p) {
-  if (v.empty()) return 0;
-  size_t i = std::min(v.size() - 1, static_cast<size_t>(p * static_cast<double>(v.size())));
-  std::nth_element(v.begin(), v.begin() + static_cast<ptrdiff_t>(i), v.end());
-  return v[i];
-}
 
 const char* metric_text(uint8_t m) { return m == 1 ? "ip" : "l2"; }
 
@@ -112,7 +106,7 @@ json run_query(const RunContext& rc, const QueryOptions& o) {
     // ---- computenode 0 merges
     uint64_t queries = 0, nb = 0, needed = 0, fetched = 0, hits = 0, bytes = 0, reads = 0, doorbells = 0;
     double max_secs = 0, r1s = 0, rks = 0, meta = 0, fetch = 0, deser = 0, search = 0, per_q_wall = 0;
-    std::vector<double> lat;  // per-query latency amortised over its batch
+    std::vector<float> lat;  // per-query latency amortised over its batch
     json per_cn = json::array();
     std::vector<std::string> texts = board.gather(gen, 120);
     for (const auto& t : texts) {
@@ -137,7 +131,7 @@ json run_query(const RunContext& rc, const QueryOptions& o) {
         bytes += b[4].get<uint64_t>();
         reads += b[5].get<uint64_t>();
         doorbells += b[6].get<uint64_t>();
-        if (bq > 0) lat.push_back(b[7].get<double>() * 1e6 / static_cast<double>(bq));
+        if (bq > 0) lat.push_back(static_cast<float>(b[7].get<double>() * 1e6 / static_cast<double>(bq)));
       }
       json pc = {{"cn_id", j["cn_id"]}, {"queries", q}, {"seconds", s},
                  {"qps", static_cast<double>(q) / std::max(s, 1e-9)}, {"batches", j["batches"].size()},
@@ -146,7 +140,7 @@ json run_query(const RunContext& rc, const QueryOptions& o) {
     }
     const double nq = static_cast<double>(std::max<uint64_t>(queries, 1)), nbd = static_cast<double>(std::max<uint64_t>(nb, 1));
     double lat_mean = 0;
-    for (double x : lat) lat_mean += x;
+    for (float x : lat) lat_mean += x;
     lat_mean /= static_cast<double>(std::max<size_t>(lat.size(), 1));
     const double us = 1e6 / nq;
     json run = {{"ef_search", ef},
@@ -155,7 +149,7 @@ json run_query(const RunContext& rc, const QueryOptions& o) {
                 {"qps", static_cast<double>(queries) / std::max(max_secs, 1e-9)},
                 {"recall", rks / nq},
                 {"recall_at_1", r1s / nq},
-                {"latency_us", {{"p50", pct(lat, 0.5)}, {"p99", pct(lat, 0.99)}, {"mean", lat_mean}}},
+                {"latency_us", {{"p50", shine::percentile(lat, 0.5)}, {"p99", shine::percentile(lat, 0.99)}, {"mean", lat_mean}}},
                 {"per_query", {{"bytes", static_cast<double>(bytes) / nq}, {"reads", static_cast<double>(reads) / nq},
                                {"doorbells", static_cast<double>(doorbells) / nq},
                                {"fetches", static_cast<double>(fetched) / nq}}},
