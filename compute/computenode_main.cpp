@@ -120,6 +120,12 @@ int main(int argc, char** argv) {
                     "t: after a batch the router waits while its working queue is longer (adaptive)")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
+  query->add_option("--oracle", qo.oracle,
+                    "how a query's computenode is ranked: balanced: distance to the partition centroids plus "
+                    "per-partition offsets that split the partitioned sample evenly; nearest: distance to the "
+                    "centroids only (the paper)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"balanced", "nearest"}));
   query->add_option("--kmeans-seed", qo.kmeans_seed, "seed of the balanced k-means (the same on every computenode)")
       ->capture_default_str();
   query->add_option("--trace", qo.trace_dir, "record every node-cache access to DIR/cn<id>-t<thread>.trace (tools/csp-report)");

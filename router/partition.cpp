@@ -443,13 +443,67 @@ Clustering balanced_kmeans(const float* data, size_t n, uint32_t dim, uint32_t k
   out.centroids = std::move(best.centroids);
   out.assignment = std::move(best.assignment);
   out.sizes = std::move(best.sizes);
+  // Without balance_oracle: no rounds, zero offsets; the loads are measured either way.
+  out.offsets = balance_offsets(data, n, dim, out.centroids.data(), k, metric, 1.02, opts.balance_oracle ? 2000 : 0,
+                                &out.oracle_load_nearest, &out.oracle_load_balanced);
   return out;
+}
+
+std::vector<float> balance_offsets(const float* data, size_t n, uint32_t dim, const float* centroids, uint32_t k,
+                                   Metric metric, double tolerance, uint32_t max_rounds, double* load_before,
+                                   double* load_after) {
+  if (k == 0 || n == 0 || dim == 0 || data == nullptr || centroids == nullptr)
+    throw std::invalid_argument("balance_offsets: needs k, n, dim >= 1 and data (k=" + std::to_string(k) +
+                                ", n=" + std::to_string(n) + ", dim=" + std::to_string(dim) + ")");
+  std::vector<float> off(k, 0.0f);
+  std::vector<float> dist;
+  distance_matrix(data, n, dim, centroids, k, BulkDistance(metric, dim), dist);
+  // The most crowded cluster's count under offsets `o`.
+  std::vector<uint64_t> counts(k);
+  auto count = [&](const std::vector<float>& o) {
+    std::fill(counts.begin(), counts.end(), 0);
+    for (size_t i = 0; i < n; ++i) {
+      const float* row = dist.data() + i * k;
+      uint32_t b = 0;
+      for (uint32_t c = 1; c < k; ++c)
+        if (row[c] + o[c] < row[b] + o[b]) b = c;
+      ++counts[b];
+    }
+    return *std::max_element(counts.begin(), counts.end());
+  };
+  const double mean = static_cast<double>(n) / k;
+  const uint64_t goal = static_cast<uint64_t>(std::ceil(tolerance * mean));
+  uint64_t best_max = count(off);
+  if (load_before != nullptr) *load_before = static_cast<double>(best_max) / mean;
+  std::vector<float> best = off;
+  if (k > 1 && best_max > goal) {
+    // Step scale: the mean spread of a point's distances to the centroids.
+    double spread = 0;
+    for (size_t i = 0; i < n; ++i) {
+      const auto [lo, hi] = std::minmax_element(dist.begin() + i * k, dist.begin() + (i + 1) * k);
+      spread += static_cast<double>(*hi) - static_cast<double>(*lo);
+    }
+    spread /= static_cast<double>(n);
+    for (uint32_t round = 0; round < max_rounds && spread > 0; ++round) {
+      const double step = 0.05 * spread / (1.0 + round / 50.0);
+      for (uint32_t c = 0; c < k; ++c)
+        off[c] += static_cast<float>(step * (static_cast<double>(counts[c]) - mean) / mean);
+      const uint64_t mx = count(off);
+      if (mx < best_max) {
+        best_max = mx;
+        best = off;
+      }
+      if (best_max <= goal) break;
+    }
+  }
+  if (load_after != nullptr) *load_after = static_cast<double>(best_max) / mean;
+  return best;
 }
 
 // ---- oracle ----
 
-Oracle::Oracle(std::vector<float> centroids, uint32_t k, uint32_t dim, Metric metric)
-    : k_(k), dim_(dim), centroids_(std::move(centroids)), metric_(metric) {
+Oracle::Oracle(std::vector<float> centroids, uint32_t k, uint32_t dim, Metric metric, std::vector<float> offsets)
+    : k_(k), dim_(dim), centroids_(std::move(centroids)), offsets_(std::move(offsets)), metric_(metric) {
   if (k == 0 || dim == 0)
     throw std::invalid_argument("Oracle: k and dim must be >= 1 (k=" + std::to_string(k) +
                                 ", dim=" + std::to_string(dim) + ")");
@@ -457,6 +511,10 @@ Oracle::Oracle(std::vector<float> centroids, uint32_t k, uint32_t dim, Metric me
     throw std::invalid_argument("Oracle: " + std::to_string(centroids_.size()) +
                                 " centroid values, expected k x dim = " + std::to_string(k) +
                                 " x " + std::to_string(dim));
+  if (offsets_.empty()) offsets_.assign(k, 0.0f);
+  if (offsets_.size() != k)
+    throw std::invalid_argument("Oracle: " + std::to_string(offsets_.size()) + " offsets, expected k = " +
+                                std::to_string(k));
   dist_.emplace(metric, dim);
 }
 
@@ -471,7 +529,7 @@ void Oracle::rank(const float* q, uint32_t* order) const {
     d = heap_d.data();
   }
   for (uint32_t c = 0; c < k_; ++c) {
-    d[c] = (*dist_)(q, centroids_.data() + static_cast<size_t>(c) * dim_);
+    d[c] = (*dist_)(q, centroids_.data() + static_cast<size_t>(c) * dim_) + offsets_[c];
     order[c] = c;
   }
   // Insertion sort (k is small), stable: equal distances keep increasing ids.
@@ -489,9 +547,9 @@ void Oracle::rank(const float* q, uint32_t* order) const {
 uint32_t Oracle::best(const float* q) const {
   if (k_ == 0) throw std::logic_error("Oracle::best on an empty oracle");
   uint32_t best = 0;
-  float best_d = (*dist_)(q, centroids_.data());
+  float best_d = (*dist_)(q, centroids_.data()) + offsets_[0];
   for (uint32_t c = 1; c < k_; ++c) {
-    const float d = (*dist_)(q, centroids_.data() + static_cast<size_t>(c) * dim_);
+    const float d = (*dist_)(q, centroids_.data() + static_cast<size_t>(c) * dim_) + offsets_[c];
     if (d < best_d) {
       best_d = d;
       best = c;

@@ -71,6 +71,9 @@ int main(int argc, char** argv) {
     std::printf("  centroids  fnv1a64 %016llx\n",
                 static_cast<unsigned long long>(
                     dmhnsw::router::detail::fnv1a64(c.centroids.data(), c.centroids.size())));
+    std::printf("  offsets    fnv1a64 %016llx (oracle: largest/mean load %.4f, nearest centroid %.4f)\n",
+                static_cast<unsigned long long>(dmhnsw::router::detail::fnv1a64(c.offsets.data(), c.offsets.size())),
+                c.oracle_load_balanced, c.oracle_load_nearest);
     std::fprintf(stderr, "kmeans: %.3f s\n", secs);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "kmeans: error: %s\n", e.what());

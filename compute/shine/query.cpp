@@ -229,13 +229,24 @@ json run_query(const RunContext& rc, const QueryOptions& o) {
     LevelSample smp = sample_level(g, *control, 1000, 100000, o.kmeans_seed);
     router::BalancedKMeansOptions ko;
     ko.seed = o.kmeans_seed;
+    ko.balance_oracle = o.oracle == "balanced";
     size_t n = smp.size(p.dim);
     router::Clustering cl = router::balanced_kmeans(smp.vectors.data(), n, p.dim, K, p.metric, ko);
-    oracle = router::Oracle(cl.centroids, K, p.dim, p.metric);
-    partition = {{"level", smp.level}, {"nodes_at_level", smp.nodes_at_level}, {"sample", n},
-                 {"sizes", cl.sizes}, {"imbalance", cl.imbalance()}, {"seconds", secs_since(t0)}};
-    spdlog::info("partitioning: level {} ({} nodes, {} sampled), {} clusters of sizes {} in {:.2f} s", smp.level,
-                 smp.nodes_at_level, n, K, partition["sizes"].dump(), partition["seconds"].get<double>());
+    oracle = router::Oracle(cl.centroids, K, p.dim, p.metric, cl.offsets);
+    partition = {{"level", smp.level},
+                 {"nodes_at_level", smp.nodes_at_level},
+                 {"sample", n},
+                 {"sizes", cl.sizes},
+                 {"imbalance", cl.imbalance()},
+                 {"oracle", o.oracle},
+                 {"offsets", cl.offsets},
+                 {"oracle_load_nearest", cl.oracle_load_nearest},
+                 {"oracle_load", ko.balance_oracle ? cl.oracle_load_balanced : cl.oracle_load_nearest},
+                 {"seconds", secs_since(t0)}};
+    spdlog::info("partitioning: level {} ({} nodes, {} sampled), {} clusters of sizes {}; {} oracle splits the "
+                 "sample {:.2f}x the mean at most (nearest centroid: {:.2f}x); {:.2f} s",
+                 smp.level, smp.nodes_at_level, n, K, partition["sizes"].dump(), o.oracle,
+                 partition["oracle_load"].get<double>(), cl.oracle_load_nearest, partition["seconds"].get<double>());
   }
 
   // ---- the relay: routed queries, progress, done counts, liveness

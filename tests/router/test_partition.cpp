@@ -141,6 +141,7 @@ TEST_CASE("balanced k-means is deterministic by seed", "[router][kmeans]") {
                    [](float x, float y) { return std::memcmp(&x, &y, sizeof x) == 0; }));
   CHECK(c1.assignment == c2.assignment);
   CHECK(c1.sizes == c2.sizes);
+  CHECK(detail::fnv1a64(c1.offsets.data(), c1.offsets.size()) == detail::fnv1a64(c2.offsets.data(), c2.offsets.size()));
 
   BalancedKMeansOptions b = a;
   b.seed = 43;
@@ -172,6 +173,9 @@ TEST_CASE("balanced k-means gives identical centroids across processes (tools/km
   std::string sizes = "sizes     ";
   for (uint64_t s : c.sizes) sizes += " " + std::to_string(s);
   CHECK(r1.out.find(sizes + "\n") != std::string::npos);
+  // The oracle's offsets too.
+  CHECK(r1.out.find("offsets    fnv1a64 " + hex64(detail::fnv1a64(c.offsets.data(), c.offsets.size()))) !=
+        std::string::npos);
 
   // A different seed prints a different hash.
   const test::RunResult r3 = test::run_tool(tmp1, "kmeans", "--data '" + kBigann +
@@ -393,5 +397,69 @@ TEST_CASE("balanced k-means on degenerate inputs and every kernel class", "[rout
         CHECK(agree == n);
       }
     }
+  }
+}
+
+TEST_CASE("balance_offsets move the oracle's boundaries until the points split evenly", "[router][oracle]") {
+  // Points spread evenly over [0, 1] on a line; centroids at 0 and 0.5. Nearest centroid
+  // splits them at 0.25 (a quarter against three quarters); the offsets move the boundary.
+  const size_t n = 1000;
+  std::vector<float> pts(n);
+  for (size_t i = 0; i < n; ++i) pts[i] = (static_cast<float>(i) + 0.5f) / n;
+  const std::vector<float> cents{0.0f, 0.5f};
+  double before = 0, after = 0;
+  const std::vector<float> off = balance_offsets(pts.data(), n, 1, cents.data(), 2, Metric::L2, 1.02, 2000, &before, &after);
+  REQUIRE(off.size() == 2);
+  CHECK(before == Approx(1.5).margin(0.01));
+  CHECK(after <= 1.02);
+  const Oracle plain(cents, 2, 1, Metric::L2);
+  const Oracle balanced(cents, 2, 1, Metric::L2, off);
+  size_t to0 = 0, plain_to0 = 0;
+  for (size_t i = 0; i < n; ++i) {
+    to0 += balanced.best(&pts[i]) == 0;
+    plain_to0 += plain.best(&pts[i]) == 0;
+  }
+  CHECK(plain_to0 == 250);
+  CHECK(to0 >= 490);
+  CHECK(to0 <= 510);
+  uint32_t order[2];
+  const float q = 0.3f;  // nearer to 0.5, but inside centroid 0's share once balanced
+  plain.rank(&q, order);
+  CHECK(order[0] == 1);
+  balanced.rank(&q, order);
+  CHECK(order[0] == 0);
+  CHECK(order[1] == 1);
+  // Deterministic.
+  CHECK(balance_offsets(pts.data(), n, 1, cents.data(), 2, Metric::L2) == off);
+  // Already even: no offsets at all.
+  const std::vector<float> sym{0.25f, 0.75f};
+  const std::vector<float> none = balance_offsets(pts.data(), n, 1, sym.data(), 2, Metric::L2, 1.02, 2000, &before, &after);
+  CHECK(none == std::vector<float>{0.0f, 0.0f});
+  CHECK(before == Approx(1.0));
+  // Bad input names what is wrong; an oracle with the wrong number of offsets is refused.
+  CHECK_THROWS_WITH(balance_offsets(pts.data(), n, 1, cents.data(), 0, Metric::L2), Catch::Contains("k=0"));
+  CHECK_THROWS_WITH(Oracle(cents, 2, 1, Metric::L2, std::vector<float>{1.0f}), Catch::Contains("offsets"));
+}
+
+TEST_CASE("balanced k-means' oracle splits bigann evenly where nearest-centroid does not", "[router][oracle]") {
+  const FloatMatrix m = bigann(5000);
+  const uint32_t dim = static_cast<uint32_t>(m.d());
+  for (uint32_t k : {3u, 4u, 5u}) {
+    INFO("k = " << k);
+    const Clustering c = balanced_kmeans(m.data(), m.n(), dim, k, Metric::L2);
+    const Oracle o(c.centroids, k, dim, Metric::L2, c.offsets);
+    std::vector<size_t> load(k);
+    for (size_t i = 0; i < m.n(); ++i) ++load[o.best(m.data() + i * dim)];
+    const double mean = static_cast<double>(m.n()) / k;
+    const double largest = static_cast<double>(*std::max_element(load.begin(), load.end()));
+    CHECK(largest / mean == Approx(c.oracle_load_balanced));
+    CHECK(c.oracle_load_balanced <= 1.02);
+    CHECK(c.oracle_load_balanced <= c.oracle_load_nearest);
+    BalancedKMeansOptions plain;
+    plain.balance_oracle = false;
+    const Clustering p = balanced_kmeans(m.data(), m.n(), dim, k, Metric::L2, plain);
+    CHECK(p.offsets == std::vector<float>(k, 0.0f));
+    CHECK(p.centroids == c.centroids);
+    CHECK(p.oracle_load_nearest == c.oracle_load_nearest);
   }
 }
