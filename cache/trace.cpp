@@ -43,6 +43,16 @@ constexpr uint64_t kMetaOffset = offsetof(TraceFileHeader, meta);
 
 // ---------------------------------------------------------------- writer
 
+TraceRecord make_record(RemotePtr key, unsigned level, bool hit, bool measured, uint32_t t_us) {
+  TraceRecord r;
+  r.key = key.raw();
+  r.t_us = t_us;
+  r.level = static_cast<uint8_t>(std::min(level, 255u));
+  r.flags = static_cast<uint8_t>((hit ? TraceRecord::kHit : 0) | (measured ? TraceRecord::kMeasured : 0));
+  r.reserved = 0;
+  return r;
+}
+
 TraceWriter::TraceWriter(const std::string& path, const TraceMeta& meta) : path_(path) {
   TraceMeta m = meta;
   if (m.start_unix_ns == 0) m.start_unix_ns = realtime_ns();  // no common start given: now
@@ -75,13 +85,8 @@ TraceWriter::~TraceWriter() {
 void TraceWriter::record(RemotePtr key, unsigned level, bool hit, bool measured) {
   int64_t rel = realtime_ns() - start_ns_;
   if (rel < 0) rel = 0;
-  TraceRecord r;
-  r.key = key.raw();
-  r.t_us = static_cast<uint32_t>(static_cast<uint64_t>(rel / 1000));  // modulo 2^32, see top
-  r.level = static_cast<uint8_t>(std::min(level, 255u));
-  r.flags = static_cast<uint8_t>((hit ? TraceRecord::kHit : 0) | (measured ? TraceRecord::kMeasured : 0));
-  r.reserved = 0;
-  buf_.push_back(r);
+  buf_.push_back(make_record(key, level, hit, measured,
+                             static_cast<uint32_t>(static_cast<uint64_t>(rel / 1000))));  // modulo 2^32, see top
   ++records_;
   if (buf_.size() >= kBufferRecords) flush();
 }

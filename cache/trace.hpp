@@ -58,6 +58,9 @@ static_assert(sizeof(TraceRecord) == 16);
 static_assert(offsetof(TraceRecord, t_us) == 8 && offsetof(TraceRecord, level) == 12 && offsetof(TraceRecord, flags) == 13);
 static_assert(std::is_trivially_copyable_v<TraceRecord> && std::is_standard_layout_v<TraceRecord>);
 
+/// One record (level clamped to 255).
+TraceRecord make_record(RemotePtr key, unsigned level, bool hit, bool measured, uint32_t t_us = 0);
+
 /// Buffered writer of one thread's trace. Not thread-safe (one per thread).
 class TraceWriter {
  public:

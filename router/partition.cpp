@@ -544,6 +544,11 @@ void Oracle::rank(const float* q, uint32_t* order) const {
   }
 }
 
+void Oracle::scores(const float* q, float* out) const {
+  if (k_ == 0) throw std::logic_error("Oracle::scores on an empty oracle");
+  for (uint32_t c = 0; c < k_; ++c) out[c] = (*dist_)(q, centroids_.data() + static_cast<size_t>(c) * dim_) + offsets_[c];
+}
+
 uint32_t Oracle::best(const float* q) const {
   if (k_ == 0) throw std::logic_error("Oracle::best on an empty oracle");
   uint32_t best = 0;

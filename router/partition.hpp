@@ -59,6 +59,8 @@ class Oracle {
   /// Fills `order` (size k) with computenode ids, best fitting (nearest centroid) first.
   void rank(const float* q, uint32_t* order) const;
   uint32_t best(const float* q) const;
+  /// Fills `scores` (size k) with distance(q, centroid i) + offsets[i] (smaller fits better).
+  void scores(const float* q, float* scores) const;
 
  private:
   uint32_t k_ = 0, dim_ = 0;

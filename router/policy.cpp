@@ -113,6 +113,20 @@ uint32_t RoutingPolicy::choose(const uint32_t* ranked) {
   return target;
 }
 
+std::vector<uint32_t> RoutingPolicy::choose_batch(const std::vector<const uint32_t*>& ranked,
+                                                  const std::vector<float>& regret) {
+  if (regret.size() != ranked.size())
+    throw std::invalid_argument("RoutingPolicy::choose_batch: " + std::to_string(regret.size()) + " regrets for " +
+                                std::to_string(ranked.size()) + " queries");
+  std::vector<size_t> order(ranked.size());
+  std::iota(order.begin(), order.end(), size_t{0});
+  if (policy_ == Policy::Balanced || policy_ == Policy::Adaptive)
+    std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return regret[a] > regret[b]; });
+  std::vector<uint32_t> out(ranked.size());
+  for (size_t x : order) out[x] = choose(ranked[x]);
+  return out;
+}
+
 bool RoutingPolicy::batch_full() const {
   return (policy_ == Policy::Balanced || policy_ == Policy::Adaptive) && routed_ >= batch_;
 }

@@ -20,6 +20,13 @@ class RoutingPolicy {
   /// first): none → self; best-fit → ranked[0]; balanced/adaptive → the first in ranked
   /// order whose count in this batch is below its limit. Counts the query.
   uint32_t choose(const uint32_t* ranked);
+  /// Chooses for several queries at once: ranked[x] is query x's ranking, regret[x] what it
+  /// loses by leaving its first choice (its oracle score at ranked[x][1] minus the one at
+  /// ranked[x][0]). Balanced/adaptive: the queries with the largest regret choose first
+  /// (ties: input order), so the ones near a partition boundary are the ones moved when a
+  /// computenode's limit is reached. Other policies: choose() in input order. Returns the
+  /// targets in input order.
+  std::vector<uint32_t> choose_batch(const std::vector<const uint32_t*>& ranked, const std::vector<float>& regret);
   /// True when `batch` queries were chosen since the last reset (balanced, adaptive).
   bool batch_full() const;
   /// Ends the batch: resets the histogram. Adaptive: the new limits from every

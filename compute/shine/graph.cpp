@@ -225,6 +225,7 @@ Task<std::vector<Neighbor>> Worker::read_vectors(const std::vector<RemotePtr>& n
         ++ctx.search.visited;
         out.push_back({g_.distance()(q, tmp.data()), p, label});
         if (ctx.trace != nullptr) ctx.trace->record(p, level, true, ctx.measured);
+        if (ctx.accesses != nullptr) ctx.accesses->push_back(cache::make_record(p, level, true, ctx.measured));
       } else {
         remote.push_back(p);
       }
@@ -255,6 +256,7 @@ Task<std::vector<Neighbor>> Worker::read_vectors(const std::vector<RemotePtr>& n
       unsigned level = NodeHeader::level(f.header);
       ctx.node_cache->admit(remote[i], level, v, f.label);
       if (ctx.trace != nullptr) ctx.trace->record(remote[i], level, false, ctx.measured);
+      if (ctx.accesses != nullptr) ctx.accesses->push_back(cache::make_record(remote[i], level, false, ctx.measured));
     }
   }
   co_return out;

@@ -139,6 +139,7 @@ struct OpContext {
   ReadMode mode = ReadMode::Batch;
   cache::NodeCache* node_cache = nullptr;  // queries: the computenode's node cache (optional)
   cache::TraceWriter* trace = nullptr;     // queries: records every node-cache access (optional)
+  std::vector<cache::TraceRecord>* accesses = nullptr;  // queries: the same records kept in memory (optional)
   bool measured = true;                    // trace flag: outside the warm-up
   std::vector<uint64_t> allocated;  // nodes this context allocated, by memnode id
   IoStats io;

@@ -356,36 +356,62 @@ json run_query(const RunContext& rc, const QueryOptions& o) {
     std::thread router_thread([&] {
       try {
         router::RoutingPolicy rp(policy, K, self, o.route_batch);
-        std::vector<uint32_t> ranked(K), alive_ranked;
+        // Balanced/adaptive route a batch of b queries at once (RoutingPolicy::choose_batch:
+        // the queries nearest a partition boundary are the ones moved when a computenode's
+        // limit is reached); the others one query at a time.
+        const size_t gather = need_done && (policy == router::Policy::Balanced || policy == router::Policy::Adaptive)
+                                  ? o.route_batch
+                                  : 1;
+        std::vector<uint32_t> batch_pos, ranks(gather * K);
+        std::vector<const uint32_t*> ranked;
+        std::vector<float> regret, scores(K);
         std::vector<char> msg(sizeof(QueryMsg) + 4ull * p.dim);
         uint64_t batch_no = 0;
-        for (size_t i = 0; !stop.load(); ++i) {
-          if (items.empty() || (i >= items.size() && (min_seconds <= 0 || Clock::now() >= deadline))) break;
-          // Flow control: do not run far ahead of the workers.
-          while (ex.queue_len(phase) > 2ull * o.route_threshold + 64 && !stop.load())
-            std::this_thread::sleep_for(std::chrono::microseconds(100));
-          uint32_t pos = items[i % items.size()];
-          ++pr.input;
-          uint32_t target = self;
-          if (need_done) {
-            oracle.rank(wl.queries.row(pos), ranked.data());
-            alive_ranked.clear();
-            for (uint32_t cn : ranked)
-              if (!ex.gone(cn)) alive_ranked.push_back(cn);
-            for (uint32_t cn : ranked)
-              if (ex.gone(cn)) alive_ranked.push_back(cn);  // last resort only
-            target = rp.choose(alive_ranked.data());
-            if (ex.gone(target)) target = self;
+        for (size_t i = 0; !stop.load();) {
+          batch_pos.clear();
+          while (batch_pos.size() < gather && !stop.load()) {
+            if (items.empty() || (i >= items.size() && (min_seconds <= 0 || Clock::now() >= deadline))) break;
+            // Flow control: do not run far ahead of the workers.
+            while (ex.queue_len(phase) > 2ull * o.route_threshold + 64 && !stop.load())
+              std::this_thread::sleep_for(std::chrono::microseconds(100));
+            batch_pos.push_back(items[i % items.size()]);
+            ++i;
           }
-          if (target == self) {
-            ex.push(phase, Item{pos, false, {}});
-          } else {
-            QueryMsg m{kQueryMsg, phase, pos, self, p.dim};
-            std::memcpy(msg.data(), &m, sizeof m);
-            std::memcpy(msg.data() + sizeof m, wl.queries.row(pos), 4ull * p.dim);
-            relay.forward(target, msg.data(), msg.size());
-            ++pr.routed_away;
-            ++pr.routed_to[target];
+          if (batch_pos.empty()) break;
+          pr.input += batch_pos.size();
+          std::vector<uint32_t> targets(batch_pos.size(), self);
+          if (need_done) {
+            ranked.clear();
+            regret.clear();
+            for (size_t x = 0; x < batch_pos.size(); ++x) {
+              const float* q = wl.queries.row(batch_pos[x]);
+              uint32_t* r = ranks.data() + x * K;
+              oracle.rank(q, r);
+              std::stable_partition(r, r + K, [&](uint32_t cn) { return !ex.gone(cn); });  // gone: last resort
+              float lost = 0;
+              if (gather > 1 && K > 1) {
+                oracle.scores(q, scores.data());
+                lost = scores[r[1]] - scores[r[0]];
+              }
+              ranked.push_back(r);
+              regret.push_back(lost);
+            }
+            targets = rp.choose_batch(ranked, regret);
+            for (uint32_t& t : targets)
+              if (ex.gone(t)) t = self;
+          }
+          for (size_t x = 0; x < batch_pos.size(); ++x) {
+            const uint32_t pos = batch_pos[x], target = targets[x];
+            if (target == self) {
+              ex.push(phase, Item{pos, false, {}});
+            } else {
+              QueryMsg m{kQueryMsg, phase, pos, self, p.dim};
+              std::memcpy(msg.data(), &m, sizeof m);
+              std::memcpy(msg.data() + sizeof m, wl.queries.row(pos), 4ull * p.dim);
+              relay.forward(target, msg.data(), msg.size());
+              ++pr.routed_away;
+              ++pr.routed_to[target];
+            }
           }
           if (need_done && rp.batch_full()) {
             uint64_t mine = ex.queue_len(phase);

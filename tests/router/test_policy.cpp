@@ -229,3 +229,29 @@ TEST_CASE("balanced ignores queue lengths and end_batch resets the counters", "[
   p.choose(r);
   CHECK(p.batch_full());
 }
+
+TEST_CASE("choose_batch: the queries that lose most by moving keep their first choice", "[router][policy]") {
+  // 2 computenodes, limits 2 + 2. Three queries prefer 0; the one with the smallest regret
+  // (closest to the boundary) is the one moved to 1, wherever it stands in the batch.
+  const uint32_t to0[2] = {0, 1}, to1[2] = {1, 0};
+  std::vector<const uint32_t*> ranked{to0, to0, to1, to0};
+  const std::vector<float> regret{0.5f, 0.1f, 0.3f, 0.9f};
+  RoutingPolicy p(Policy::Balanced, 2, 0, 4);
+  CHECK(p.choose_batch(ranked, regret) == std::vector<uint32_t>{0, 1, 1, 0});
+  CHECK(p.batch_full());
+  CHECK(p.histogram() == std::vector<uint32_t>{2, 2});
+  // In arrival order (choose() one by one) the last of them would have moved instead.
+  RoutingPolicy q(Policy::Balanced, 2, 0, 4);
+  std::vector<uint32_t> seq;
+  for (const uint32_t* r : ranked) seq.push_back(q.choose(r));
+  CHECK(seq == std::vector<uint32_t>{0, 0, 1, 1});
+  // Equal regrets keep the input order; adaptive does the same under its limits.
+  RoutingPolicy a(Policy::Adaptive, 2, 0, 4);
+  CHECK(a.choose_batch(ranked, std::vector<float>(4, 1.0f)) == seq);
+  // Best-fit and none ignore regrets and limits.
+  RoutingPolicy b(Policy::BestFit, 2, 1, 4);
+  CHECK(b.choose_batch(ranked, regret) == std::vector<uint32_t>{0, 0, 1, 0});
+  RoutingPolicy n(Policy::None, 2, 1, 4);
+  CHECK(n.choose_batch(ranked, regret) == std::vector<uint32_t>{1, 1, 1, 1});
+  CHECK_THROWS_WITH(p.choose_batch(ranked, {1.0f}), Catch::Contains("1 regrets for 4 queries"));
+}
