@@ -301,7 +301,7 @@ int main(int argc, char** argv) {
     std::printf("  %u computenodes, cache %.3f of the index (%llu MiB of %llu MiB each), level-0 admission %g\n", K,
                 cache_ratio, static_cast<unsigned long long>(cfg.capacity_bytes >> 20),
                 static_cast<unsigned long long>(idx_bytes >> 20), admit);
-    std::printf("  %-9s %7s %8s %7s %9s %10s\n", "routing", "CHR", "CHR_max", "CSP", "L0 hits", "load max");
+    std::printf("  %-13s %7s %8s %7s %9s %10s\n", "routing", "CHR", "CHR_max", "CSP", "L0 hits", "load max");
     json out = {{"workload", wl_path}, {"queries", stream.size()}, {"distinct", queries.size()},
                 {"warmup", wl.warmup_count}, {"ef_search", ef}, {"num_cns", K}, {"cache_ratio", cache_ratio},
                 {"cache_bytes", cfg.capacity_bytes}, {"index_bytes", idx_bytes}, {"admit_probability", admit},
@@ -310,7 +310,7 @@ int main(int argc, char** argv) {
       const bool by_position = i >= routings.size();
       const auto& [name, route] = by_position ? quota_routings[i - routings.size()] : routings[i];
       const SimResult r = simulate(acc, stream, wl.warmup_count, route, K, cfg, by_position);
-      std::printf("  %-9s %6.1f%% %7.1f%% %6.1f%% %8.1f%% %9.2fx\n", name.c_str(), 100 * r.chr(), 100 * r.chr_max(),
+      std::printf("  %-13s %6.1f%% %7.1f%% %6.1f%% %8.1f%% %9.2fx\n", name.c_str(), 100 * r.chr(), 100 * r.chr_max(),
                   100 * r.csp(), 100 * r.level0_hit(), r.load_max_over_mean());
       std::fflush(stdout);
       out["routings"].push_back({{"routing", name}, {"chr", r.chr()}, {"chr_max", r.chr_max()}, {"csp", r.csp()},

@@ -323,3 +323,48 @@ TEST_CASE("shine routing: a computenode killed mid-run is reported gone and the 
   CHECK(run0["seconds"].get<double>() >= 6.0);
   CHECK(run0["recall"].get<double>() > 0.8);
 }
+
+TEST_CASE("shine-route-sim: one pass over the served index, every routing replayed against the same shared cache",
+          "[integration][shine][routing][tools]") {
+  Served s;
+  TempDir dir;
+  const std::string js = dir.file("sim.json");
+  auto r = run({bin("shine-route-sim"), "--provider", "shm", "--memnodes", s.mns, "--workload", index().wl, "--num-cns",
+                "3", "--ef-search", "32", "--route-batch", "30", "--json", js},
+               dir, "sim", seconds(120));
+  INFO(r.output);
+  REQUIRE(r.code == 0);
+  const auto j = load_json(js);
+  INFO(j.dump(1));
+  const uint64_t total = j["queries"].get<uint64_t>();
+  CHECK(total == kMeasured + 50);
+  CHECK(j["accesses_per_query"].get<double>() > 10);
+  std::vector<std::string> names;
+  const auto& none = j["routings"][0];
+  for (const auto& x : j["routings"]) {
+    names.push_back(x["routing"]);
+    uint64_t sum = 0;
+    for (const auto& l : x["load"]) sum += l.get<uint64_t>();
+    CHECK(sum == total);
+    CHECK(x["chr"].get<double>() > 0.0);
+    CHECK(x["chr"].get<double>() < 1.0);
+    // The shared cache sees the same accesses in the same order whatever the routing.
+    CHECK(x["chr_max"] == none["chr_max"]);
+    CHECK(x["accesses"] == none["accesses"]);
+  }
+  CHECK(names == std::vector<std::string>{"none", "nearest", "balanced", "bound", "quota", "quota-regret"});
+  // No routing: query i on computenode i mod 3; quotas of 10 per batch of 30: the same split.
+  const std::vector<uint64_t> even(3, total / 3);
+  CHECK(none["load"].get<std::vector<uint64_t>>() == even);
+  CHECK(j["routings"][4]["load"].get<std::vector<uint64_t>>() == even);
+  CHECK(j["routings"][5]["load"].get<std::vector<uint64_t>>() == even);
+  // 16 clusters over 3 partitions: routing by partition wastes less of the summed cache.
+  CHECK(j["routings"][3]["csp"].get<double>() < none["csp"].get<double>());
+  CHECK(j["routings"][2]["csp"].get<double>() < none["csp"].get<double>());
+
+  const auto bad = run({bin("shine-route-sim"), "--provider", "shm", "--memnodes", s.mns, "--workload",
+                        dir.file("missing.wl")},
+                       dir, "bad", seconds(60));
+  CHECK(bad.code != 0);
+  CHECK_THAT(bad.output, Contains("missing.wl"));
+}
