@@ -429,6 +429,10 @@ TEST_CASE("balance_offsets move the oracle's boundaries until the points split e
   balanced.rank(&q, order);
   CHECK(order[0] == 0);
   CHECK(order[1] == 1);
+  float sc[2];
+  balanced.scores(&q, sc);  // squared distance plus offset
+  CHECK(sc[0] == Approx(0.09f + off[0]));
+  CHECK(sc[1] == Approx(0.04f + off[1]));
   // Deterministic.
   CHECK(balance_offsets(pts.data(), n, 1, cents.data(), 2, Metric::L2) == off);
   // Already even: no offsets at all.
