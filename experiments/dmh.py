@@ -114,13 +114,59 @@ class Memnodes:
         self.close()
 
 
-def computenodes(mn, provider, num_cns, sub, args, report, logdir=None, timeout=None, fail_grace=10, mode="shine"):
+CPU_CGROUP = Path("/sys/fs/cgroup/cpu")  # cgroup v1 cpu controller (this host's layout)
+
+
+class CpuLimits:
+    """One cgroup (v1 cpu controller) per computenode, each limited to CPU cores' worth of CPU
+    time (cpu.cfs_quota_us), so that K computenodes on one host behave like K machines of equal,
+    fixed speed instead of sharing whatever CPU the others leave idle. Removed on exit."""
+
+    def __init__(self, count, cpu):
+        if not (CPU_CGROUP / "cpu.cfs_quota_us").exists():
+            raise RuntimeError(f"--cn-cpu needs the cgroup v1 cpu controller at {CPU_CGROUP} (not found)")
+        period = int((CPU_CGROUP / "cpu.cfs_period_us").read_text())
+        self.dirs = []
+        for i in range(count):
+            d = CPU_CGROUP / f"dmhnsw-{os.getpid()}-cn{i}"
+            d.mkdir(exist_ok=True)
+            (d / "cpu.cfs_period_us").write_text(str(period))
+            (d / "cpu.cfs_quota_us").write_text(str(max(1000, int(cpu * period))))
+            self.dirs.append(d)
+
+    def enter(self, i):
+        """A preexec_fn: the child joins cgroup I before it execs."""
+        procs = str(self.dirs[i] / "cgroup.procs")
+        return lambda: Path(procs).write_text(str(os.getpid()))
+
+    def close(self):
+        for d in self.dirs:
+            for _ in range(50):  # the processes may still be exiting
+                try:
+                    d.rmdir()
+                    break
+                except OSError:
+                    time.sleep(0.1)
+
+
+def computenodes(mn, provider, num_cns, sub, args, report, logdir=None, timeout=None, fail_grace=10, mode="shine",
+                 cn_cpu=None):
     """Runs `computenode ... SUB ARGS` on num_cns processes; returns computenode 0's report.
+    cn_cpu: each computenode limited to this many cores' worth of CPU time (CpuLimits); None: no limit.
 
     logdir: each computenode's output goes to LOGDIR/cn<i>.log (else through pipes); then, once
     one computenode failed, the others are killed after FAIL_GRACE seconds.
     timeout: seconds; past it every computenode started here is killed and RuntimeError raised.
     mode: --mode shine or dhnsw."""
+    limits = CpuLimits(num_cns, cn_cpu) if cn_cpu else None
+    try:
+        return _computenodes(mn, provider, num_cns, sub, args, report, logdir, timeout, fail_grace, mode, limits)
+    finally:
+        if limits is not None:
+            limits.close()
+
+
+def _computenodes(mn, provider, num_cns, sub, args, report, logdir, timeout, fail_grace, mode, limits):
     procs, logs = [], []
     Path(report).unlink(missing_ok=True)
     if logdir is not None:
@@ -130,14 +176,16 @@ def computenodes(mn, provider, num_cns, sub, args, report, logdir=None, timeout=
                "--cn-id", str(i), "--num-cns", str(num_cns), sub] + [str(a) for a in args]
         if i == 0:
             cmd += ["--report", str(report)]
+        pre = limits.enter(i) if limits is not None else None
         if logdir is None:
-            procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+            procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                          preexec_fn=pre))
         else:
             logs.append(Path(logdir) / f"cn{i}.log")
             with open(logs[-1], "w") as f:
                 f.write(" ".join(cmd) + "\n")
                 f.flush()
-                procs.append(subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, text=True))
+                procs.append(subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, text=True, preexec_fn=pre))
     deadline = None if timeout is None else time.time() + timeout
     outs = []
     try:
@@ -310,13 +358,14 @@ def shine_workload(name, work, dist, count, warmup, seed=5):
 def query_run(images, num_cns, workload, report, *, ef_search=64, k=10, threads=1, coroutines=4, cache_ratio=0.0,
               cache_bytes=None, admit_probability=None, routing="none", route_batch=None, route_threshold=None,
               repeat_seconds=None, trace=None, extra=(), provider="shm", region="1GiB", logdir=None, timeout=None,
-              retries=3, memnode_args=()):
+              retries=3, memnode_args=(), cn_cpu=None):
     """One query run on NUM_CNS computenodes (--cn-id 0..K-1 --num-cns K) with the given flags;
     returns computenode 0's merged report (dict; also written to REPORT).
 
     images: the image paths of shine_index (fresh memnodes serve them for this run and are
     stopped afterwards), or a running Memnodes. trace: directory for the node-cache access traces
     (emptied first; needs a cache). memnode_args: more memnode flags (fresh memnodes only).
+    cn_cpu: CPU cores' worth of time per computenode (CpuLimits), None: unlimited.
     Logs: LOGDIR (default REPORT's name + .logs). A run that fails transiently (transient_failure)
     is repeated up to RETRIES times with fresh processes (the failed logs stay in LOGDIR.failed<i>)."""
     report = Path(report)
@@ -335,11 +384,13 @@ def query_run(images, num_cns, workload, report, *, ef_search=64, k=10, threads=
         args += ["--trace", trace]
     args += list(extra)
     if isinstance(images, Memnodes):
-        return computenodes(images, provider, num_cns, "query", args, report, logdir=logdir, timeout=timeout)[0]
+        return computenodes(images, provider, num_cns, "query", args, report, logdir=logdir, timeout=timeout,
+                            cn_cpu=cn_cpu)[0]
     for attempt in range(retries + 1):
         try:
             with Memnodes(None, provider, region, logdir / "mn", load=images, args=memnode_args) as mn:
-                return computenodes(mn, provider, num_cns, "query", args, report, logdir=logdir, timeout=timeout)[0]
+                return computenodes(mn, provider, num_cns, "query", args, report, logdir=logdir, timeout=timeout,
+                                    cn_cpu=cn_cpu)[0]
         except RuntimeError as e:
             if attempt == retries or not transient_failure(e):
                 raise
@@ -483,6 +534,9 @@ def shine_args(ap, *, sets="wordnet,syn100k", num_cns=4, cache_ratio=0.05):
     g.add_argument("--relay-timeout-ms", type=int, default=60000,
                    help="memnode --relay-timeout-ms: a computenode silent this long is gone (default %(default)s; the "
                         "memnode's own 3000 gives false positives on a loaded 2-core host)")
+    g.add_argument("--cn-cpu", type=float, default=0,
+                   help="limit each computenode to this many cores' worth of CPU time (cgroup v1 cpu quota), so that "
+                        "computenodes act like separate machines of fixed speed; 0: no limit (default %(default)s)")
     g.add_argument("--keep-traces-gb", type=float, default=1.0,
                    help="trace directories larger than this are deleted once csp-report read them (default %(default)s)")
     g.add_argument("--index-work", default=str(SHINE_WORK),
@@ -516,7 +570,8 @@ def query_flags(a, name):
     return {"ef_search": ef_search_for(a, name), "threads": a.threads, "coroutines": a.coroutines,
             "admit_probability": a.admit_probability, "route_batch": a.route_batch,
             "route_threshold": a.route_threshold, "provider": a.provider, "region": a.region,
-            "timeout": a.timeout, "memnode_args": ["--relay-timeout-ms", a.relay_timeout_ms]}
+            "timeout": a.timeout, "memnode_args": ["--relay-timeout-ms", a.relay_timeout_ms],
+            "cn_cpu": a.cn_cpu or None}
 
 
 def out_dir(a, folder, work):
@@ -572,7 +627,9 @@ def shine_header_md(a, results, what=None):
             f"cache {a.cache_ratio:g} of the index per computenode (unless varied), level-0 admission "
             f"{a.admit_probability:g}, M={a.m}, efConstruction={a.ef_construction}, efSearch={a.ef_search}, "
             f"{a.warmup} warm-up + {a.queries} measured queries (seed {a.seed}), route batch {a.route_batch}, "
-            f"threshold {a.route_threshold}, {a.repeats} run(s) per point (median QPS).\n")
+            f"threshold {a.route_threshold}, {a.repeats} run(s) per point (median QPS)"
+            + (f", each computenode limited to {a.cn_cpu:g} core(s) of CPU time" if getattr(a, "cn_cpu", 0) else "")
+            + ".\n")
 
 
 def cache_md(name, res):
