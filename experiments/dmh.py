@@ -534,6 +534,9 @@ def shine_args(ap, *, sets="wordnet,syn100k", num_cns=4, cache_ratio=0.05):
     g.add_argument("--relay-timeout-ms", type=int, default=60000,
                    help="memnode --relay-timeout-ms: a computenode silent this long is gone (default %(default)s; the "
                         "memnode's own 3000 gives false positives on a loaded 2-core host)")
+    g.add_argument("--oracle", default="balanced", choices=["balanced", "nearest"],
+                   help="computenode --oracle: balanced (centroid distance plus offsets that split the partitioned "
+                        "sample evenly) or nearest (centroid distance only, the paper) (default %(default)s)")
     g.add_argument("--cn-cpu", type=float, default=0,
                    help="limit each computenode to this many cores' worth of CPU time (cgroup v1 cpu quota), so that "
                         "computenodes act like separate machines of fixed speed; 0: no limit (default %(default)s)")
@@ -571,7 +574,7 @@ def query_flags(a, name):
             "admit_probability": a.admit_probability, "route_batch": a.route_batch,
             "route_threshold": a.route_threshold, "provider": a.provider, "region": a.region,
             "timeout": a.timeout, "memnode_args": ["--relay-timeout-ms", a.relay_timeout_ms],
-            "cn_cpu": a.cn_cpu or None}
+            "cn_cpu": a.cn_cpu or None, "extra": ["--oracle", a.oracle]}
 
 
 def out_dir(a, folder, work):
@@ -628,6 +631,7 @@ def shine_header_md(a, results, what=None):
             f"{a.admit_probability:g}, M={a.m}, efConstruction={a.ef_construction}, efSearch={a.ef_search}, "
             f"{a.warmup} warm-up + {a.queries} measured queries (seed {a.seed}), route batch {a.route_batch}, "
             f"threshold {a.route_threshold}, {a.repeats} run(s) per point (median QPS)"
+            + f", {getattr(a, 'oracle', 'balanced')} oracle"
             + (f", each computenode limited to {a.cn_cpu:g} core(s) of CPU time" if getattr(a, "cn_cpu", 0) else "")
             + ".\n")
 
