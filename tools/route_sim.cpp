@@ -32,6 +32,7 @@
 #include "cache/node_cache.hpp"
 #include "cache/trace.hpp"
 #include "common/fabric/fabric_cluster.hpp"
+#include "common/units.hpp"
 #include "common/workload.hpp"
 #include "compute/shine/graph.hpp"
 #include "compute/shine/sample.hpp"
@@ -145,17 +146,6 @@ std::vector<uint32_t> access_bound(const std::vector<Accesses>& acc, std::vector
     if (moved == 0) break;
   }
   return route;
-}
-
-std::vector<std::string> split_commas(const std::string& s) {
-  std::vector<std::string> out;
-  size_t b = 0;
-  while (b <= s.size()) {
-    const size_t e = std::min(s.find(',', b), s.size());
-    if (e > b) out.push_back(s.substr(b, e - b));
-    b = e + 1;
-  }
-  return out;
 }
 
 }  // namespace
