@@ -4,6 +4,7 @@
 // readiness is a file the memnode writes once it serves.
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -69,6 +70,9 @@ class Proc {
     pid_ = ::fork();
     if (pid_ < 0) throw std::runtime_error("fork failed");
     if (pid_ == 0) {
+      // A test process that dies (a failed REQUIRE's abort, SIGPIPE, Ctrl-C) takes its
+      // memnodes and computenodes with it instead of leaving them serving for ever.
+      ::prctl(PR_SET_PDEATHSIG, SIGTERM);
       int fd = ::open(log_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
       ::dup2(fd, 1);
       ::dup2(fd, 2);
