@@ -518,13 +518,13 @@ Oracle::Oracle(std::vector<float> centroids, uint32_t k, uint32_t dim, Metric me
   dist_.emplace(metric, dim);
 }
 
-void Oracle::rank(const float* q, uint32_t* order) const {
+void Oracle::rank(const float* q, uint32_t* order, float* scores) const {
   if (k_ == 0) throw std::logic_error("Oracle::rank on an empty oracle");
   constexpr uint32_t kStack = 64;
   float stack_d[kStack];
   std::vector<float> heap_d;
-  float* d = stack_d;
-  if (k_ > kStack) {
+  float* d = scores != nullptr ? scores : stack_d;
+  if (scores == nullptr && k_ > kStack) {
     heap_d.resize(k_);
     d = heap_d.data();
   }
@@ -542,11 +542,6 @@ void Oracle::rank(const float* q, uint32_t* order) const {
     }
     order[j] = id;
   }
-}
-
-void Oracle::scores(const float* q, float* out) const {
-  if (k_ == 0) throw std::logic_error("Oracle::scores on an empty oracle");
-  for (uint32_t c = 0; c < k_; ++c) out[c] = (*dist_)(q, centroids_.data() + static_cast<size_t>(c) * dim_) + offsets_[c];
 }
 
 uint32_t Oracle::best(const float* q) const {

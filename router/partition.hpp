@@ -56,11 +56,11 @@ class Oracle {
   Oracle() = default;
   Oracle(std::vector<float> centroids, uint32_t k, uint32_t dim, Metric metric, std::vector<float> offsets = {});
   uint32_t k() const { return k_; }
-  /// Fills `order` (size k) with computenode ids, best fitting (nearest centroid) first.
-  void rank(const float* q, uint32_t* order) const;
+  /// Fills `order` (size k) with computenode ids, best fitting (nearest centroid) first, and,
+  /// when `scores` is not null, scores[i] (size k) with distance(q, centroid i) + offsets[i]
+  /// (smaller fits better).
+  void rank(const float* q, uint32_t* order, float* scores = nullptr) const;
   uint32_t best(const float* q) const;
-  /// Fills `scores` (size k) with distance(q, centroid i) + offsets[i] (smaller fits better).
-  void scores(const float* q, float* scores) const;
 
  private:
   uint32_t k_ = 0, dim_ = 0;

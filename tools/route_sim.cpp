@@ -37,6 +37,7 @@
 #include "compute/shine/graph.hpp"
 #include "compute/shine/sample.hpp"
 #include "router/partition.hpp"
+#include "router/policy.hpp"
 
 using namespace dmhnsw;
 using nlohmann::json;
@@ -239,37 +240,31 @@ int main(int argc, char** argv) {
       routings.emplace_back(o == &nearest ? "nearest" : "balanced", std::move(r));
     }
     // Quotas: every computenode routes its own share (stream position j mod K) in batches of b
-    // with equal limits b/K (adaptive routing with equal queues). Two orders within a batch.
+    // through RoutingPolicy with balanced limits b/K (adaptive routing with equal queues), the
+    // batch placed by regret (choose_batch) or, with equal regrets, in arrival order.
     auto quota_route = [&](bool by_regret) {
       std::vector<uint32_t> per_pos(stream.size());
+      std::vector<uint32_t> ranks(static_cast<size_t>(route_batch) * K);
       std::vector<float> sc(K);
       for (uint32_t origin = 0; origin < K; ++origin) {
-        std::vector<size_t> mine;
-        for (size_t j = origin; j < stream.size(); j += K) mine.push_back(j);
-        for (size_t b0 = 0; b0 < mine.size(); b0 += route_batch) {
-          const size_t b1 = std::min(mine.size(), b0 + route_batch);
-          const size_t n = b1 - b0;
-          std::vector<uint32_t> limit(K, static_cast<uint32_t>(n / K));
-          for (uint32_t e = 0; e < n % K; ++e) ++limit[(origin + e) % K];
-          std::vector<uint32_t> used(K, 0);
-          std::vector<std::vector<uint32_t>> rank(n, std::vector<uint32_t>(K));
-          std::vector<float> regret(n);
-          for (size_t x = 0; x < n; ++x) {
-            const float* q = queries[stream[mine[b0 + x]]];
-            balanced.rank(q, rank[x].data());
-            balanced.scores(q, sc.data());
-            regret[x] = sc[rank[x][std::min<uint32_t>(1, K - 1)]] - sc[rank[x][0]];
+        router::RoutingPolicy rp(router::Policy::Balanced, K, origin, route_batch);
+        std::vector<size_t> batch;
+        std::vector<const uint32_t*> ranked;
+        std::vector<float> regret;
+        for (size_t j0 = origin; j0 < stream.size(); j0 += static_cast<size_t>(route_batch) * K) {
+          batch.clear();
+          ranked.clear();
+          regret.clear();
+          for (size_t j = j0; j < stream.size() && batch.size() < route_batch; j += K) {
+            uint32_t* r = ranks.data() + batch.size() * K;
+            balanced.rank(queries[stream[j]], r, sc.data());
+            batch.push_back(j);
+            ranked.push_back(r);
+            regret.push_back(by_regret ? sc[r[1]] - sc[r[0]] : 0.0f);
           }
-          std::vector<size_t> order(n);
-          std::iota(order.begin(), order.end(), size_t{0});
-          if (by_regret) std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return regret[a] > regret[b]; });
-          for (size_t x : order)
-            for (uint32_t cn : rank[x])
-              if (used[cn] < limit[cn]) {
-                ++used[cn];
-                per_pos[mine[b0 + x]] = cn;
-                break;
-              }
+          const std::vector<uint32_t> targets = rp.choose_batch(ranked, regret);
+          for (size_t x = 0; x < batch.size(); ++x) per_pos[batch[x]] = targets[x];
+          rp.end_batch({});
         }
       }
       return per_pos;

@@ -386,15 +386,10 @@ json run_query(const RunContext& rc, const QueryOptions& o) {
             for (size_t x = 0; x < batch_pos.size(); ++x) {
               const float* q = wl.queries.row(batch_pos[x]);
               uint32_t* r = ranks.data() + x * K;
-              oracle.rank(q, r);
+              oracle.rank(q, r, scores.data());
               std::stable_partition(r, r + K, [&](uint32_t cn) { return !ex.gone(cn); });  // gone: last resort
-              float lost = 0;
-              if (gather > 1 && K > 1) {
-                oracle.scores(q, scores.data());
-                lost = scores[r[1]] - scores[r[0]];
-              }
               ranked.push_back(r);
-              regret.push_back(lost);
+              regret.push_back(scores[r[1]] - scores[r[0]]);  // need_done: K >= 2
             }
             targets = rp.choose_batch(ranked, regret);
             for (uint32_t& t : targets)

@@ -430,7 +430,8 @@ TEST_CASE("balance_offsets move the oracle's boundaries until the points split e
   CHECK(order[0] == 0);
   CHECK(order[1] == 1);
   float sc[2];
-  balanced.scores(&q, sc);  // squared distance plus offset
+  balanced.rank(&q, order, sc);  // scores: squared distance plus offset
+  CHECK(order[0] == 0);
   CHECK(sc[0] == Approx(0.09f + off[0]));
   CHECK(sc[1] == Approx(0.04f + off[1]));
   // Deterministic.
@@ -458,6 +459,7 @@ TEST_CASE("balanced k-means' oracle splits bigann evenly where nearest-centroid 
     const double largest = static_cast<double>(*std::max_element(load.begin(), load.end()));
     CHECK(largest / mean == Approx(c.oracle_load_balanced));
     CHECK(c.oracle_load_balanced <= 1.02);
+    CHECK(c.oracle_load_nearest > 1.02);  // the uneven split the offsets are there for
     CHECK(c.oracle_load_balanced <= c.oracle_load_nearest);
     BalancedKMeansOptions plain;
     plain.balance_oracle = false;
