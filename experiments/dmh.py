@@ -125,13 +125,19 @@ class CpuLimits:
     def __init__(self, count, cpu):
         if not (CPU_CGROUP / "cpu.cfs_quota_us").exists():
             raise RuntimeError(f"--cn-cpu needs the cgroup v1 cpu controller at {CPU_CGROUP} (not found)")
-        period = int((CPU_CGROUP / "cpu.cfs_period_us").read_text())
+        # The shortest period the kernel allows for the quota (>= 1 ms each): a throttled
+        # computenode then waits at most a few ms, far below a query's latency, instead of the
+        # default 100 ms period's tens of ms that stall its relay traffic and the others with it.
+        quota = 1000 if cpu < 1 else int(1000 * cpu)
+        period = max(1000, round(quota / cpu))
+        self.period_us, self.quota_us = period, quota
         self.dirs = []
         for i in range(count):
             d = CPU_CGROUP / f"dmhnsw-{os.getpid()}-cn{i}"
             d.mkdir(exist_ok=True)
+            (d / "cpu.cfs_quota_us").write_text("-1")  # the period may only change while no quota is set
             (d / "cpu.cfs_period_us").write_text(str(period))
-            (d / "cpu.cfs_quota_us").write_text(str(max(1000, int(cpu * period))))
+            (d / "cpu.cfs_quota_us").write_text(str(quota))
             self.dirs.append(d)
 
     def enter(self, i):
