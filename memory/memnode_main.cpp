@@ -27,7 +27,7 @@ int main(int argc, char** argv) {
                "READ/WRITE/atomic operations from computenodes"};
   std::string listen = "127.0.0.1:7000", provider = "shm", region = "256MiB", token_file, ready_file, log_level = "info",
               load;
-  int id = 0, numa_node = -1, relay_timeout_ms = 10000;
+  int id = 0, numa_node = -1, relay_timeout_ms = 10000, rma_lanes = -1;
   bool hugepages = false;
   app.add_option("--listen", listen, "HOST:PORT of the TCP control port (port 0 picks a free one)")->capture_default_str();
   app.add_option("--id", id, "memory node id (0..N-1, unique in the cluster)")->capture_default_str()->check(CLI::Range(0, 65534));
@@ -49,6 +49,11 @@ int main(int argc, char** argv) {
                  "query relay: a computenode silent this long is gone (reported to the others)")
       ->capture_default_str()
       ->check(CLI::Range(100, 600000));
+  app.add_option("--rma-lanes", rma_lanes,
+                 "extra endpoints that serve only one-sided operations, computenodes spread over them "
+                 "(-1: 8 with shm, where computenodes sharing an endpoint serialize on its lock, else 0)")
+      ->capture_default_str()
+      ->check(CLI::Range(-1, static_cast<int>(fabric::kMaxRmaLanes)));
   app.add_option("--log-level", log_level, "trace, debug, info, warn, error")->capture_default_str();
   CLI11_PARSE(app, argc, argv);
 
@@ -91,7 +96,8 @@ int main(int argc, char** argv) {
     RegionHeader hdr;
     std::memcpy(&hdr, mem.data(), sizeof hdr);
 
-    fabric::RegionServer server(prov, host, mem.data(), mem.size(), static_cast<uint16_t>(id));
+    const unsigned lanes = rma_lanes >= 0 ? static_cast<unsigned>(rma_lanes) : prov == fabric::Provider::Shm ? 8u : 0u;
+    fabric::RegionServer server(prov, host, mem.data(), mem.size(), static_cast<uint16_t>(id), lanes);
     // Messages are served in the progress thread: the query relay (routing between
     // computenodes), admin requests (store); anything else is echoed.
     memory::Relay relay(
@@ -121,6 +127,7 @@ int main(int argc, char** argv) {
     cc.region_size = mem.size();
     cc.region_key = server.key();
     cc.fabric_addr = server.fabric_address();
+    cc.rma_lanes = server.rma_lane_addresses();
     cc.mode = [&] {
       RegionHeader h;
       std::memcpy(&h, mem.data(), sizeof h);
@@ -134,8 +141,8 @@ int main(int argc, char** argv) {
     std::atomic<bool> stop{false};
     std::thread progress([&] { server.run(stop); });
     std::thread ctl([&] { control.run(); });
-    spdlog::info("serving region {} ({}) on {} over {}", mem.describe(), describe(hdr), control.bound(),
-                 server.describe());
+    spdlog::info("serving region {} ({}) on {} over {}, {} RMA lane(s)", mem.describe(), describe(hdr),
+                 control.bound(), server.describe(), lanes);
     if (!ready_file.empty()) {
       std::string tmp = ready_file + ".tmp";
       std::ofstream(tmp) << control.bound() << "\n";

@@ -273,6 +273,11 @@ Welcome ControlClient::handshake(const Hello& h) {
   wl.region_size = r.get<uint64_t>();
   wl.region_key = r.get<uint64_t>();
   wl.fabric_addr = r.bytes();
+  const auto lanes = r.get<uint16_t>();
+  if (lanes > kMaxRmaLanes)
+    throw FabricError(who + ": welcome lists " + std::to_string(lanes) + " RMA lanes (at most " +
+                      std::to_string(kMaxRmaLanes) + ")");
+  for (uint16_t i = 0; i < lanes; ++i) wl.rma_lanes.push_back(r.bytes());
   r.need(kHeaderBlobBytes);
   std::memcpy(wl.header.data(), payload.data() + r.at, kHeaderBlobBytes);
   return wl;
@@ -427,6 +432,8 @@ void ControlServer::accept_one() {
     w.put(c_.region_size);
     w.put(c_.region_key);
     w.bytes(c_.fabric_addr.data(), c_.fabric_addr.size());
+    w.put(static_cast<uint16_t>(c_.rma_lanes.size()));
+    for (const auto& l : c_.rma_lanes) w.bytes(l.data(), l.size());
     auto hdr = c_.header ? c_.header() : std::array<char, kHeaderBlobBytes>{};
     w.b.insert(w.b.end(), hdr.begin(), hdr.end());
     if (c_.on_join) c_.on_join(h.cn_id, h.fabric_addr);

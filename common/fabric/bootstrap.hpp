@@ -17,7 +17,7 @@
 namespace dmhnsw::fabric {
 
 inline constexpr uint32_t kControlMagic = 0x43484D44;  // "DMHC" little-endian
-inline constexpr uint16_t kControlVersion = 1;
+inline constexpr uint16_t kControlVersion = 2;  // v2: the welcome lists RMA lanes
 
 /// Index mode carried in the hello and in the region header: 0 = none (any client).
 enum class Mode : uint8_t { None = 0, Shine = 1, Dhnsw = 2 };
@@ -48,6 +48,9 @@ struct Welcome {
   uint64_t region_size = 0;
   uint64_t region_key = 0;
   std::vector<char> fabric_addr;
+  /// Extra endpoints of the memnode that serve only one-sided operations on the region
+  /// (empty: use fabric_addr). See RegionServer's `rma_lanes`.
+  std::vector<std::vector<char>> rma_lanes;
   std::array<char, kHeaderBlobBytes> header{};
 };
 
@@ -95,6 +98,7 @@ class ControlServer {
     Provider provider = Provider::Shm;
     uint64_t region_base = 0, region_size = 0, region_key = 0;
     std::vector<char> fabric_addr;
+    std::vector<std::vector<char>> rma_lanes;
     std::function<Mode()> mode;                                                 // current region mode
     std::function<std::array<char, kHeaderBlobBytes>()> header;                 // current header bytes
     std::function<void(uint32_t cn_id, const std::vector<char>& addr)> on_join;  // accepted computenode

@@ -28,6 +28,7 @@ constexpr size_t kRecvDepth = 16;           // posted receive buffers per endpoi
 struct PeerState {
   MemnodeInfo info;
   std::vector<char> fabric_addr;
+  std::vector<std::vector<char>> rma_lanes;  // empty: one-sided operations go to fabric_addr
   uint64_t base = 0, key = 0;
   std::atomic<bool> dead{false};
   std::string why;  // guarded by FabricCluster::mu_
@@ -74,7 +75,8 @@ class FabricEndpoint final : public Endpoint {
   lf::RawEndpoint raw_;
   BufferPool pool_;
   lf::MemoryRegion pool_mr_;
-  std::vector<fi_addr_t> addr_;  // by memnode id
+  std::vector<fi_addr_t> addr_;      // by memnode id: messages
+  std::vector<fi_addr_t> rma_addr_;  // by memnode id: one-sided operations (a lane, or addr_)
   std::deque<OpCtx> ctxs_;       // stable addresses
   std::vector<OpCtx*> free_;
   size_t in_flight_ = 0;
@@ -119,6 +121,7 @@ class FabricCluster final : public Cluster, public std::enable_shared_from_this<
       p->info.region_size = w.region_size;
       p->info.header = w.header;
       p->fabric_addr = w.fabric_addr;
+      p->rma_lanes = w.rma_lanes;
       p->base = w.region_base;
       p->key = w.region_key;
       peers.push_back(std::move(p));
@@ -163,6 +166,7 @@ class FabricCluster final : public Cluster, public std::enable_shared_from_this<
   const PeerState& peer(uint16_t i) const { return *peers_[i]; }
   size_t num_peers() const { return peers_.size(); }
   uint32_t cn_id() const { return opts_.cn_id; }
+  uint64_t next_endpoint_ordinal() { return endpoints_made_.fetch_add(1); }
 
  private:
   void mark_dead(size_t i, const std::string& why) {
@@ -220,6 +224,7 @@ class FabricCluster final : public Cluster, public std::enable_shared_from_this<
   std::vector<MemnodeInfo> infos_;
   mutable std::mutex mu_;
   std::atomic<uint64_t> deaths_{0};
+  std::atomic<uint64_t> endpoints_made_{0};
   std::atomic<bool> stop_{false};
   std::thread monitor_;
 };
@@ -234,7 +239,19 @@ FabricEndpoint::FabricEndpoint(std::shared_ptr<FabricCluster> c, size_t pool_byt
   pool_mr_.bind(raw_.ep());
   my_name_ = raw_.name();
   if (my_name_.size() > lf::kMaxAddrBytes) throw FabricError("fabric address longer than " + std::to_string(lf::kMaxAddrBytes) + " bytes");
-  for (uint16_t i = 0; i < cluster_->num_peers(); ++i) addr_.push_back(raw_.insert(cluster_->peer(i).fabric_addr));
+  // Endpoints spread over the memnodes' RMA lanes: computenode c's endpoint e takes lane
+  // (c + e·K') mod L, so the first endpoints of different computenodes get different lanes.
+  const uint64_t ordinal = cluster_->next_endpoint_ordinal();
+  for (uint16_t i = 0; i < cluster_->num_peers(); ++i) {
+    const PeerState& p = cluster_->peer(i);
+    addr_.push_back(raw_.insert(p.fabric_addr));
+    if (p.rma_lanes.empty()) {
+      rma_addr_.push_back(addr_.back());
+    } else {
+      const uint64_t lane = (cluster_->cn_id() + ordinal * 7919) % p.rma_lanes.size();
+      rma_addr_.push_back(raw_.insert(p.rma_lanes[lane]));
+    }
+  }
   seen_deaths_ = cluster_->deaths();
   for (size_t i = 0; i < kRecvDepth; ++i) {
     msg_bufs_.push_back(pool_.alloc(lf::kWireMsgBytes));
@@ -292,7 +309,7 @@ void FabricEndpoint::post_recv(OpCtx* ctx) {
 
 ssize_t FabricEndpoint::post_one(const Op& op, OpCtx* ctx, uint64_t flags) {
   const PeerState& p = cluster_->peer(op.remote.node());
-  fi_addr_t dst = addr_[op.remote.node()];
+  fi_addr_t dst = rma_addr_[op.remote.node()];
   void* desc = pool_mr_.desc();
   uint64_t raddr = p.base + op.remote.offset();
   switch (op.kind) {
@@ -516,6 +533,7 @@ std::shared_ptr<Cluster> connect_cluster(const ClusterOptions& opts) {
 struct RegionServer::Impl {
   std::shared_ptr<lf::Domain> domain;
   std::unique_ptr<lf::RawEndpoint> ep;
+  std::vector<std::unique_ptr<lf::RawEndpoint>> lanes;  // one-sided operations only
   std::unique_ptr<lf::MemoryRegion> region_mr;
   char* region = nullptr;
   uint64_t size = 0;
@@ -541,6 +559,30 @@ struct RegionServer::Impl {
   std::vector<Outgoing> in_flight;  // posted, waiting for the send completion
   std::atomic<uint64_t> spins{0}, waits{0}, messages{0}, dropped{0};
 
+  uint64_t remote_ops() const {
+    uint64_t n = ep->remote_ops();
+    for (const auto& l : lanes) n += l->remote_ops();
+    return n;
+  }
+  // Lanes post nothing; reading their CQs drives their progress (on shm, the acknowledgements
+  // of served READs that free command-queue slots). Errors there are logged, not fatal. Each
+  // read takes the lane's lock, which a computenode then waits for, so at most every 50 µs:
+  // a lane's command queue holds far more than 50 µs of READs.
+  Clock::time_point lanes_due{};
+  void progress_lanes() {
+    if (lanes.empty()) return;
+    const auto now = Clock::now();
+    if (now < lanes_due) return;
+    lanes_due = now + std::chrono::microseconds(50);
+    for (const auto& l : lanes) {
+      fi_cq_msg_entry e[16];
+      if (fi_cq_read(l->cq(), e, 16) == -FI_EAVAIL) {
+        fi_cq_err_entry err{};
+        if (fi_cq_readerr(l->cq(), &err, 0) > 0)
+          spdlog::debug("memnode {}: an RMA lane reported: {}", id, fi_strerror(err.err));
+      }
+    }
+  }
   void post_recv(size_t slot) {
     lf::check(fi_recv(ep->ep(), recv_bufs[slot].data(), lf::kWireMsgBytes, bufs_mr->desc(), FI_ADDR_UNSPEC,
                       recv_ctx[slot].get()),
@@ -627,8 +669,11 @@ struct RegionServer::Impl {
 };
 
 RegionServer::RegionServer(Provider p, const std::string& listen_host, char* region, uint64_t size,
-                           uint16_t memnode_id)
+                           uint16_t memnode_id, unsigned rma_lanes)
     : impl_(std::make_unique<Impl>()) {
+  if (rma_lanes > kMaxRmaLanes)
+    throw std::invalid_argument("--rma-lanes " + std::to_string(rma_lanes) + ": at most " +
+                                std::to_string(kMaxRmaLanes));
   auto& m = *impl_;
   m.domain = lf::Domain::open(p, listen_host, /*rma_events=*/true);
   // A CQ wait object only where fi_cq_sread really blocks and keeps progressing (tcp,
@@ -640,6 +685,10 @@ RegionServer::RegionServer(Provider p, const std::string& listen_host, char* reg
   m.region_mr = std::make_unique<lf::MemoryRegion>(m.domain, region, size, FI_REMOTE_READ | FI_REMOTE_WRITE,
                                                    kRegionKey + memnode_id);
   m.region_mr->bind(m.ep->ep());
+  for (unsigned i = 0; i < rma_lanes; ++i) {
+    m.lanes.push_back(std::make_unique<lf::RawEndpoint>(m.domain, false));
+    m.region_mr->bind(m.lanes.back()->ep());
+  }
   m.bufs_mr = std::make_unique<lf::MemoryRegion>(m.domain, m.bufs.arena(), m.bufs.arena_bytes(),
                                                  FI_SEND | FI_RECV, m.domain->next_local_key());
   m.bufs_mr->bind(m.ep->ep());
@@ -656,6 +705,11 @@ RegionServer::RegionServer(Provider p, const std::string& listen_host, char* reg
 RegionServer::~RegionServer() = default;
 
 std::vector<char> RegionServer::fabric_address() const { return impl_->ep->name(); }
+std::vector<std::vector<char>> RegionServer::rma_lane_addresses() const {
+  std::vector<std::vector<char>> out;
+  for (const auto& l : impl_->lanes) out.push_back(l->name());
+  return out;
+}
 uint64_t RegionServer::remote_base() const { return impl_->region_mr->remote_base(); }
 uint64_t RegionServer::key() const { return impl_->region_mr->key(); }
 std::string RegionServer::describe() const { return impl_->domain->describe(); }
@@ -687,7 +741,7 @@ void RegionServer::set_tick(std::function<void()> tick, int period_ms) {
 }
 
 RegionServer::Stats RegionServer::stats() const {
-  return {impl_->spins.load(), impl_->waits.load(), impl_->messages.load(), impl_->ep->remote_ops()};
+  return {impl_->spins.load(), impl_->waits.load(), impl_->messages.load(), impl_->remote_ops()};
 }
 
 void RegionServer::run(const std::atomic<bool>& stop) {
@@ -699,9 +753,9 @@ void RegionServer::run(const std::atomic<bool>& stop) {
   // object (tcp, verbs: the provider keeps progressing inside) or, on shm, whose wait does
   // not honour timeouts, poll with a short pause between polls.
   const auto spin_window = std::chrono::milliseconds(5);
-  const bool blocking_wait = m.domain->provider() != Provider::Shm;
+  const bool blocking_wait = m.domain->provider() != Provider::Shm && m.lanes.empty();  // lanes need polling
   const bool counted = m.ep->counts_remote_ops();
-  uint64_t remote_seen = m.ep->remote_ops();
+  uint64_t remote_seen = m.remote_ops();
   auto last_work = Clock::now();
   auto next_tick = Clock::now();
   while (!stop.load(std::memory_order_relaxed)) {
@@ -715,12 +769,13 @@ void RegionServer::run(const std::atomic<bool>& stop) {
       if (t) t();
     }
     m.flush_outbox();
+    m.progress_lanes();
     fi_cq_msg_entry e[16];
     ssize_t rc = fi_cq_read(cq, e, 16);
     if (rc == -FI_EAGAIN) {
       auto now = Clock::now();
       if (counted) {
-        uint64_t r = m.ep->remote_ops();
+        uint64_t r = m.remote_ops();
         if (r != remote_seen) {
           remote_seen = r;
           last_work = now;

@@ -32,12 +32,18 @@ class RegionServer {
   /// Handles one message from a computenode; `reply` sends an answer back to it.
   using Handler = std::function<void(const Message& in, const std::function<void(const void*, size_t)>& reply)>;
 
-  RegionServer(Provider p, const std::string& listen_host, char* region, uint64_t size, uint16_t memnode_id);
+  /// `rma_lanes` extra endpoints serve one-sided operations on the region besides the main
+  /// endpoint (which also carries messages); computenodes spread over them. With shm, every
+  /// READ locks the target endpoint's command queue while the initiator copies the data, so
+  /// computenodes sharing one endpoint wait for each other; a lane each removes that.
+  RegionServer(Provider p, const std::string& listen_host, char* region, uint64_t size, uint16_t memnode_id,
+               unsigned rma_lanes = 0);
   ~RegionServer();
   RegionServer(const RegionServer&) = delete;
   RegionServer& operator=(const RegionServer&) = delete;
 
   std::vector<char> fabric_address() const;
+  std::vector<std::vector<char>> rma_lane_addresses() const;
   uint64_t remote_base() const;
   uint64_t key() const;
   std::string describe() const;

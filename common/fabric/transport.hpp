@@ -198,6 +198,7 @@ class Endpoint {
 };
 
 /// What a compute node knows of one memory node.
+inline constexpr size_t kMaxRmaLanes = 64;  // memnode --rma-lanes; checked in the welcome
 inline constexpr size_t kHeaderBlobBytes = 512;  // common/region.hpp pins RegionHeader to this
 struct MemnodeInfo {
   uint16_t id = 0;
