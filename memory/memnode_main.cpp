@@ -156,8 +156,11 @@ int main(int argc, char** argv) {
     ctl.join();
     progress.join();
     auto st = server.stats();
-    spdlog::info("stopped (progress loop: {} spins, {} waits, {} messages, {} one-sided operations counted)", st.spins,
-                 st.waits, st.messages, st.remote_ops);
+    std::string per_lane;
+    for (uint64_t n : st.lane_ops) per_lane += (per_lane.empty() ? "" : ", ") + std::to_string(n);
+    spdlog::info("stopped (progress loop: {} spins, {} waits, {} messages, {} one-sided operations counted; "
+                 "per RMA lane [{}])",
+                 st.spins, st.waits, st.messages, st.remote_ops, per_lane);
     return 0;
   } catch (const std::exception& e) {
     spdlog::error("{}", e.what());

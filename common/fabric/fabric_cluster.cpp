@@ -239,8 +239,10 @@ FabricEndpoint::FabricEndpoint(std::shared_ptr<FabricCluster> c, size_t pool_byt
   pool_mr_.bind(raw_.ep());
   my_name_ = raw_.name();
   if (my_name_.size() > lf::kMaxAddrBytes) throw FabricError("fabric address longer than " + std::to_string(lf::kMaxAddrBytes) + " bytes");
-  // Endpoints spread over the memnodes' RMA lanes: computenode c's endpoint e takes lane
-  // (c + e·K') mod L, so the first endpoints of different computenodes get different lanes.
+  // Endpoints spread over the memnodes' RMA lanes: computenode c's e-th endpoint takes lane
+  // (c + kLaneStride·e) mod L, so the first endpoints of different computenodes get different
+  // lanes and one computenode's later endpoints step away from its neighbours' first ones.
+  constexpr uint64_t kLaneStride = 7919;  // a prime: no common factor with any lane count
   const uint64_t ordinal = cluster_->next_endpoint_ordinal();
   for (uint16_t i = 0; i < cluster_->num_peers(); ++i) {
     const PeerState& p = cluster_->peer(i);
@@ -248,7 +250,7 @@ FabricEndpoint::FabricEndpoint(std::shared_ptr<FabricCluster> c, size_t pool_byt
     if (p.rma_lanes.empty()) {
       rma_addr_.push_back(addr_.back());
     } else {
-      const uint64_t lane = (cluster_->cn_id() + ordinal * 7919) % p.rma_lanes.size();
+      const uint64_t lane = (cluster_->cn_id() + ordinal * kLaneStride) % p.rma_lanes.size();
       rma_addr_.push_back(raw_.insert(p.rma_lanes[lane]));
     }
   }
@@ -741,7 +743,9 @@ void RegionServer::set_tick(std::function<void()> tick, int period_ms) {
 }
 
 RegionServer::Stats RegionServer::stats() const {
-  return {impl_->spins.load(), impl_->waits.load(), impl_->messages.load(), impl_->remote_ops()};
+  Stats s{impl_->spins.load(), impl_->waits.load(), impl_->messages.load(), impl_->remote_ops(), {}};
+  for (const auto& l : impl_->lanes) s.lane_ops.push_back(l->remote_ops());
+  return s;
 }
 
 void RegionServer::run(const std::atomic<bool>& stop) {

@@ -62,7 +62,8 @@ class RegionServer {
   void run(const std::atomic<bool>& stop);
 
   struct Stats {
-    uint64_t spins = 0, waits = 0, messages = 0, remote_ops = 0;
+    uint64_t spins = 0, waits = 0, messages = 0, remote_ops = 0;  // remote_ops: all endpoints
+    std::vector<uint64_t> lane_ops;                               // per RMA lane
   };
   Stats stats() const;
 

@@ -197,9 +197,10 @@ class Endpoint {
   uint64_t next_sync_tag_ = uint64_t{1} << 63;
 };
 
-/// What a compute node knows of one memory node.
 inline constexpr size_t kMaxRmaLanes = 64;  // memnode --rma-lanes; checked in the welcome
 inline constexpr size_t kHeaderBlobBytes = 512;  // common/region.hpp pins RegionHeader to this
+
+/// What a compute node knows of one memory node.
 struct MemnodeInfo {
   uint16_t id = 0;
   std::string address;  // "host:port" of its control port, for messages

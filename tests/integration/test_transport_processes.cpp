@@ -2,7 +2,9 @@
 // concurrent atomics with exact sums, refusals, a killed memnode, network namespaces, verbs.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cstdlib>
+#include <sstream>
 
 #include "common/fabric/fabric_cluster.hpp"
 #include "common/region.hpp"
@@ -72,6 +74,20 @@ TEST_CASE("two computenode processes x 10000 fetch_adds and CAS increments give 
       REQUIRE(cb == 0);
       CHECK(read_word(provider, m.address, compute::ScratchLayout::kFetchAddWord) == 20000);
       CHECK(read_word(provider, m.address, compute::ScratchLayout::kCasWord) == 20000);
+      // The memnode reports what each lane served when it stops: on shm (which counts
+      // served operations) the two computenodes really went through different lanes.
+      m.proc->signal(SIGTERM);
+      REQUIRE(m.proc->wait(seconds(20)) == 0);
+      const std::string out = m.proc->output();
+      const auto at = out.find("per RMA lane [");
+      REQUIRE(at != std::string::npos);
+      std::istringstream lane_list(out.substr(at + 14, out.find(']', at) - at - 14));
+      std::vector<uint64_t> served;
+      for (std::string n; std::getline(lane_list, n, ',');) served.push_back(std::stoull(n));
+      INFO(out);
+      if (lanes == "0") CHECK(served.empty());
+      if (provider == "shm" && lanes != "0")
+        CHECK(std::count_if(served.begin(), served.end(), [](uint64_t n) { return n > 0; }) >= 2);
     }
   }
 }
