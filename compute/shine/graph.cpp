@@ -17,6 +17,12 @@ using fabric::Op;
 using fabric::Status;
 
 namespace {
+
+// One node-cache access, to the trace file and/or the in-memory list (shine-route-sim).
+void note_access(OpContext& ctx, RemotePtr p, unsigned level, bool hit) {
+  if (ctx.trace != nullptr) ctx.trace->record(p, level, hit, ctx.measured);
+  if (ctx.accesses != nullptr) ctx.accesses->push_back(cache::make_record(p, level, hit, ctx.measured));
+}
 RemotePtr word_ptr(size_t w) { return RemotePtr(0, mode_word_offset(w)); }
 struct ByDistLess {
   bool operator()(const Neighbor& a, const Neighbor& b) const { return a.dist < b.dist; }
@@ -224,8 +230,7 @@ Task<std::vector<Neighbor>> Worker::read_vectors(const std::vector<RemotePtr>& n
       if (ctx.node_cache->lookup(p, tmp.data(), &label, &level)) {
         ++ctx.search.visited;
         out.push_back({g_.distance()(q, tmp.data()), p, label});
-        if (ctx.trace != nullptr) ctx.trace->record(p, level, true, ctx.measured);
-        if (ctx.accesses != nullptr) ctx.accesses->push_back(cache::make_record(p, level, true, ctx.measured));
+        note_access(ctx, p, level, true);
       } else {
         remote.push_back(p);
       }
@@ -255,8 +260,7 @@ Task<std::vector<Neighbor>> Worker::read_vectors(const std::vector<RemotePtr>& n
     if (ctx.node_cache != nullptr) {
       unsigned level = NodeHeader::level(f.header);
       ctx.node_cache->admit(remote[i], level, v, f.label);
-      if (ctx.trace != nullptr) ctx.trace->record(remote[i], level, false, ctx.measured);
-      if (ctx.accesses != nullptr) ctx.accesses->push_back(cache::make_record(remote[i], level, false, ctx.measured));
+      note_access(ctx, remote[i], level, false);
     }
   }
   co_return out;
