@@ -120,6 +120,12 @@ int main(int argc, char** argv) {
                     "t: after a batch the router waits while its working queue is longer (adaptive)")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
+  query->add_option("--adaptive-quota", qo.adaptive_quota,
+                    "adaptive: what the queue weights scale; even: b/K per computenode (paper Algorithm 2, equal "
+                    "queues give balanced routing); demand: the batch's best-fit counts (equal queues give "
+                    "best-fit, a computenode with a longer queue keeps less)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"even", "demand"}));
   query->add_option("--oracle", qo.oracle,
                     "how a query's computenode is ranked: balanced: distance to the partition centroids plus "
                     "per-partition offsets that split the partitioned sample evenly; nearest: distance to the "

@@ -3,6 +3,7 @@
 Every driver starts its own memnodes on loopback (free ports), runs real processes, and
 stops everything it started. Numbers come from the processes' JSON reports.
 """
+import argparse
 import fcntl
 import json
 import os
@@ -120,25 +121,32 @@ CPU_CGROUP = Path("/sys/fs/cgroup/cpu")  # cgroup v1 cpu controller (this host's
 class CpuLimits:
     """One cgroup (v1 cpu controller) per computenode, each limited to CPU cores' worth of CPU
     time (cpu.cfs_quota_us), so that K computenodes on one host behave like K machines of equal,
-    fixed speed instead of sharing whatever CPU the others leave idle. Removed on exit."""
+    fixed speed instead of sharing whatever CPU the others leave idle. Removed on exit.
+    cpu: one number for every computenode, or a list with one per computenode (machines of
+    different speeds; the list repeats if shorter)."""
 
     def __init__(self, count, cpu):
         if not (CPU_CGROUP / "cpu.cfs_quota_us").exists():
             raise RuntimeError(f"--cn-cpu needs the cgroup v1 cpu controller at {CPU_CGROUP} (not found)")
-        # The shortest period the kernel allows for the quota (>= 1 ms each): a throttled
-        # computenode then waits at most a few ms, far below a query's latency, instead of the
-        # default 100 ms period's tens of ms that stall its relay traffic and the others with it.
-        quota = 1000 if cpu < 1 else int(1000 * cpu)
-        period = max(1000, round(quota / cpu))
-        self.period_us, self.quota_us = period, quota
-        self.dirs = []
+        cpus = list(cpu) if isinstance(cpu, (list, tuple)) else [cpu]
+        if not cpus or any(not c > 0 for c in cpus):
+            raise ValueError(f"--cn-cpu: every share must be > 0, got {cpu}")
+        self.dirs, self.period_us, self.quota_us = [], [], []
         for i in range(count):
+            c = cpus[i % len(cpus)]
+            # The shortest period the kernel allows for the quota (>= 1 ms each): a throttled
+            # computenode then waits at most a few ms, far below a query's latency, instead of the
+            # default 100 ms period's tens of ms that stall its relay traffic and the others with it.
+            quota = 1000 if c < 1 else int(1000 * c)
+            period = max(1000, round(quota / c))
             d = CPU_CGROUP / f"dmhnsw-{os.getpid()}-cn{i}"
             d.mkdir(exist_ok=True)
             (d / "cpu.cfs_quota_us").write_text("-1")  # the period may only change while no quota is set
             (d / "cpu.cfs_period_us").write_text(str(period))
             (d / "cpu.cfs_quota_us").write_text(str(quota))
             self.dirs.append(d)
+            self.period_us.append(period)
+            self.quota_us.append(quota)
 
     def enter(self, i):
         """A preexec_fn: the child joins cgroup I before it execs."""
@@ -543,9 +551,13 @@ def shine_args(ap, *, sets="wordnet,syn100k", num_cns=4, cache_ratio=0.05):
     g.add_argument("--oracle", default="balanced", choices=["balanced", "nearest"],
                    help="computenode --oracle: balanced (centroid distance plus offsets that split the partitioned "
                         "sample evenly) or nearest (centroid distance only, the paper) (default %(default)s)")
-    g.add_argument("--cn-cpu", type=float, default=0,
+    g.add_argument("--adaptive-quota", default="even", choices=["even", "demand"],
+                   help="computenode --adaptive-quota: even (b/K scaled by the queue weights, the paper's Algorithm 2) "
+                        "or demand (the batch's best-fit counts scaled by them) (default %(default)s)")
+    g.add_argument("--cn-cpu", type=cpu_shares, default=None,
                    help="limit each computenode to this many cores' worth of CPU time (cgroup v1 cpu quota), so that "
-                        "computenodes act like separate machines of fixed speed; 0: no limit (default %(default)s)")
+                        "computenodes act like separate machines of fixed speed; a comma list gives one share per "
+                        "computenode (e.g. 0.4,0.4,0.4,0.1: one slow machine); default: no limit")
     g.add_argument("--keep-traces-gb", type=float, default=1.0,
                    help="trace directories larger than this are deleted once csp-report read them (default %(default)s)")
     g.add_argument("--index-work", default=str(SHINE_WORK),
@@ -554,6 +566,19 @@ def shine_args(ap, *, sets="wordnet,syn100k", num_cns=4, cache_ratio=0.05):
                    help="smoke run: bigann10k, 2 computenodes, 200 warm-up + 300 measured queries, "
                         "route batch 50 / threshold 20; results go to WORK/quick/")
     return g
+
+
+def cpu_shares(text):
+    """--cn-cpu: '0.45' or '0.4,0.4,0.4,0.1' -> list of floats > 0 ('0': no limit -> None)."""
+    try:
+        v = [float(x) for x in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number or comma list of numbers: {text!r}")
+    if v == [0.0]:
+        return None
+    if any(not x > 0 for x in v):
+        raise argparse.ArgumentTypeError(f"shares must be > 0: {text!r}")
+    return v
 
 
 def shine_quick(a):
@@ -580,7 +605,7 @@ def query_flags(a, name):
             "admit_probability": a.admit_probability, "route_batch": a.route_batch,
             "route_threshold": a.route_threshold, "provider": a.provider, "region": a.region,
             "timeout": a.timeout, "memnode_args": ["--relay-timeout-ms", a.relay_timeout_ms],
-            "cn_cpu": a.cn_cpu or None, "extra": ["--oracle", a.oracle]}
+            "cn_cpu": a.cn_cpu, "extra": ["--oracle", a.oracle, "--adaptive-quota", a.adaptive_quota]}
 
 
 def out_dir(a, folder, work):
@@ -638,7 +663,9 @@ def shine_header_md(a, results, what=None):
             f"{a.warmup} warm-up + {a.queries} measured queries (seed {a.seed}), route batch {a.route_batch}, "
             f"threshold {a.route_threshold}, {a.repeats} run(s) per point (median QPS)"
             + f", {getattr(a, 'oracle', 'balanced')} oracle"
-            + (f", each computenode limited to {a.cn_cpu:g} core(s) of CPU time" if getattr(a, "cn_cpu", 0) else "")
+            + (f", adaptive quota {a.adaptive_quota}" if getattr(a, "adaptive_quota", "even") != "even" else "")
+            + (f", computenodes limited to {','.join(f'{c:g}' for c in a.cn_cpu)} core(s) of CPU time each"
+               if getattr(a, "cn_cpu", None) else "")
             + ".\n")
 
 

@@ -4,7 +4,8 @@
 // this computenode first, then to the next ids cyclically (self, self+1, ...), so routers on
 // different computenodes hand their extras to different computenodes and the extra query of a
 // router stays local. Adaptive: ω_i·b/K = b(σ − P_i) / Σ_p(σ − p) rounded by the largest
-// remainder (exact integer arithmetic), ties again in cyclic order from self.
+// remainder (exact integer arithmetic), ties again in cyclic order from self. Adaptive with
+// the Demand base: b·D_i(σ − P_i) / Σ_j D_j(σ − P_j), D_i the batch's first choices of i.
 #include "router/policy.hpp"
 
 #include <algorithm>
@@ -25,6 +26,14 @@ Policy parse_policy(const std::string& name) {
   throw std::invalid_argument("--routing: unknown routing policy '" + name +
                               "' (expected none, best-fit, balanced or adaptive)");
 }
+
+QuotaBase parse_quota_base(const std::string& name) {
+  if (name == "even") return QuotaBase::Even;
+  if (name == "demand") return QuotaBase::Demand;
+  throw std::invalid_argument("--adaptive-quota: unknown quota base '" + name + "' (expected even or demand)");
+}
+
+const char* quota_base_name(QuotaBase b) { return b == QuotaBase::Demand ? "demand" : "even"; }
 
 const char* policy_name(Policy p) {
   switch (p) {
@@ -74,8 +83,10 @@ std::vector<uint32_t> equal_limits(uint32_t k, uint32_t batch, uint32_t self) {
 
 }  // namespace
 
-RoutingPolicy::RoutingPolicy(Policy p, uint32_t num_cns, uint32_t self, uint32_t batch)
-    : policy_(p), k_(num_cns), self_(self), batch_(batch) {
+RoutingPolicy::RoutingPolicy(Policy p, uint32_t num_cns, uint32_t self, uint32_t batch, QuotaBase base,
+                             uint64_t queue_floor)
+    : policy_(p), base_(base), k_(num_cns), self_(self), batch_(batch),
+      queue_floor_(base == QuotaBase::Demand ? queue_floor : 0) {
   if (num_cns == 0) throw std::invalid_argument("RoutingPolicy: num_cns must be >= 1");
   if (self >= num_cns)
     throw std::invalid_argument("RoutingPolicy: self=" + std::to_string(self) +
@@ -83,6 +94,7 @@ RoutingPolicy::RoutingPolicy(Policy p, uint32_t num_cns, uint32_t self, uint32_t
   if (batch == 0) throw std::invalid_argument("RoutingPolicy: batch must be >= 1");
   hist_.assign(k_, 0);
   limits_ = equal_limits(k_, batch_, self_);
+  queue_weights_.assign(k_, 1);
 }
 
 uint32_t RoutingPolicy::choose(const uint32_t* ranked) {
@@ -118,12 +130,42 @@ std::vector<uint32_t> RoutingPolicy::choose_batch(const std::vector<const uint32
   if (regret.size() != ranked.size())
     throw std::invalid_argument("RoutingPolicy::choose_batch: " + std::to_string(regret.size()) + " regrets for " +
                                 std::to_string(ranked.size()) + " queries");
+  if (policy_ == Policy::Adaptive && base_ == QuotaBase::Demand && routed_ == 0 && !ranked.empty()) {
+    std::vector<u128> w(k_, 0);
+    for (const uint32_t* r : ranked)
+      if (r[0] < k_) ++w[r[0]];
+    u128 total = 0;
+    for (uint32_t i = 0; i < k_; ++i) total += w[i] *= queue_weights_[i];
+    // Nothing wanted where there is room (every first choice has the only nonempty queue):
+    // the queue weights alone, as with the Even base.
+    if (total == 0)
+      for (uint32_t i = 0; i < k_; ++i) w[i] = queue_weights_[i];
+    limits_ = largest_remainder(batch_, w, self_);
+  }
   std::vector<size_t> order(ranked.size());
   std::iota(order.begin(), order.end(), size_t{0});
   if (policy_ == Policy::Balanced || policy_ == Policy::Adaptive)
     std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return regret[a] > regret[b]; });
   std::vector<uint32_t> out(ranked.size());
-  for (size_t x : order) out[x] = choose(ranked[x]);
+  if (policy_ != Policy::Balanced && policy_ != Policy::Adaptive) {
+    for (size_t x : order) out[x] = choose(ranked[x]);
+    return out;
+  }
+  // Two passes: first every query whose first choice still has room takes it; then the rest
+  // go down their rankings. So a query moved off a full computenode never takes the place of
+  // one that wanted that computenode first.
+  std::vector<size_t> rest;
+  for (size_t x : order) {
+    const uint32_t first = ranked[x][0];
+    if (first < k_ && hist_[first] < limits_[first]) {
+      out[x] = first;
+      ++hist_[first];
+      ++routed_;
+    } else {
+      rest.push_back(x);
+    }
+  }
+  for (size_t x : rest) out[x] = choose(ranked[x]);
   return out;
 }
 
@@ -140,19 +182,23 @@ void RoutingPolicy::end_batch(const std::vector<uint64_t>& queue_lengths) {
                                 std::to_string(queue_lengths.size()) +
                                 " queue lengths for " + std::to_string(k_) + " computenodes");
   // ω_i·b/K = b(σ − P_i) / Σ_p(σ − p), with Σ_p(σ − p) = (K − 1)σ.
+  std::vector<uint64_t> backlog(queue_lengths);
+  for (uint64_t& p : backlog) p = p > queue_floor_ ? p - queue_floor_ : 0;
   u128 sigma = 0;
-  for (uint64_t p : queue_lengths) sigma += p;
+  for (uint64_t p : backlog) sigma += p;
   std::vector<u128> weights(k_);
   u128 denom = 0;
   for (uint32_t i = 0; i < k_; ++i) {
-    weights[i] = sigma - queue_lengths[i];
+    weights[i] = sigma - backlog[i];
     denom += weights[i];
   }
   if (sigma == 0 || denom == 0) {
     limits_ = equal_limits(k_, batch_, self_);
+    queue_weights_.assign(k_, 1);
     return;
   }
   limits_ = largest_remainder(batch_, weights, self_);
+  for (uint32_t i = 0; i < k_; ++i) queue_weights_[i] = static_cast<uint64_t>(weights[i]);
 }
 
 }  // namespace dmhnsw::router

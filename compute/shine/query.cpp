@@ -355,7 +355,8 @@ json run_query(const RunContext& rc, const QueryOptions& o) {
     auto deadline = t0 + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(min_seconds));
     std::thread router_thread([&] {
       try {
-        router::RoutingPolicy rp(policy, K, self, o.route_batch);
+        router::RoutingPolicy rp(policy, K, self, o.route_batch, router::parse_quota_base(o.adaptive_quota),
+                                 o.route_threshold);
         // Balanced/adaptive route a batch of b queries at once (RoutingPolicy::choose_batch:
         // the queries nearest a partition boundary are the ones moved when a computenode's
         // limit is reached); the others one query at a time.
@@ -420,6 +421,8 @@ json run_query(const RunContext& rc, const QueryOptions& o) {
             for (uint32_t cn = 0; cn < K; ++cn)  // a gone computenode gets no quota
               if (ex.gone(cn)) prog[cn] = uint64_t{1} << 40;
             rp.end_batch(prog);
+            spdlog::debug("routing batch {}: queue lengths [{}], next limits [{}]", batch_no - 1, fmt::join(prog, ", "),
+                          fmt::join(rp.limits(), ", "));
           }
         }
         if (need_done)
@@ -502,6 +505,7 @@ json run_query(const RunContext& rc, const QueryOptions& o) {
                  {"coroutines", o.coroutines}, {"read_mode", o.mode == ReadMode::Batch ? "batch" : "per-read"},
                  {"memnodes", c.memnodes().size()}, {"routing", router::policy_name(policy)},
                  {"route_batch", o.route_batch}, {"route_threshold", o.route_threshold},
+                 {"adaptive_quota", o.adaptive_quota},
                  {"cache", {{"enabled", ncache != nullptr}, {"capacity_bytes", cc.capacity_bytes},
                             {"capacity_entries", ncache ? ncache->capacity_entries() : 0},
                             {"index_bytes", idx_bytes}, {"admit_probability", o.admit_probability}}},

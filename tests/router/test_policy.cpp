@@ -245,6 +245,12 @@ TEST_CASE("choose_batch: the queries that lose most by moving keep their first c
   std::vector<uint32_t> seq;
   for (const uint32_t* r : ranked) seq.push_back(q.choose(r));
   CHECK(seq == std::vector<uint32_t>{0, 0, 1, 1});
+  // A query moved off a full computenode does not take the place of one whose first choice
+  // it is: limits 1 + 1 + 1; A and B prefer 0 (then 1), C prefers 1 but has the smallest
+  // regret. B, moved, goes on to 2 rather than taking C's place at 1.
+  const uint32_t r012[3] = {0, 1, 2}, r102[3] = {1, 0, 2};
+  RoutingPolicy d(Policy::Balanced, 3, 0, 3);
+  CHECK(d.choose_batch({r012, r012, r102}, {0.9f, 0.8f, 0.1f}) == std::vector<uint32_t>{0, 2, 1});
   // Equal regrets keep the input order; adaptive does the same under its limits.
   RoutingPolicy a(Policy::Adaptive, 2, 0, 4);
   CHECK(a.choose_batch(ranked, std::vector<float>(4, 1.0f)) == seq);
@@ -254,4 +260,134 @@ TEST_CASE("choose_batch: the queries that lose most by moving keep their first c
   RoutingPolicy n(Policy::None, 2, 1, 4);
   CHECK(n.choose_batch(ranked, regret) == std::vector<uint32_t>{1, 1, 1, 1});
   CHECK_THROWS_WITH(p.choose_batch(ranked, {1.0f}), Catch::Contains("1 regrets for 4 queries"));
+}
+
+namespace {
+
+/// A batch of queries with first choices `firsts` (ranking: first choice, then the others
+/// in id order), all with regret 1. Returns the targets of choose_batch.
+std::vector<uint32_t> choose_firsts(RoutingPolicy& p, uint32_t k, const std::vector<uint32_t>& firsts,
+                                    std::vector<std::vector<uint32_t>>& storage) {
+  storage.clear();
+  for (uint32_t f : firsts) {
+    std::vector<uint32_t> r{f};
+    for (uint32_t i = 0; i < k; ++i)
+      if (i != f) r.push_back(i);
+    storage.push_back(r);
+  }
+  std::vector<const uint32_t*> ranked;
+  for (const auto& r : storage) ranked.push_back(r.data());
+  return p.choose_batch(ranked, std::vector<float>(firsts.size(), 1.0f));
+}
+
+std::vector<uint32_t> repeat_firsts(const std::vector<uint32_t>& counts) {
+  std::vector<uint32_t> out;
+  for (uint32_t cn = 0; cn < counts.size(); ++cn) out.insert(out.end(), counts[cn], cn);
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("parse_quota_base round-trips and names the flag", "[router][policy]") {
+  for (QuotaBase b : {QuotaBase::Even, QuotaBase::Demand}) CHECK(parse_quota_base(quota_base_name(b)) == b);
+  CHECK_THROWS_WITH(parse_quota_base("greedy"), Catch::Contains("--adaptive-quota") && Catch::Contains("greedy"));
+  CHECK(RoutingPolicy(Policy::Adaptive, 2, 0, 10).quota_base() == QuotaBase::Even);
+}
+
+TEST_CASE("adaptive, demand quota: equal queues route like best-fit", "[router][policy]") {
+  std::vector<std::vector<uint32_t>> st;
+  const std::vector<uint32_t> firsts = repeat_firsts({50, 30, 20, 0});
+  for (const std::vector<uint64_t>& queues : {std::vector<uint64_t>{}, {0, 0, 0, 0}, {9, 9, 9, 9}}) {
+    RoutingPolicy p(Policy::Adaptive, 4, 1, 100, QuotaBase::Demand);
+    if (!queues.empty()) p.end_batch(queues);
+    CHECK(choose_firsts(p, 4, firsts, st) == firsts);  // every query keeps its first choice
+    CHECK(p.limits() == std::vector<uint32_t>{50, 30, 20, 0});
+    CHECK(p.batch_full());
+  }
+  // The Even base (Algorithm 2) gives b/K each whatever the queries prefer.
+  RoutingPolicy e(Policy::Adaptive, 4, 1, 100, QuotaBase::Even);
+  e.end_batch({9, 9, 9, 9});
+  const std::vector<uint32_t> got = choose_firsts(e, 4, firsts, st);
+  CHECK(e.limits() == std::vector<uint32_t>{25, 25, 25, 25});
+  CHECK(e.histogram() == std::vector<uint32_t>{25, 25, 25, 25});
+  CHECK(got != firsts);
+}
+
+TEST_CASE("adaptive, demand quota: a longer queue keeps less of its demand", "[router][policy]") {
+  // Queues (30, 10, 10, 10): σ = 60, weights σ − P = (30, 50, 50, 50); demand (50, 30, 20, 0)
+  // → D·w = (1500, 1500, 1000, 0) → limits b·D·w/ΣD·w = (37.5, 37.5, 25, 0); the half goes to
+  // the cyclically first of the tied remainders from self = 0, i.e. CN 0.
+  std::vector<std::vector<uint32_t>> st;
+  RoutingPolicy p(Policy::Adaptive, 4, 0, 100, QuotaBase::Demand);
+  p.end_batch({30, 10, 10, 10});
+  const std::vector<uint32_t> got = choose_firsts(p, 4, repeat_firsts({50, 30, 20, 0}), st);
+  CHECK(p.limits() == std::vector<uint32_t>{38, 37, 25, 0});
+  CHECK(p.histogram() == p.limits());
+  // The 12 queries CN 0 gives up go to their second choice, CN 1 (room: 37 − 30 = 7), then
+  // their third, CN 2 (room 5).
+  std::vector<uint32_t> moved(4, 0);
+  for (size_t x = 0; x < 50; ++x) ++moved[got[x]];
+  CHECK(moved == std::vector<uint32_t>{38, 7, 5, 0});
+
+  // With the threshold t = 50 as queue floor only the backlog beyond t counts: queues
+  // (50, 40, 12, 0) are no backlog at all (best-fit); (80, 60, 50, 0) → backlog (30, 10, 0, 0),
+  // σ = 40, weights (10, 30, 40, 40), D·w = (500, 900, 800, 0) → b·D·w/2200 = (22.7, 40.9, 36.4, 0).
+  RoutingPolicy f(Policy::Adaptive, 4, 0, 100, QuotaBase::Demand, 50);
+  f.end_batch({50, 40, 12, 0});
+  choose_firsts(f, 4, repeat_firsts({50, 30, 20, 0}), st);
+  CHECK(f.limits() == std::vector<uint32_t>{50, 30, 20, 0});
+  f.end_batch({80, 60, 50, 0});
+  choose_firsts(f, 4, repeat_firsts({50, 30, 20, 0}), st);
+  CHECK(f.limits() == std::vector<uint32_t>{23, 41, 36, 0});
+  // The floor is Demand's: the Even base (Algorithm 2) counts whole queues.
+  RoutingPolicy ev(Policy::Adaptive, 2, 0, 100, QuotaBase::Even, 50);
+  ev.end_batch({50, 10});
+  CHECK(ev.limits() == std::vector<uint32_t>{17, 83});
+
+  // Every first choice on the only computenode with a queue: its weight is 0, so the queue
+  // weights alone decide (as with Even): (0, 50, 50).
+  RoutingPolicy q(Policy::Adaptive, 3, 0, 100, QuotaBase::Demand);
+  q.end_batch({10, 0, 0});
+  choose_firsts(q, 3, std::vector<uint32_t>(100, 0), st);
+  CHECK(q.limits() == std::vector<uint32_t>{0, 50, 50});
+  CHECK(q.histogram() == q.limits());
+}
+
+TEST_CASE("adaptive, demand quota: limits sum to b and follow demand and queues", "[router][policy]") {
+  std::mt19937_64 rng(11);
+  std::vector<std::vector<uint32_t>> st;
+  for (int trial = 0; trial < 300; ++trial) {
+    const uint32_t k = 2 + static_cast<uint32_t>(rng() % 7);
+    const uint32_t b = 1 + static_cast<uint32_t>(rng() % 2000);
+    RoutingPolicy p(Policy::Adaptive, k, static_cast<uint32_t>(rng() % k), b, QuotaBase::Demand);
+    std::vector<uint64_t> queues(k);
+    for (auto& q : queues) q = rng() % 100;
+    p.end_batch(queues);
+    std::vector<uint32_t> firsts(b);
+    for (auto& f : firsts) f = static_cast<uint32_t>(rng() % k);
+    const std::vector<uint32_t> got = choose_firsts(p, k, firsts, st);
+    INFO("trial " << trial << " k=" << k << " b=" << b);
+    REQUIRE(sum(p.limits()) == b);
+    CHECK(p.histogram() == p.limits());
+    std::vector<uint64_t> demand(k, 0);
+    for (uint32_t f : firsts) ++demand[f];
+    // A computenode nobody prefers gets no quota (unless nobody wanted any room that is left);
+    // with equal queues and demand, no larger limit for the longer queue.
+    uint64_t sigma = 0;
+    for (auto q : queues) sigma += q;
+    bool any_room = false;
+    for (uint32_t i = 0; i < k; ++i) any_room |= demand[i] > 0 && queues[i] < sigma;
+    for (uint32_t i = 0; i < k; ++i) {
+      if (demand[i] == 0 && any_room) CHECK(p.limits()[i] == 0);
+      for (uint32_t j = 0; j < k; ++j)
+        if (demand[i] == demand[j] && queues[i] > queues[j]) CHECK(p.limits()[i] <= p.limits()[j]);
+    }
+    // A query leaves its first choice only if that computenode's limit is below its demand,
+    // and then exactly the excess leaves (moved queries never displace first choices).
+    std::vector<uint64_t> left(k, 0);
+    for (size_t x = 0; x < b; ++x)
+      if (got[x] != firsts[x]) ++left[firsts[x]];
+    for (uint32_t i = 0; i < k; ++i)
+      CHECK(left[i] == (demand[i] > p.limits()[i] ? demand[i] - p.limits()[i] : 0));
+  }
 }
