@@ -49,6 +49,8 @@ struct DoneMsg {
 };
 static_assert(sizeof(QueryMsg) == 24 && sizeof(ProgressMsg) == 24 && sizeof(DoneMsg) == 16);
 static_assert(std::is_trivially_copyable_v<QueryMsg> && std::is_trivially_copyable_v<ProgressMsg>);
+/// Adaptive routing: a router waiting for its own queue to drain re-broadcasts its length this often.
+constexpr std::chrono::milliseconds kProgressEvery{2};
 
 struct Item {
   uint32_t pos;
@@ -413,9 +415,21 @@ json run_query(const RunContext& rc, const QueryOptions& o) {
             uint64_t mine = ex.queue_len(phase);
             ProgressMsg pm{kProgressMsg, phase, batch_no++, mine};
             relay.broadcast(&pm, sizeof pm);
-            if (policy == router::Policy::Adaptive)
-              while (ex.queue_len(phase) > o.route_threshold && !stop.load())
+            if (policy == router::Policy::Adaptive) {
+              // The paper's computenodes broadcast their queue length periodically: while
+              // this router waits for its queue to drain, the others keep sending to it, so
+              // they hear how long it is every kProgressEvery instead of only after its next
+              // batch (a slow computenode would otherwise look as short as it last was).
+              auto next = Clock::now() + kProgressEvery;
+              while (ex.queue_len(phase) > o.route_threshold && !stop.load()) {
                 std::this_thread::sleep_for(std::chrono::microseconds(100));
+                if (Clock::now() >= next) {
+                  pm.queue_len = ex.queue_len(phase);
+                  relay.broadcast(&pm, sizeof pm);
+                  next = Clock::now() + kProgressEvery;
+                }
+              }
+            }
             std::vector<uint64_t> prog = ex.progress();
             prog[self] = mine;
             for (uint32_t cn = 0; cn < K; ++cn)  // a gone computenode gets no quota
