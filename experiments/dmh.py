@@ -131,7 +131,7 @@ class CpuLimits:
         cpus = list(cpu) if isinstance(cpu, (list, tuple)) else [cpu]
         if not cpus or any(not c > 0 for c in cpus):
             raise ValueError(f"--cn-cpu: every share must be > 0, got {cpu}")
-        self.dirs, self.period_us, self.quota_us = [], [], []
+        self.dirs = []
         for i in range(count):
             c = cpus[i % len(cpus)]
             # The shortest period the kernel allows for the quota (>= 1 ms each): a throttled
@@ -145,8 +145,6 @@ class CpuLimits:
             (d / "cpu.cfs_period_us").write_text(str(period))
             (d / "cpu.cfs_quota_us").write_text(str(quota))
             self.dirs.append(d)
-            self.period_us.append(period)
-            self.quota_us.append(quota)
 
     def enter(self, i):
         """A preexec_fn: the child joins cgroup I before it execs."""

@@ -136,11 +136,9 @@ std::vector<uint32_t> RoutingPolicy::choose_batch(const std::vector<const uint32
       if (r[0] < k_) ++w[r[0]];
     u128 total = 0;
     for (uint32_t i = 0; i < k_; ++i) total += w[i] *= queue_weights_[i];
-    // Nothing wanted where there is room (every first choice has the only nonempty queue):
-    // the queue weights alone, as with the Even base.
-    if (total == 0)
-      for (uint32_t i = 0; i < k_; ++i) w[i] = queue_weights_[i];
-    limits_ = largest_remainder(batch_, w, self_);
+    // total = 0: nothing wanted where there is room (every first choice has the only nonempty
+    // queue); the limits end_batch set from the queue weights alone stay, as with Even.
+    if (total > 0) limits_ = largest_remainder(batch_, w, self_);
   }
   std::vector<size_t> order(ranked.size());
   std::iota(order.begin(), order.end(), size_t{0});
