@@ -270,6 +270,7 @@ FabricEndpoint::~FabricEndpoint() {
   auto deadline = Clock::now() + std::chrono::seconds(2);
   std::array<Completion, 32> buf;
   while (in_flight_ > 0 && Clock::now() < deadline) read_cq(buf);
+  raw_.close();  // before pool_mr_ and pool_ (declared after raw_) go: posted receives point into pool_
 }
 
 std::string FabricEndpoint::node_name(uint16_t node) const {
@@ -560,6 +561,13 @@ struct RegionServer::Impl {
   std::deque<Outgoing> outbox;     // not yet accepted by the provider
   std::vector<Outgoing> in_flight;  // posted, waiting for the send completion
   std::atomic<uint64_t> spins{0}, waits{0}, messages{0}, dropped{0};
+
+  // The endpoints close before the buffers and registrations declared after them are freed:
+  // posted receives point into `bufs`.
+  ~Impl() {
+    if (ep) ep->close();
+    for (auto& l : lanes) l->close();
+  }
 
   uint64_t remote_ops() const {
     uint64_t n = ep->remote_ops();

@@ -105,6 +105,16 @@ class RawEndpoint {
   std::vector<char> name() const;
   fi_addr_t insert(const std::vector<char>& addr);
   const std::shared_ptr<Domain>& domain() const { return d_; }
+  /// Closes the endpoint, then its counter, CQ and AV. An owner whose receive buffers or
+  /// memory registrations are destroyed before this object calls it first: a provider may
+  /// still deliver into a posted buffer while the endpoint is open (rxm over tcp did,
+  /// into freed memory, when a message arrived during a computenode's exit).
+  void close() {
+    ep_.reset();
+    cntr_.reset();
+    cq_.reset();
+    av_.reset();
+  }
 
  private:
   std::shared_ptr<Domain> d_;
