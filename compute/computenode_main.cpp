@@ -123,10 +123,9 @@ int main(int argc, char** argv) {
   query->add_option("--adaptive-quota", qo.adaptive_quota,
                     "adaptive: what the queue weights scale; even: b/K per computenode (paper Algorithm 2, equal "
                     "queues give balanced routing); demand: the batch's best-fit counts (equal queues give "
-                    "best-fit, a computenode with a longer queue keeps less); level: best-fit until a computenode's queue "
-                    "would stand t above the mean, then it sheds the excess")
+                    "best-fit, a computenode with a longer queue keeps less)")
       ->capture_default_str()
-      ->check(CLI::IsMember({"even", "demand", "level"}));
+      ->check(CLI::IsMember({"even", "demand"}));
   query->add_option("--oracle", qo.oracle,
                     "how a query's computenode is ranked: balanced: distance to the partition centroids plus "
                     "per-partition offsets that split the partitioned sample evenly; nearest: distance to the "

@@ -549,10 +549,9 @@ def shine_args(ap, *, sets="wordnet,syn100k", num_cns=4, cache_ratio=0.05):
     g.add_argument("--oracle", default="balanced", choices=["balanced", "nearest"],
                    help="computenode --oracle: balanced (centroid distance plus offsets that split the partitioned "
                         "sample evenly) or nearest (centroid distance only, the paper) (default %(default)s)")
-    g.add_argument("--adaptive-quota", default="even", choices=["even", "demand", "level"],
-                   help="computenode --adaptive-quota: even (b/K scaled by the queue weights, the paper's Algorithm 2), "
-                        "demand (the batch's best-fit counts scaled by them) or level (best-fit until a queue would "
-                        "stand t above the mean) (default %(default)s)")
+    g.add_argument("--adaptive-quota", default="even", choices=["even", "demand"],
+                   help="computenode --adaptive-quota: even (b/K scaled by the queue weights, the paper's Algorithm 2) "
+                        "or demand (the batch's best-fit counts scaled by them) (default %(default)s)")
     g.add_argument("--cn-cpu", type=cpu_shares, default=None,
                    help="limit each computenode to this many cores' worth of CPU time (cgroup v1 cpu quota), so that "
                         "computenodes act like separate machines of fixed speed; a comma list gives one share per "

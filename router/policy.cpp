@@ -30,18 +30,10 @@ Policy parse_policy(const std::string& name) {
 QuotaBase parse_quota_base(const std::string& name) {
   if (name == "even") return QuotaBase::Even;
   if (name == "demand") return QuotaBase::Demand;
-  if (name == "level") return QuotaBase::Level;
-  throw std::invalid_argument("--adaptive-quota: unknown quota base '" + name + "' (expected even, demand or level)");
+  throw std::invalid_argument("--adaptive-quota: unknown quota base '" + name + "' (expected even or demand)");
 }
 
-const char* quota_base_name(QuotaBase b) {
-  switch (b) {
-    case QuotaBase::Even: return "even";
-    case QuotaBase::Demand: return "demand";
-    case QuotaBase::Level: return "level";
-  }
-  return "?";
-}
+const char* quota_base_name(QuotaBase b) { return b == QuotaBase::Demand ? "demand" : "even"; }
 
 const char* policy_name(Policy p) {
   switch (p) {
@@ -94,42 +86,15 @@ std::vector<uint32_t> equal_limits(uint32_t k, uint32_t batch, uint32_t self) {
 RoutingPolicy::RoutingPolicy(Policy p, uint32_t num_cns, uint32_t self, uint32_t batch, QuotaBase base,
                              uint64_t queue_floor)
     : policy_(p), base_(base), k_(num_cns), self_(self), batch_(batch),
-      queue_floor_(base == QuotaBase::Even ? 0 : queue_floor) {
+      queue_floor_(base == QuotaBase::Demand ? queue_floor : 0) {
   if (num_cns == 0) throw std::invalid_argument("RoutingPolicy: num_cns must be >= 1");
   if (self >= num_cns)
     throw std::invalid_argument("RoutingPolicy: self=" + std::to_string(self) +
                                 " is not below num_cns=" + std::to_string(num_cns));
   if (batch == 0) throw std::invalid_argument("RoutingPolicy: batch must be >= 1");
   hist_.assign(k_, 0);
+  limits_ = equal_limits(k_, batch_, self_);
   queue_weights_.assign(k_, 1);
-  if (policy_ == Policy::Adaptive && base_ == QuotaBase::Level)
-    level_limits(std::vector<uint64_t>(k_, 0));
-  else
-    limits_ = equal_limits(k_, batch_, self_);
-}
-
-void RoutingPolicy::level_limits(const std::vector<uint64_t>& queue_lengths) {
-  // room_i = ΣP/K + b + t − P_i over K routers: K·room_i = ΣP + K(b + t) − K·P_i, and this
-  // router's limit is room_i/K = (ΣP + K(b + t) − K·P_i) / K², rounded down. The rooms sum
-  // to K(b + t), so the limits sum to more than b + t − K; below b (t < K) they are topped up.
-  u128 sum = 0;
-  for (uint64_t p : queue_lengths) sum += p;
-  const u128 k = k_;
-  const u128 top = sum + k * (static_cast<u128>(batch_) + queue_floor_);
-  limits_.assign(k_, 0);
-  std::vector<u128> room(k_, 0);
-  u128 given = 0;
-  for (uint32_t i = 0; i < k_; ++i) {
-    const u128 kp = k * queue_lengths[i];
-    room[i] = top > kp ? top - kp : 0;
-    const u128 lim = room[i] / (k * k);
-    limits_[i] = static_cast<uint32_t>(std::min<u128>(lim, batch_));
-    given += limits_[i];
-  }
-  if (given < batch_) {  // rounding (t < K): top up by the rooms, so the batch always fits
-    std::vector<uint32_t> extra = largest_remainder(static_cast<uint32_t>(batch_ - given), room, self_);
-    for (uint32_t i = 0; i < k_; ++i) limits_[i] += extra[i];
-  }
 }
 
 uint32_t RoutingPolicy::choose(const uint32_t* ranked) {
@@ -214,10 +179,6 @@ void RoutingPolicy::end_batch(const std::vector<uint64_t>& queue_lengths) {
     throw std::invalid_argument("RoutingPolicy::end_batch: " +
                                 std::to_string(queue_lengths.size()) +
                                 " queue lengths for " + std::to_string(k_) + " computenodes");
-  if (base_ == QuotaBase::Level) {
-    level_limits(queue_lengths);
-    return;
-  }
   // ω_i·b/K = b(σ − P_i) / Σ_p(σ − p), with Σ_p(σ − p) = (K − 1)σ.
   std::vector<uint64_t> backlog(queue_lengths);
   for (uint64_t& p : backlog) p = p > queue_floor_ ? p - queue_floor_ : 0;

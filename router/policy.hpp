@@ -20,21 +20,14 @@ const char* policy_name(Policy p);
 ///           is best-fit; a computenode that falls behind keeps less of its demand. Needs
 ///           choose_batch (the demand of a batch is known only with the whole batch);
 ///           choose() alone uses the queue weights' limits.
-///   Level   no weights: computenode i may take queries of this batch until its queue would
-///           stand t (queue_floor) above the level all queues would reach if each of the K
-///           routers spread a batch of b evenly: room_i = ΣP/K + b + t − P_i, limit_i =
-///           room_i/K (this router's part; the limits sum to at least b). Within that slack
-///           every query keeps its first choice (best-fit); only a computenode that falls
-///           more than t behind the mean sheds its excess, to the queries' next choices.
-enum class QuotaBase { Even, Demand, Level };
-QuotaBase parse_quota_base(const std::string& name);  // "even" | "demand" | "level"; throws naming --adaptive-quota
+enum class QuotaBase { Even, Demand };
+QuotaBase parse_quota_base(const std::string& name);  // "even" | "demand"; throws naming --adaptive-quota
 const char* quota_base_name(QuotaBase b);
 
 class RoutingPolicy {
  public:
   /// `self`: this computenode; `batch`: b, queries per batch (balanced, adaptive).
-  /// `queue_floor`: QuotaBase::Demand, the queue length that is not backlog (t);
-  /// QuotaBase::Level, the slack above the mean queue (t).
+  /// `queue_floor`: QuotaBase::Demand only, the queue length that is not backlog (t).
   RoutingPolicy(Policy p, uint32_t num_cns, uint32_t self, uint32_t batch = 1000, QuotaBase base = QuotaBase::Even,
                 uint64_t queue_floor = 0);
 
@@ -56,8 +49,7 @@ class RoutingPolicy {
   /// Ends the batch: resets the histogram. Adaptive: the new limits from every
   /// computenode's working-queue length (Algorithm 2: ω_i = K(σ − P_i) / Σ_p(σ − p), limit
   /// ω_i·b/K, rounded so the limits sum to b; all equal when every queue is empty). With
-  /// QuotaBase::Demand the weights σ − P_i are kept for the next choose_batch; with
-  /// QuotaBase::Level the limits are the rooms up to the level (see QuotaBase).
+  /// QuotaBase::Demand the weights σ − P_i are kept for the next choose_batch.
   void end_batch(const std::vector<uint64_t>& queue_lengths);
 
   const std::vector<uint32_t>& limits() const { return limits_; }
@@ -66,8 +58,6 @@ class RoutingPolicy {
   QuotaBase quota_base() const { return base_; }
 
  private:
-  void level_limits(const std::vector<uint64_t>& queue_lengths);
-
   Policy policy_;
   QuotaBase base_;
   uint32_t k_, self_, batch_, routed_ = 0;

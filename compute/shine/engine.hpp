@@ -50,7 +50,7 @@ struct QueryOptions {
   uint32_t route_threshold = 1000;  // t: the router waits while its working queue is longer
   uint64_t kmeans_seed = 1;
   std::string oracle = "balanced";  // balanced | nearest (router::balance_offsets)
-  std::string adaptive_quota = "even";  // adaptive: even (Algorithm 2) | demand | level (router::QuotaBase)
+  std::string adaptive_quota = "even";  // adaptive: even (Algorithm 2) | demand (router::QuotaBase)
   std::string trace_dir;         // record node-cache accesses here (tools/csp-report)
   /// Called with the finished report before the run's connections are torn down (so the
   /// report is out even if the teardown fails).

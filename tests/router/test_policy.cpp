@@ -289,7 +289,7 @@ std::vector<uint32_t> repeat_firsts(const std::vector<uint32_t>& counts) {
 }  // namespace
 
 TEST_CASE("parse_quota_base round-trips and names the flag", "[router][policy]") {
-  for (QuotaBase b : {QuotaBase::Even, QuotaBase::Demand, QuotaBase::Level}) CHECK(parse_quota_base(quota_base_name(b)) == b);
+  for (QuotaBase b : {QuotaBase::Even, QuotaBase::Demand}) CHECK(parse_quota_base(quota_base_name(b)) == b);
   CHECK_THROWS_WITH(parse_quota_base("greedy"), Catch::Contains("--adaptive-quota") && Catch::Contains("greedy"));
   CHECK(RoutingPolicy(Policy::Adaptive, 2, 0, 10).quota_base() == QuotaBase::Even);
 }
@@ -389,84 +389,5 @@ TEST_CASE("adaptive, demand quota: limits sum to b and follow demand and queues"
       if (got[x] != firsts[x]) ++left[firsts[x]];
     for (uint32_t i = 0; i < k; ++i)
       CHECK(left[i] == (demand[i] > p.limits()[i] ? demand[i] - p.limits()[i] : 0));
-  }
-}
-
-TEST_CASE("adaptive, level quota: best-fit within t of the mean queue, the excess beyond it moves",
-          "[router][policy]") {
-  std::vector<std::vector<uint32_t>> st;
-  const std::vector<uint32_t> firsts = repeat_firsts({50, 30, 20, 0});
-  // Equal queues, t = 40, K = 4, b = 100: room_i = ΣP/K + b + t − P_i = 140 each, this
-  // router's part 140/4 = 35 per computenode. CN 0 wants 50: 15 move, to their second choice.
-  RoutingPolicy p(Policy::Adaptive, 4, 1, 100, QuotaBase::Level, 40);
-  CHECK(p.limits() == std::vector<uint32_t>{35, 35, 35, 35});  // before any queue is known
-  p.end_batch({7, 7, 7, 7});
-  CHECK(p.limits() == std::vector<uint32_t>{35, 35, 35, 35});
-  std::vector<uint32_t> got = choose_firsts(p, 4, firsts, st);
-  CHECK(p.histogram() == std::vector<uint32_t>{35, 35, 30, 0});
-  // With the slack of the default t = 1000 the same batch is best-fit.
-  RoutingPolicy w(Policy::Adaptive, 4, 1, 100, QuotaBase::Level, 1000);
-  got = choose_firsts(w, 4, firsts, st);
-  CHECK(got == firsts);
-
-  // Queues (300, 100, 100, 100), t = 40: ΣP/K = 150, level 150 + 100 + 40 = 290, rooms
-  // (0, 190, 190, 190), parts (0, 47, 47, 47): CN 0, 150 above the mean, takes nothing.
-  p.end_batch({300, 100, 100, 100});
-  CHECK(p.limits() == std::vector<uint32_t>{0, 47, 47, 47});
-  got = choose_firsts(p, 4, firsts, st);
-  CHECK(p.histogram() == std::vector<uint32_t>{0, 47, 47, 6});
-  // Queues (200, 100, 100, 100): level 125 + 140 = 265, rooms (65, 165, 165, 165), parts
-  // (16, 41, 41, 41): CN 0 keeps 16 of its 50.
-  p.end_batch({200, 100, 100, 100});
-  CHECK(p.limits() == std::vector<uint32_t>{16, 41, 41, 41});
-  // Even (Algorithm 2) on the same queues: σ = 500, weights (300, 400, 400, 400) → 20.7, 27.6...
-  RoutingPolicy e(Policy::Adaptive, 4, 1, 100, QuotaBase::Even);
-  e.end_batch({200, 100, 100, 100});
-  CHECK(e.limits()[0] < e.limits()[1]);
-
-  // t < K: the rounded-down parts are topped up so that the batch always fits.
-  RoutingPolicy r(Policy::Adaptive, 4, 0, 10, QuotaBase::Level, 1);
-  r.end_batch({0, 0, 0, 0});  // rooms 11 each → parts 2 (sum 8) → topped up to 10
-  CHECK(sum(r.limits()) == 10);
-  CHECK(r.limits() == std::vector<uint32_t>{3, 3, 2, 2});
-}
-
-TEST_CASE("adaptive, level quota: every batch fits, a longer queue never gets more room", "[router][policy]") {
-  std::mt19937_64 rng(17);
-  std::vector<std::vector<uint32_t>> st;
-  for (int trial = 0; trial < 300; ++trial) {
-    const uint32_t k = 2 + static_cast<uint32_t>(rng() % 7);
-    const uint32_t b = 1 + static_cast<uint32_t>(rng() % 2000);
-    const uint64_t t = rng() % 1200;
-    RoutingPolicy p(Policy::Adaptive, k, static_cast<uint32_t>(rng() % k), b, QuotaBase::Level, t);
-    std::vector<uint64_t> queues(k);
-    for (auto& q : queues) q = rng() % 3000;
-    p.end_batch(queues);
-    INFO("trial " << trial << " k=" << k << " b=" << b << " t=" << t);
-    REQUIRE(sum(p.limits()) >= b);
-    uint64_t total = 0;
-    for (auto q : queues) total += q;
-    for (uint32_t i = 0; i < k; ++i) {
-      CHECK(p.limits()[i] <= b);
-      // Room up to the level, this router's part: floor((ΣP + K(b + t) − K·P_i) / K²), maybe +1.
-      const uint64_t top = total + k * (b + t), kp = uint64_t{k} * queues[i];
-      const uint64_t part = std::min<uint64_t>(top > kp ? (top - kp) / (uint64_t{k} * k) : 0, b);
-      CHECK(p.limits()[i] >= part);
-      CHECK(p.limits()[i] <= part + 1);
-      for (uint32_t j = 0; j < k; ++j)
-        if (queues[i] > queues[j]) CHECK(p.limits()[i] <= p.limits()[j] + 1);
-    }
-    std::vector<uint32_t> firsts(b);
-    for (auto& f : firsts) f = static_cast<uint32_t>(rng() % k);
-    const std::vector<uint32_t> got = choose_firsts(p, k, firsts, st);
-    std::vector<uint64_t> demand(k, 0), left(k, 0);
-    for (size_t x = 0; x < b; ++x) {
-      ++demand[firsts[x]];
-      if (got[x] != firsts[x]) ++left[firsts[x]];
-    }
-    for (uint32_t i = 0; i < k; ++i) {
-      CHECK(p.histogram()[i] <= p.limits()[i]);  // the batch fits within the limits
-      CHECK(left[i] == (demand[i] > p.limits()[i] ? demand[i] - p.limits()[i] : 0));
-    }
   }
 }
