@@ -202,12 +202,14 @@ void print_query(const json& r) {
                 run["network_bound_qps"]["100Gbps"].get<double>(), run.value("cache_hit_rate", 0.0));
     if (r["num_cns"].get<unsigned>() > 1) {
       for (auto& c : run["per_cn"])
-        std::printf("    cn %u: %llu answered (%llu own input, %llu routed away, %llu received), CHR %.3f, %.0f QPS\n",
+        std::printf("    cn %u: %llu answered (%llu own input, %llu routed away, %llu received), CHR %.3f, %.0f QPS, "
+                    "%.2f CPU s\n",
                     c["cn_id"].get<unsigned>(), static_cast<unsigned long long>(c["queries"].get<uint64_t>()),
                     static_cast<unsigned long long>(c.value("input", uint64_t{0})),
                     static_cast<unsigned long long>(c.value("routed_away", uint64_t{0})),
                     static_cast<unsigned long long>(c.value("received", uint64_t{0})),
-                    c.contains("cache") ? c["cache"]["hit_rate"].get<double>() : 0.0, c["qps"].get<double>());
+                    c.contains("cache") ? c["cache"]["hit_rate"].get<double>() : 0.0, c["qps"].get<double>(),
+                    c.value("cpu_seconds", 0.0));
     }
     for (auto& g : run.value("computenodes_gone", json::array()))
       std::printf("    computenode %u is gone: %s\n", g["cn_id"].get<unsigned>(), g["why"].get<std::string>().c_str());

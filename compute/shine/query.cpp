@@ -537,7 +537,9 @@ json run_query(const RunContext& rc, const QueryOptions& o) {
     relay.barrier();  // the measured part starts together (after everyone's warm-up)
     cache::NodeCacheStats before = ncache ? ncache->stats() : cache::NodeCacheStats{};
     std::vector<PerQuery> rows;
+    const double cpu0 = process_cpu_seconds();
     PhaseResult pr = run_phase(phase++, measured, ef, o.repeat_seconds, true, rows);
+    const double cpu_secs = process_cpu_seconds() - cpu0;
     cache::NodeCacheStats cs = ncache ? minus(ncache->stats(), before) : cache::NodeCacheStats{};
     std::vector<float> lat;
     double recall = 0;
@@ -560,6 +562,7 @@ json run_query(const RunContext& rc, const QueryOptions& o) {
                  {"io", io_json(io)}, {"visited", ss.visited}, {"hops", ss.hops}, {"skipped", ss.skipped},
                  {"input", pr.input}, {"routed_away", pr.routed_away}, {"received", pr.received},
                  {"bounced", pr.bounced}, {"routed_to", pr.routed_to}, {"cache", cache_json(cs)},
+                 {"cpu_seconds", cpu_secs},
                  {"latencies_us", lat}};
     compute::RelayClient::Release rel = relay.barrier();
     board.publish(rel.generation, mine.dump());

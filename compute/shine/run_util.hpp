@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <ctime>
 #include <exception>
 #include <mutex>
 #include <thread>
@@ -18,6 +19,13 @@ namespace dmhnsw::shine {
 using Clock = std::chrono::steady_clock;
 
 inline double secs_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+/// CPU time this process has used (every thread, user + system), in seconds.
+inline double process_cpu_seconds() {
+  timespec ts{};
+  ::clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) * 1e-9;
+}
 
 /// Runs `body(thread_index, endpoint)` on T threads; the first exception stops the others
 /// (through `stop`) and is rethrown.

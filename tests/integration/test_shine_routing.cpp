@@ -9,6 +9,7 @@
 
 #include <cstdio>
 #include <memory>
+#include <thread>
 
 #include "proc.hpp"
 
@@ -174,6 +175,10 @@ TEST_CASE("shine routing: 3 computenodes, adaptive routing and a node cache answ
     for (const auto& x : j["routed_to"]) to += x.get<uint64_t>();
     CHECK(to == j["routed_away"].get<uint64_t>());
     CHECK(j["routed_to"][j["cn_id"].get<size_t>()] == 0);  // never routed to itself
+    // The process's CPU time over the measured part: some, and at most all of the host's cores.
+    CHECK(j["cpu_seconds"].get<double>() > 0);
+    CHECK(j["cpu_seconds"].get<double>() <=
+          j["seconds"].get<double>() * std::thread::hardware_concurrency() + 0.05);
   }
   CHECK(run0["cache_hit_rate"].get<double>() > 0);
 
