@@ -11,15 +11,11 @@
 
 #include "common/fabric/transport.hpp"
 #include "compute/dhnsw/pipeline.hpp"
+#include "compute/run_context.hpp"
 
 namespace dmhnsw::dhnsw {
 
-struct RunContext {
-  fabric::Cluster* cluster = nullptr;
-  uint32_t cn_id = 0;
-  uint32_t num_cns = 1;
-  std::string provider;
-};
+using compute::RunContext;
 
 struct QueryOptions {
   std::string workload;

@@ -8,15 +8,11 @@
 
 #include "common/fabric/transport.hpp"
 #include "compute/shine/graph.hpp"
+#include "compute/run_context.hpp"
 
 namespace dmhnsw::shine {
 
-struct RunContext {
-  fabric::Cluster* cluster = nullptr;
-  uint32_t cn_id = 0;
-  uint32_t num_cns = 1;
-  std::string provider;
-};
+using compute::RunContext;
 
 struct BuildOptions {
   std::string data;          // base vectors, any format load_vectors_as_float reads
