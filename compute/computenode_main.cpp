@@ -52,6 +52,12 @@ int main(int argc, char** argv) {
                  "a memnode whose control connection answers no ping for this long is declared dead")
       ->capture_default_str()
       ->check(CLI::Range(500, 600000));
+  int stall_ms = 10000;
+  app.add_option("--stall-timeout-ms", stall_ms,
+                 "a memnode whose fabric endpoint takes or completes none of our operations for this long is "
+                 "declared dead, even while its control connection answers")
+      ->capture_default_str()
+      ->check(CLI::Range(1000, 3600000));
   app.add_option("--log-level", log_level, "trace, debug, info, warn, error")->capture_default_str();
 
   auto* st = app.add_subcommand("selftest", "write, read, batched reads, fetch_adds, compare_swaps and messages "
@@ -186,6 +192,7 @@ int main(int argc, char** argv) {
     co.mode = *st ? fabric::Mode::None : fabric::parse_mode(mode);
     co.cn_id = cn_id;
     co.heartbeat_timeout_ms = heartbeat_ms;
+    co.stall_timeout_ms = stall_ms;
     auto cluster = fabric::connect_cluster(co);
     spdlog::info("connected to {} memnode(s) over {}", cluster->memnodes().size(), provider);
     if (!*build && !*insert && !*query) print_headers(*cluster);

@@ -12,6 +12,7 @@
 #include <map>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <thread>
 
 #include "common/fabric/lf.hpp"
@@ -70,6 +71,12 @@ class FabricEndpoint final : public Endpoint {
   void post_recv(OpCtx* ctx);
   size_t read_cq(std::span<Completion> out);
   size_t fail_dead(std::span<Completion> out);
+  /// For a loop waiting on `node` since `since`: every 256 calls, if the wait is older than
+  /// the stall timeout, declares the memnode dead and returns true.
+  bool stalled(uint16_t node, Clock::time_point since, uint32_t& calls);
+  /// poll_impl found nothing: with operations in flight and no completion for the stall
+  /// timeout, declares the memnodes they wait on dead.
+  void check_in_flight_stall();
 
   std::shared_ptr<FabricCluster> cluster_;
   lf::RawEndpoint raw_;
@@ -82,6 +89,7 @@ class FabricEndpoint final : public Endpoint {
   size_t in_flight_ = 0;
   uint64_t seen_deaths_ = 0;
   uint64_t empty_polls_ = 0;
+  std::optional<Clock::time_point> waiting_since_;  // first empty poll with operations in flight
   std::deque<Message> inbox_;
   std::vector<Buffer> msg_bufs_;
   std::vector<char> my_name_;  // this endpoint's fabric address, carried by its messages
@@ -167,6 +175,14 @@ class FabricCluster final : public Cluster, public std::enable_shared_from_this<
   size_t num_peers() const { return peers_.size(); }
   uint32_t cn_id() const { return opts_.cn_id; }
   uint64_t next_endpoint_ordinal() { return endpoints_made_.fetch_add(1); }
+  std::chrono::milliseconds stall_timeout() const { return std::chrono::milliseconds(opts_.stall_timeout_ms); }
+  /// An endpoint found the memnode's fabric stalled (see ClusterOptions::stall_timeout_ms).
+  void declare_stalled(uint16_t node, const std::string& what) {
+    mark_dead(node, what + " got no progress from its fabric endpoint for " + std::to_string(opts_.stall_timeout_ms) +
+                        " ms while its control connection lives (the memnode's endpoint is stuck; with the shm "
+                        "provider a computenode killed inside libfabric can leave it so: restart that memnode, or "
+                        "use --provider tcp)");
+  }
 
  private:
   void mark_dead(size_t i, const std::string& why) {
@@ -363,6 +379,8 @@ Status FabricEndpoint::post(std::span<const Op> ops) {
     ctx->kind = op.kind;
     ctx->node = op.remote.node();
     uint64_t flags = FI_COMPLETION | (i + 1 < ops.size() ? FI_MORE : 0);
+    const auto since = Clock::now();
+    uint32_t calls = 0;
     for (;;) {
       ssize_t rc = post_one(op, ctx, flags);
       if (rc == 0) break;
@@ -376,7 +394,7 @@ Status FabricEndpoint::post(std::span<const Op> ops) {
       std::array<Completion, 16> buf;
       size_t n = read_cq(buf);
       stash_.insert(stash_.end(), buf.begin(), buf.begin() + static_cast<ptrdiff_t>(n));
-      if (!cluster_->alive(op.remote.node())) {
+      if (!cluster_->alive(op.remote.node()) || stalled(op.remote.node(), since, calls)) {
         put_ctx(ctx);
         return Status::PeerDead;
       }
@@ -459,8 +477,32 @@ size_t FabricEndpoint::fail_dead(std::span<Completion> out) {
   return n;
 }
 
+bool FabricEndpoint::stalled(uint16_t node, Clock::time_point since, uint32_t& calls) {
+  if (++calls % 256 != 0 || Clock::now() - since < cluster_->stall_timeout()) return false;
+  cluster_->declare_stalled(node, "an operation toward it");
+  return true;
+}
+
+void FabricEndpoint::check_in_flight_stall() {
+  const auto now = Clock::now();
+  if (!waiting_since_) {
+    waiting_since_ = now;
+    return;
+  }
+  if (now - *waiting_since_ < cluster_->stall_timeout()) return;
+  std::set<uint16_t> nodes;
+  for (const auto& c : ctxs_)
+    if (c.in_use && !c.orphaned && c.role == OpCtx::kOp && cluster_->alive(c.node)) nodes.insert(c.node);
+  for (uint16_t node : nodes) cluster_->declare_stalled(node, "operations in flight toward it");
+  waiting_since_.reset();
+}
+
 size_t FabricEndpoint::poll_impl(std::span<Completion> out) {
   size_t n = read_cq(out);
+  if (n > 0 || in_flight_ == 0)
+    waiting_since_.reset();
+  else if (empty_polls_ % 256 == 0)
+    check_in_flight_stall();
   // On hosts with fewer cores than spinning processes (memnodes serve shm and tcp with
   // their CPU), give the core away now and then while waiting.
   if (n == 0 && ++empty_polls_ % 256 == 0) sched_yield();
@@ -489,10 +531,12 @@ Status FabricEndpoint::send(uint16_t node, const void* data, size_t len) {
   std::memcpy(b.data() + sizeof h + my_name_.size(), data, len);
   const size_t total = sizeof h + my_name_.size() + len;
   ctx->buf = nullptr;  // `b` lives until the send completes (waited for below)
+  const auto since = Clock::now();
+  uint32_t calls = 0;
   for (;;) {
     ssize_t rc = fi_send(raw_.ep(), b.data(), total, pool_mr_.desc(), addr_[node], &ctx->fi);
     if (rc == 0) break;
-    if (rc != -FI_EAGAIN || !cluster_->alive(node)) {
+    if (rc != -FI_EAGAIN || !cluster_->alive(node) || stalled(node, since, calls)) {
       put_ctx(ctx);
       return rc == -FI_EAGAIN ? Status::PeerDead : Status::RemoteError;
     }
@@ -505,7 +549,7 @@ Status FabricEndpoint::send(uint16_t node, const void* data, size_t len) {
     std::array<Completion, 16> buf;
     size_t n = read_cq(buf);
     stash_.insert(stash_.end(), buf.begin(), buf.begin() + static_cast<ptrdiff_t>(n));
-    if (!cluster_->alive(node)) return Status::PeerDead;
+    if (!cluster_->alive(node) || stalled(node, since, calls)) return Status::PeerDead;
   }
   ++counters_.msgs_sent;
   return Status::Ok;

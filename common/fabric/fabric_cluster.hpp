@@ -20,6 +20,10 @@ struct ClusterOptions {
   uint32_t cn_id = 0;
   uint16_t control_version = kControlVersion;  // tests only
   int heartbeat_timeout_ms = 4000;             // a ping unanswered this long declares the memnode dead
+  /// A memnode whose fabric endpoint takes or completes none of this endpoint's operations for
+  /// this long, while some wait on it, is declared dead too: it may answer heartbeats and still
+  /// not progress (libfabric 1.17's shm provider, when a computenode is killed inside it).
+  int stall_timeout_ms = 10000;
 };
 
 /// Connects to every memnode (bootstrap + fabric address exchange) and starts the liveness

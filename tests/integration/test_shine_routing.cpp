@@ -278,7 +278,7 @@ TEST_CASE("shine routing: a computenode killed mid-run is reported gone and the 
   // 4 kills on a loaded 2-core host); a killed tcp peer only closes its sockets.
   // --relay-timeout-ms 2000: detection within the 4 s left of the run, and no false "gone"
   // when a loaded host does not schedule a computenode's heartbeat thread for a second.
-  Served s("tcp", 2000);
+  Served s(std::getenv("KILL_PROV") ? std::getenv("KILL_PROV") : "tcp", 2000);
   TempDir dir;
   const std::string rep = dir.file("dead.json");
   std::vector<std::unique_ptr<Proc>> ps;
