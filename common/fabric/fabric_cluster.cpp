@@ -7,8 +7,10 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <filesystem>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -814,7 +816,26 @@ void RegionServer::run(const std::atomic<bool>& stop) {
   uint64_t remote_seen = m.remote_ops();
   auto last_work = Clock::now();
   auto next_tick = Clock::now();
+  // Fault injection for tests: with DMHNSW_FAULT_STALL_FILE=PATH all fabric progress stops
+  // once PATH exists (looked for every 100 ms); the control connection keeps answering, as
+  // with a wedged provider.
+  const char* stall_file = std::getenv("DMHNSW_FAULT_STALL_FILE");
+  if (stall_file != nullptr && *stall_file == '\0') stall_file = nullptr;
+  if (stall_file != nullptr)
+    spdlog::warn("memnode {}: DMHNSW_FAULT_STALL_FILE={}: fabric progress stops when it exists (fault injection)",
+                 m.id, stall_file);
+  bool stalled = false;
+  auto next_stall_check = Clock::now();
   while (!stop.load(std::memory_order_relaxed)) {
+    if (stall_file != nullptr && !stalled && Clock::now() >= next_stall_check) {
+      next_stall_check = Clock::now() + std::chrono::milliseconds(100);
+      stalled = std::filesystem::exists(stall_file);
+      if (stalled) spdlog::warn("memnode {}: {} exists: fabric progress stops (fault injection)", m.id, stall_file);
+    }
+    if (stalled) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      continue;
+    }
     if (Clock::now() >= next_tick) {
       std::function<void()> t;
       {

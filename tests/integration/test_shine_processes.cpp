@@ -4,6 +4,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include <fstream>
+
 #include "proc.hpp"
 
 using namespace dmhnsw::testing;
@@ -100,6 +102,43 @@ TEST_CASE("shine: a memnode killed mid-query makes the computenode fail within 5
   CHECK(code > 0);
   CHECK(secs < 5.0);
   CHECK_THAT(q.output(), Contains("memnode 1 (" + m1.address + ")"));
+}
+
+TEST_CASE("shine: a memnode whose fabric stops progressing while its control connection answers fails the "
+          "computenode within the stall timeout, naming it",
+          "[integration][shine]") {
+  for (std::string provider : {"shm", "tcp"}) {
+    DYNAMIC_SECTION(provider) {
+      Data d;
+      TempDir dir;
+      const std::string stall = dir.file("stall-now");
+      Memnode m0(dir, 0, provider), m1(dir, 1, provider, "127.0.0.1:0", {}, {}, {"DMHNSW_FAULT_STALL_FILE=" + stall});
+      std::string mns = m0.address + "," + m1.address;
+      auto b = run(cn(provider, mns, 0, 1, {"build", "--data", d.base, "--max-elements", "1000", "--ef-construction", "40"}),
+                   dir, "build", seconds(300));
+      INFO(b.output);
+      REQUIRE(b.code == 0);
+      Proc q(cn(provider, mns, 0, 1,
+                {"--stall-timeout-ms", "2000", "query", "--workload", d.wl, "--ef-search", "32", "--repeat-seconds", "60"}),
+             dir.file("q.log"));
+      auto until = std::chrono::steady_clock::now() + seconds(20);
+      while (q.output().find("connected") == std::string::npos && std::chrono::steady_clock::now() < until)
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      std::this_thread::sleep_for(std::chrono::milliseconds(500));
+      REQUIRE(q.running());
+      { std::ofstream(stall) << "now\n"; }
+      auto t0 = std::chrono::steady_clock::now();
+      int code = q.wait(seconds(30));
+      double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      INFO(q.output());
+      INFO(m1.proc->output());
+      CHECK(code > 0);
+      CHECK(secs < 8.0);  // 2 s of stall timeout, plus the 100 ms the memnode takes to see the file
+      CHECK_THAT(q.output(), Contains("memnode 1 (" + m1.address + ")"));
+      CHECK_THAT(q.output(), Contains("no progress from its fabric endpoint"));
+      CHECK(m1.proc->running());  // the memnode itself is alive: only its fabric stopped
+    }
+  }
 }
 
 TEST_CASE("shine: inserts by one computenode while another queries", "[integration][shine]") {
