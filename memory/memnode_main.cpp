@@ -7,9 +7,11 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <functional>
+#include <future>
 #include <thread>
 
 #include "common/fabric/fabric_cluster.hpp"
@@ -148,13 +150,46 @@ int main(int argc, char** argv) {
       std::ofstream(tmp) << control.bound() << "\n";
       std::rename(tmp.c_str(), ready_file.c_str());
     }
+    // Wait for a stop signal; meanwhile watch the progress thread: a loop that has not come
+    // round for 5 s is stuck inside the provider (libfabric 1.17 shm: a computenode killed
+    // holding an endpoint's lock), and computenodes will find this memnode unreachable.
     int sig = 0;
-    sigwait(&sigs, &sig);
+    bool reported_stuck = false;
+    for (;;) {
+      timespec one_second{1, 0};
+      sig = sigtimedwait(&sigs, nullptr, &one_second);
+      if (sig > 0) break;
+      const double stuck = server.progress_stalled_seconds();
+      if (stuck >= 5.0 && !reported_stuck) {
+        spdlog::error("memnode {}: the fabric progress thread has not come round for {:.0f} s: it is stuck inside "
+                      "the {} provider (with shm, a computenode killed inside libfabric can leave an endpoint's "
+                      "lock held); computenodes will find this memnode unreachable; restart it",
+                      id, stuck, provider);
+        reported_stuck = true;
+      } else if (stuck < 1.0 && reported_stuck) {
+        spdlog::info("memnode {}: the fabric progress thread runs again", id);
+        reported_stuck = false;
+      }
+    }
     spdlog::info("got {}, stopping", sig == SIGINT ? "SIGINT" : "SIGTERM");
     control.stop();
     stop.store(true);
     ctl.join();
-    progress.join();
+    // A progress thread stuck inside the provider never returns: do not wait for it for ever.
+    auto joined = std::make_shared<std::promise<void>>();
+    auto done = joined->get_future();
+    std::thread waiter([&progress, joined] {
+      progress.join();
+      joined->set_value();
+    });
+    if (done.wait_for(std::chrono::seconds(5)) != std::future_status::ready) {
+      spdlog::error("memnode {}: the fabric progress thread did not stop within 5 s (stuck inside the provider); "
+                    "exiting without closing the fabric",
+                    id);
+      std::fflush(nullptr);
+      std::_Exit(3);
+    }
+    waiter.join();
     auto st = server.stats();
     std::string per_lane;
     for (uint64_t n : st.lane_ops) per_lane += (per_lane.empty() ? "" : ", ") + std::to_string(n);

@@ -607,6 +607,7 @@ struct RegionServer::Impl {
   std::deque<Outgoing> outbox;     // not yet accepted by the provider
   std::vector<Outgoing> in_flight;  // posted, waiting for the send completion
   std::atomic<uint64_t> spins{0}, waits{0}, messages{0}, dropped{0};
+  std::atomic<int64_t> loop_ns{0};  // steady-clock time of run()'s last turn (0: not running)
 
   // The endpoints close before the buffers and registrations declared after them are freed:
   // posted receives point into `bufs`.
@@ -796,6 +797,12 @@ void RegionServer::set_tick(std::function<void()> tick, int period_ms) {
   impl_->tick_ms = period_ms;
 }
 
+double RegionServer::progress_stalled_seconds() const {
+  const int64_t t = impl_->loop_ns.load(std::memory_order_relaxed);
+  if (t == 0) return 0;
+  return std::chrono::duration<double>(Clock::now() - Clock::time_point(Clock::duration(t))).count();
+}
+
 RegionServer::Stats RegionServer::stats() const {
   Stats s{impl_->spins.load(), impl_->waits.load(), impl_->messages.load(), impl_->remote_ops(), {}};
   for (const auto& l : impl_->lanes) s.lane_ops.push_back(l->remote_ops());
@@ -836,6 +843,7 @@ void RegionServer::run(const std::atomic<bool>& stop) {
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
       continue;
     }
+    m.loop_ns.store(Clock::now().time_since_epoch().count(), std::memory_order_relaxed);
     if (Clock::now() >= next_tick) {
       std::function<void()> t;
       {

@@ -70,6 +70,9 @@ class RegionServer {
     std::vector<uint64_t> lane_ops;                               // per RMA lane
   };
   Stats stats() const;
+  /// How long run()'s loop has not come round (0 before run starts): seconds, so a caller can
+  /// tell a progress thread stuck inside the provider from a quiet one.
+  double progress_stalled_seconds() const;
 
  private:
   struct Impl;

@@ -137,6 +137,12 @@ TEST_CASE("shine: a memnode whose fabric stops progressing while its control con
       CHECK_THAT(q.output(), Contains("memnode 1 (" + m1.address + ")"));
       CHECK_THAT(q.output(), Contains("no progress from its fabric endpoint"));
       CHECK(m1.proc->running());  // the memnode itself is alive: only its fabric stopped
+      // ... and says so itself once its progress loop has not come round for 5 s.
+      const auto log_until = std::chrono::steady_clock::now() + seconds(15);
+      while (m1.proc->output().find("has not come round") == std::string::npos &&
+             std::chrono::steady_clock::now() < log_until)
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      CHECK_THAT(m1.proc->output(), Contains("the fabric progress thread has not come round"));
     }
   }
 }
