@@ -191,6 +191,7 @@ int main(int argc, char** argv) {
     co.token = fabric::load_token(token_file);
     co.mode = *st ? fabric::Mode::None : fabric::parse_mode(mode);
     co.cn_id = cn_id;
+    co.num_cns = num_cns;
     co.heartbeat_timeout_ms = heartbeat_ms;
     co.stall_timeout_ms = stall_ms;
     auto cluster = fabric::connect_cluster(co);

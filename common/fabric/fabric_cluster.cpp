@@ -3,6 +3,8 @@
 
 #include <poll.h>
 #include <sched.h>
+#include <unistd.h>
+#include <sys/syscall.h>
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
@@ -176,6 +178,7 @@ class FabricCluster final : public Cluster, public std::enable_shared_from_this<
   const PeerState& peer(uint16_t i) const { return *peers_[i]; }
   size_t num_peers() const { return peers_.size(); }
   uint32_t cn_id() const { return opts_.cn_id; }
+  uint32_t num_cns() const { return opts_.num_cns; }
   uint64_t next_endpoint_ordinal() { return endpoints_made_.fetch_add(1); }
   std::chrono::milliseconds stall_timeout() const { return std::chrono::milliseconds(opts_.stall_timeout_ms); }
   /// An endpoint found the memnode's fabric stalled (see ClusterOptions::stall_timeout_ms).
@@ -257,9 +260,12 @@ FabricEndpoint::FabricEndpoint(std::shared_ptr<FabricCluster> c, size_t pool_byt
   pool_mr_.bind(raw_.ep());
   my_name_ = raw_.name();
   if (my_name_.size() > lf::kMaxAddrBytes) throw FabricError("fabric address longer than " + std::to_string(lf::kMaxAddrBytes) + " bytes");
-  // Endpoints spread over the memnodes' RMA lanes: computenode c's e-th endpoint takes lane
-  // (c + kLaneStride·e) mod L, so the first endpoints of different computenodes get different
-  // lanes and one computenode's later endpoints step away from its neighbours' first ones.
+  // Endpoints spread over the memnodes' RMA lanes. With K computenodes and L ≥ K lanes,
+  // computenode c owns lanes c, c + K, c + 2K, ... and its e-th endpoint takes the e-th of
+  // them (cyclically): no two computenodes share a lane, so one that dies inside a READ (and
+  // leaves its lane's lock held, libfabric shm) stops nobody else's READs. Otherwise endpoint e
+  // takes lane (c + kLaneStride·e) mod L: the first endpoints of different computenodes get
+  // different lanes and one computenode's later endpoints step away from its neighbours'.
   constexpr uint64_t kLaneStride = 7919;  // a prime: no common factor with any lane count
   const uint64_t ordinal = cluster_->next_endpoint_ordinal();
   for (uint16_t i = 0; i < cluster_->num_peers(); ++i) {
@@ -268,7 +274,9 @@ FabricEndpoint::FabricEndpoint(std::shared_ptr<FabricCluster> c, size_t pool_byt
     if (p.rma_lanes.empty()) {
       rma_addr_.push_back(addr_.back());
     } else {
-      const uint64_t lane = (cluster_->cn_id() + ordinal * kLaneStride) % p.rma_lanes.size();
+      const uint64_t lanes = p.rma_lanes.size(), k = cluster_->num_cns(), c = cluster_->cn_id();
+      const uint64_t lane = k > 0 && c < k && k <= lanes ? c + (ordinal % ((lanes - c + k - 1) / k)) * k
+                                                          : (c + ordinal * kLaneStride) % lanes;
       rma_addr_.push_back(raw_.insert(p.rma_lanes[lane]));
     }
   }
@@ -612,33 +620,96 @@ struct RegionServer::Impl {
   // The endpoints close before the buffers and registrations declared after them are freed:
   // posted receives point into `bufs`.
   ~Impl() {
+    stop_lane_thread();
     if (ep) ep->close();
-    for (auto& l : lanes) l->close();
+    for (size_t i = 0; i < lanes.size(); ++i) {
+      if (lane_abandoned && lane_abandoned[i].load())
+        (void)lanes[i].release();  // closing it would wait for the dead holder's lock: leave it
+      else
+        lanes[i]->close();
+    }
   }
 
+  // RMA lanes post nothing; reading their CQs drives their progress (on shm, the
+  // acknowledgements of served READs that free command-queue slots), and reading their
+  // counters tells the progress loop that READs are being served. Both take the lane's
+  // shared-memory lock on shm, which a computenode killed inside a READ can leave held for
+  // ever. So lanes are progressed by their own thread, never by the message loop: a lane
+  // found stuck for kLaneStuck is abandoned (its thread too, at idle priority) and a new
+  // thread carries on with the other lanes. Each computenode reads through lanes of its own
+  // (FabricEndpoint), so only the dead one's lanes are lost.
+  static constexpr auto kLaneStuck = std::chrono::seconds(2);
+  struct LaneWatch {
+    std::atomic<int> current{-1};     // the lane being read, -1 none
+    std::atomic<int64_t> since_ns{0}; // when that read started
+    std::atomic<pid_t> tid{0};
+    std::atomic<bool> superseded{false};
+  };
+  std::unique_ptr<std::atomic<uint64_t>[]> lane_ops;     // per lane, as last read
+  std::unique_ptr<std::atomic<bool>[]> lane_abandoned;   // per lane
+  std::shared_ptr<LaneWatch> watch;
+  std::thread lane_thread;
+  std::atomic<bool> lanes_stop{false};
+  std::atomic<bool> fault_stall{false};  // DMHNSW_FAULT_STALL_FILE: no progress at all, lanes included
+
+  void start_lane_thread() {
+    watch = std::make_shared<LaneWatch>();
+    lane_thread = std::thread([this, w = watch] {
+      w->tid.store(static_cast<pid_t>(::syscall(SYS_gettid)));
+      while (!lanes_stop.load(std::memory_order_relaxed) && !w->superseded.load()) {
+        if (fault_stall.load(std::memory_order_relaxed)) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(20));
+          continue;
+        }
+        for (size_t i = 0; i < lanes.size(); ++i) {
+          if (lane_abandoned[i].load()) continue;
+          w->since_ns.store(Clock::now().time_since_epoch().count());
+          w->current.store(static_cast<int>(i));
+          fi_cq_msg_entry e[16];
+          if (fi_cq_read(lanes[i]->cq(), e, 16) == -FI_EAVAIL) {
+            fi_cq_err_entry err{};
+            if (fi_cq_readerr(lanes[i]->cq(), &err, 0) > 0)
+              spdlog::debug("memnode {}: an RMA lane reported: {}", id, fi_strerror(err.err));
+          }
+          lane_ops[i].store(lanes[i]->remote_ops());
+          w->current.store(-1);
+          if (w->superseded.load()) {  // taken for stuck, but it was only slow: the lane is fine
+            lane_abandoned[i].store(false);
+            return;
+          }
+        }
+        // Each read takes the lane's lock, which a computenode then waits for, so at most
+        // every 50 µs: a lane's command queue holds far more than 50 µs of READs.
+        std::this_thread::sleep_for(std::chrono::microseconds(50));
+      }
+    });
+  }
+  // From the message loop, now and then: abandons a lane whose read has not returned.
+  void check_lanes() {
+    if (!watch) return;
+    const int cur = watch->current.load();
+    if (cur < 0) return;
+    const auto since = Clock::time_point(Clock::duration(watch->since_ns.load()));
+    if (watch->current.load() != cur || Clock::now() - since < kLaneStuck) return;
+    lane_abandoned[cur].store(true);
+    watch->superseded.store(true);
+    sched_param sp{};
+    ::sched_setscheduler(watch->tid.load(), SCHED_IDLE, &sp);  // it spins on the lock: only on idle CPU
+    lane_thread.detach();
+    spdlog::error("memnode {}: RMA lane {} did not return for {} s: its lock is held by a process that died "
+                  "inside the provider (a computenode killed during a READ); the lane is abandoned, the other "
+                  "lanes and messages go on",
+                  id, cur, std::chrono::duration_cast<std::chrono::seconds>(kLaneStuck).count());
+    start_lane_thread();
+  }
+  void stop_lane_thread() {
+    lanes_stop.store(true);
+    if (lane_thread.joinable()) lane_thread.join();
+  }
   uint64_t remote_ops() const {
     uint64_t n = ep->remote_ops();
-    for (const auto& l : lanes) n += l->remote_ops();
+    for (size_t i = 0; i < lanes.size(); ++i) n += lane_ops[i].load(std::memory_order_relaxed);
     return n;
-  }
-  // Lanes post nothing; reading their CQs drives their progress (on shm, the acknowledgements
-  // of served READs that free command-queue slots). Errors there are logged, not fatal. Each
-  // read takes the lane's lock, which a computenode then waits for, so at most every 50 µs:
-  // a lane's command queue holds far more than 50 µs of READs.
-  Clock::time_point lanes_due{};
-  void progress_lanes() {
-    if (lanes.empty()) return;
-    const auto now = Clock::now();
-    if (now < lanes_due) return;
-    lanes_due = now + std::chrono::microseconds(50);
-    for (const auto& l : lanes) {
-      fi_cq_msg_entry e[16];
-      if (fi_cq_read(l->cq(), e, 16) == -FI_EAVAIL) {
-        fi_cq_err_entry err{};
-        if (fi_cq_readerr(l->cq(), &err, 0) > 0)
-          spdlog::debug("memnode {}: an RMA lane reported: {}", id, fi_strerror(err.err));
-      }
-    }
   }
   void post_recv(size_t slot) {
     lf::check(fi_recv(ep->ep(), recv_bufs[slot].data(), lf::kWireMsgBytes, bufs_mr->desc(), FI_ADDR_UNSPEC,
@@ -746,6 +817,12 @@ RegionServer::RegionServer(Provider p, const std::string& listen_host, char* reg
     m.lanes.push_back(std::make_unique<lf::RawEndpoint>(m.domain, false));
     m.region_mr->bind(m.lanes.back()->ep());
   }
+  m.lane_ops = std::make_unique<std::atomic<uint64_t>[]>(rma_lanes);
+  m.lane_abandoned = std::make_unique<std::atomic<bool>[]>(rma_lanes);
+  for (unsigned i = 0; i < rma_lanes; ++i) {
+    m.lane_ops[i].store(0);
+    m.lane_abandoned[i].store(false);
+  }
   m.bufs_mr = std::make_unique<lf::MemoryRegion>(m.domain, m.bufs.arena(), m.bufs.arena_bytes(),
                                                  FI_SEND | FI_RECV, m.domain->next_local_key());
   m.bufs_mr->bind(m.ep->ep());
@@ -805,7 +882,7 @@ double RegionServer::progress_stalled_seconds() const {
 
 RegionServer::Stats RegionServer::stats() const {
   Stats s{impl_->spins.load(), impl_->waits.load(), impl_->messages.load(), impl_->remote_ops(), {}};
-  for (const auto& l : impl_->lanes) s.lane_ops.push_back(l->remote_ops());
+  for (size_t i = 0; i < impl_->lanes.size(); ++i) s.lane_ops.push_back(impl_->lane_ops[i].load());
   return s;
 }
 
@@ -833,11 +910,19 @@ void RegionServer::run(const std::atomic<bool>& stop) {
                  m.id, stall_file);
   bool stalled = false;
   auto next_stall_check = Clock::now();
+  auto next_lane_check = Clock::now();
+  m.lanes_stop.store(false);
+  if (!m.lanes.empty()) m.start_lane_thread();
+  struct LaneThreadStop {
+    Impl& m;
+    ~LaneThreadStop() { m.stop_lane_thread(); }
+  } lane_thread_stop{m};
   while (!stop.load(std::memory_order_relaxed)) {
     if (stall_file != nullptr && !stalled && Clock::now() >= next_stall_check) {
       next_stall_check = Clock::now() + std::chrono::milliseconds(100);
       stalled = std::filesystem::exists(stall_file);
       if (stalled) spdlog::warn("memnode {}: {} exists: fabric progress stops (fault injection)", m.id, stall_file);
+      m.fault_stall.store(stalled);
     }
     if (stalled) {
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
@@ -854,7 +939,10 @@ void RegionServer::run(const std::atomic<bool>& stop) {
       if (t) t();
     }
     m.flush_outbox();
-    m.progress_lanes();
+    if (Clock::now() >= next_lane_check) {
+      next_lane_check = Clock::now() + std::chrono::milliseconds(100);
+      m.check_lanes();
+    }
     fi_cq_msg_entry e[16];
     ssize_t rc = fi_cq_read(cq, e, 16);
     if (rc == -FI_EAGAIN) {

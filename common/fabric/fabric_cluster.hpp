@@ -18,6 +18,9 @@ struct ClusterOptions {
   std::string token;
   Mode mode = Mode::None;
   uint32_t cn_id = 0;
+  /// Computenodes in the run (0: unknown). With at least as many RMA lanes as computenodes,
+  /// each computenode reads through lanes of its own (see FabricEndpoint).
+  uint32_t num_cns = 0;
   uint16_t control_version = kControlVersion;  // tests only
   int heartbeat_timeout_ms = 4000;             // a ping unanswered this long declares the memnode dead
   /// A memnode whose fabric endpoint takes or completes none of this endpoint's operations for

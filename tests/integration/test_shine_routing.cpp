@@ -273,11 +273,12 @@ TEST_CASE("shine routing: the run's first barrier waits for a computenode starte
 TEST_CASE("shine routing: a computenode killed mid-run is reported gone and the others finish",
           "[integration][shine][routing]") {
   // Over tcp, not shm: with libfabric 1.17's shm provider a process killed inside the provider
-  // can leave a memnode endpoint's shared-memory lock held (an RMA lane's, mostly: a killed
-  // computenode is usually inside a READ), and then the memnode's progress thread spins on
-  // that lock for ever (6 of 8 kills here). The survivors then fail within --stall-timeout-ms,
-  // naming that memnode (test_shine_processes), instead of finishing. A killed tcp peer only
-  // closes its sockets.
+  // leaves a memnode endpoint's shared-memory lock held. Mostly that is an RMA lane's (a killed
+  // computenode is usually inside a READ; 6 of 8 kills here): the memnode abandons that lane,
+  // which only the dead computenode used, and the others finish (8 of 8 runs over shm). A
+  // kill inside a message SEND would wedge the memnode's main endpoint instead, and the
+  // survivors would fail within --stall-timeout-ms naming it (test_shine_processes): rare, but
+  // not for a CI test. A killed tcp peer only closes its sockets.
   // --relay-timeout-ms 2000: detection within the 4 s left of the run, and no false "gone"
   // when a loaded host does not schedule a computenode's heartbeat thread for a second.
   Served s("tcp", 2000);
