@@ -656,6 +656,7 @@ struct RegionServer::Impl {
     watch = std::make_shared<LaneWatch>();
     lane_thread = std::thread([this, w = watch] {
       w->tid.store(static_cast<pid_t>(::syscall(SYS_gettid)));
+      auto last_work = Clock::now();
       while (!lanes_stop.load(std::memory_order_relaxed) && !w->superseded.load()) {
         if (fault_stall.load(std::memory_order_relaxed)) {
           std::this_thread::sleep_for(std::chrono::milliseconds(20));
@@ -666,21 +667,27 @@ struct RegionServer::Impl {
           w->since_ns.store(Clock::now().time_since_epoch().count());
           w->current.store(static_cast<int>(i));
           fi_cq_msg_entry e[16];
-          if (fi_cq_read(lanes[i]->cq(), e, 16) == -FI_EAVAIL) {
+          const ssize_t rc = fi_cq_read(lanes[i]->cq(), e, 16);
+          if (rc == -FI_EAVAIL) {
             fi_cq_err_entry err{};
             if (fi_cq_readerr(lanes[i]->cq(), &err, 0) > 0)
               spdlog::debug("memnode {}: an RMA lane reported: {}", id, fi_strerror(err.err));
           }
-          lane_ops[i].store(lanes[i]->remote_ops());
+          const uint64_t ops = lanes[i]->remote_ops();
+          if (rc > 0 || ops != lane_ops[i].load(std::memory_order_relaxed)) last_work = Clock::now();
+          lane_ops[i].store(ops);
           w->current.store(-1);
           if (w->superseded.load()) {  // taken for stuck, but it was only slow: the lane is fine
             lane_abandoned[i].store(false);
             return;
           }
         }
-        // Each read takes the lane's lock, which a computenode then waits for, so at most
-        // every 50 µs: a lane's command queue holds far more than 50 µs of READs.
-        std::this_thread::sleep_for(std::chrono::microseconds(50));
+        // While READs arrive (and 5 ms after), go round again after yielding the core (2-core
+        // hosts); when idle, every 50 µs.
+        if (Clock::now() - last_work < std::chrono::milliseconds(5))
+          sched_yield();
+        else
+          std::this_thread::sleep_for(std::chrono::microseconds(50));
       }
     });
   }
