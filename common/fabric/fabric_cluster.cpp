@@ -250,6 +250,17 @@ class FabricCluster final : public Cluster, public std::enable_shared_from_this<
   std::thread monitor_;
 };
 
+}  // namespace
+
+uint64_t rma_lane_for(uint32_t cn, uint32_t num_cns, uint64_t ordinal, uint64_t lanes) {
+  constexpr uint64_t kLaneStride = 7919;  // a prime: no common factor with any lane count
+  const uint64_t k = num_cns, c = cn;
+  if (k > 0 && c < k && k <= lanes) return c + (ordinal % ((lanes - c + k - 1) / k)) * k;
+  return (c + ordinal * kLaneStride) % lanes;
+}
+
+namespace {
+
 // ------------------------------------------------------------------ endpoint
 FabricEndpoint::FabricEndpoint(std::shared_ptr<FabricCluster> c, size_t pool_bytes)
     : cluster_(std::move(c)),
@@ -266,7 +277,6 @@ FabricEndpoint::FabricEndpoint(std::shared_ptr<FabricCluster> c, size_t pool_byt
   // leaves its lane's lock held, libfabric shm) stops nobody else's READs. Otherwise endpoint e
   // takes lane (c + kLaneStride·e) mod L: the first endpoints of different computenodes get
   // different lanes and one computenode's later endpoints step away from its neighbours'.
-  constexpr uint64_t kLaneStride = 7919;  // a prime: no common factor with any lane count
   const uint64_t ordinal = cluster_->next_endpoint_ordinal();
   for (uint16_t i = 0; i < cluster_->num_peers(); ++i) {
     const PeerState& p = cluster_->peer(i);
@@ -274,9 +284,7 @@ FabricEndpoint::FabricEndpoint(std::shared_ptr<FabricCluster> c, size_t pool_byt
     if (p.rma_lanes.empty()) {
       rma_addr_.push_back(addr_.back());
     } else {
-      const uint64_t lanes = p.rma_lanes.size(), k = cluster_->num_cns(), c = cluster_->cn_id();
-      const uint64_t lane = k > 0 && c < k && k <= lanes ? c + (ordinal % ((lanes - c + k - 1) / k)) * k
-                                                          : (c + ordinal * kLaneStride) % lanes;
+      const uint64_t lane = rma_lane_for(cluster_->cn_id(), cluster_->num_cns(), ordinal, p.rma_lanes.size());
       rma_addr_.push_back(raw_.insert(p.rma_lanes[lane]));
     }
   }

@@ -29,6 +29,12 @@ struct ClusterOptions {
   int stall_timeout_ms = 10000;
 };
 
+/// The RMA lane (of `lanes` > 0) that computenode `cn`'s `ordinal`-th endpoint reads through.
+/// With 0 < num_cns <= lanes and cn < num_cns: lanes cn, cn + num_cns, ... only, in turn (no
+/// two computenodes share a lane). Otherwise (cn + 7919·ordinal) mod lanes: different
+/// computenodes' first endpoints get different lanes.
+uint64_t rma_lane_for(uint32_t cn, uint32_t num_cns, uint64_t ordinal, uint64_t lanes);
+
 /// Connects to every memnode (bootstrap + fabric address exchange) and starts the liveness
 /// monitor. Memnode ids must be exactly 0..N-1. Throws FabricError naming the memnode.
 std::shared_ptr<Cluster> connect_cluster(const ClusterOptions& opts);

@@ -1,9 +1,12 @@
 // The bootstrap protocol over real TCP sockets on loopback: acceptance and every refusal.
 #include <catch2/catch.hpp>
 
+#include <set>
 #include <thread>
+#include <vector>
 
 #include "common/fabric/bootstrap.hpp"
+#include "common/fabric/fabric_cluster.hpp"
 
 using namespace dmhnsw::fabric;
 
@@ -103,4 +106,27 @@ TEST_CASE("bootstrap: helpers parse addresses and name the flag", "[bootstrap]")
   CHECK_THROWS_WITH(ControlClient("127.0.0.1:1"), Catch::Contains("127.0.0.1:1"));
   CHECK_THROWS_WITH(parse_provider("ib"), Catch::Contains("--provider"));
   CHECK_THROWS_WITH(load_token("/nonexistent/token"), Catch::Contains("--token-file") && Catch::Contains("/nonexistent/token"));
+}
+
+TEST_CASE("rma_lane_for: with lanes >= computenodes no two computenodes share a lane", "[fabric][lanes]") {
+  for (uint32_t k = 1; k <= 8; ++k)
+    for (uint64_t lanes = k; lanes <= 12; ++lanes) {
+      std::vector<std::set<uint64_t>> used(k);
+      for (uint32_t c = 0; c < k; ++c)
+        for (uint64_t e = 0; e < 3 * lanes; ++e) {
+          const uint64_t l = dmhnsw::fabric::rma_lane_for(c, k, e, lanes);
+          REQUIRE(l < lanes);
+          CHECK(l % k == c);  // computenode c's lanes: c, c + k, ...
+          used[c].insert(l);
+        }
+      INFO("k=" << k << " lanes=" << lanes);
+      for (uint32_t c = 0; c < k; ++c) CHECK(used[c].size() == (lanes - c + k - 1) / k);  // and all of them
+    }
+  // 2 computenodes, 4 lanes: computenode 1's endpoints take lanes 1, 3, 1, 3, ...
+  CHECK(dmhnsw::fabric::rma_lane_for(1, 2, 0, 4) == 1);
+  CHECK(dmhnsw::fabric::rma_lane_for(1, 2, 1, 4) == 3);
+  CHECK(dmhnsw::fabric::rma_lane_for(1, 2, 2, 4) == 1);
+  // Fewer lanes than computenodes, or the count unknown: spread, first endpoints apart.
+  for (uint32_t c = 0; c < 3; ++c) CHECK(dmhnsw::fabric::rma_lane_for(c, 5, 0, 3) == c);
+  CHECK(dmhnsw::fabric::rma_lane_for(1, 0, 1, 4) == (1 + 7919) % 4);
 }

@@ -56,7 +56,7 @@ TEST_CASE("selftest passes against real memnodes on shm and tcp", "[integration]
 
 TEST_CASE("two computenode processes x 10000 fetch_adds and CAS increments give exact sums", "[integration]") {
   // With RMA lanes the two computenodes reach the same words through different endpoints of
-  // the memnode (computenode c takes lane c mod L): the sums show the atomics stay atomic.
+  // the memnode (computenode c takes lanes c, c + K, ...): the sums show the atomics stay atomic.
   const std::vector<std::pair<std::string, std::string>> configs{
       {"shm", ""}, {"shm", "0"}, {"shm", "3"}, {"tcp", ""}, {"tcp", "2"}};
   for (const auto& [provider, lanes] : configs) {
