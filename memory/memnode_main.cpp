@@ -1,6 +1,7 @@
 // memnode: holds one region of the index in registered memory and serves one-sided
 // operations on it; does almost no computing.
 #include <signal.h>
+#include <spdlog/fmt/ranges.h>
 #include <spdlog/spdlog.h>
 
 #include <CLI/CLI.hpp>
@@ -11,7 +12,6 @@
 #include <cstring>
 #include <fstream>
 #include <functional>
-#include <future>
 #include <thread>
 
 #include "common/fabric/fabric_cluster.hpp"
@@ -140,8 +140,11 @@ int main(int argc, char** argv) {
     cc.on_leave = [&](uint32_t cn) { server.remove_client(cn); };
     fabric::ControlServer control(cc);
 
-    std::atomic<bool> stop{false};
-    std::thread progress([&] { server.run(stop); });
+    std::atomic<bool> stop{false}, progress_done{false};
+    std::thread progress([&] {
+      server.run(stop);
+      progress_done.store(true);
+    });
     std::thread ctl([&] { control.run(); });
     spdlog::info("serving region {} ({}) on {} over {}, {} RMA lane(s)", mem.describe(), describe(hdr),
                  control.bound(), server.describe(), lanes);
@@ -176,26 +179,21 @@ int main(int argc, char** argv) {
     stop.store(true);
     ctl.join();
     // A progress thread stuck inside the provider never returns: do not wait for it for ever.
-    auto joined = std::make_shared<std::promise<void>>();
-    auto done = joined->get_future();
-    std::thread waiter([&progress, joined] {
-      progress.join();
-      joined->set_value();
-    });
-    if (done.wait_for(std::chrono::seconds(5)) != std::future_status::ready) {
+    const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+    while (!progress_done.load() && std::chrono::steady_clock::now() < give_up)
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    if (!progress_done.load()) {
       spdlog::error("memnode {}: the fabric progress thread did not stop within 5 s (stuck inside the provider); "
                     "exiting without closing the fabric",
                     id);
       std::fflush(nullptr);
       std::_Exit(3);
     }
-    waiter.join();
+    progress.join();
     auto st = server.stats();
-    std::string per_lane;
-    for (uint64_t n : st.lane_ops) per_lane += (per_lane.empty() ? "" : ", ") + std::to_string(n);
     spdlog::info("stopped (progress loop: {} spins, {} waits, {} messages, {} one-sided operations counted; "
                  "per RMA lane [{}])",
-                 st.spins, st.waits, st.messages, st.remote_ops, per_lane);
+                 st.spins, st.waits, st.messages, st.remote_ops, fmt::join(st.lane_ops, ", "));
     return 0;
   } catch (const std::exception& e) {
     spdlog::error("{}", e.what());

@@ -923,7 +923,6 @@ void RegionServer::run(const std::atomic<bool>& stop) {
   if (stall_file != nullptr)
     spdlog::warn("memnode {}: DMHNSW_FAULT_STALL_FILE={}: fabric progress stops when it exists (fault injection)",
                  m.id, stall_file);
-  bool stalled = false;
   auto next_stall_check = Clock::now();
   auto next_lane_check = Clock::now();
   m.lanes_stop.store(false);
@@ -933,13 +932,14 @@ void RegionServer::run(const std::atomic<bool>& stop) {
     ~LaneThreadStop() { m.stop_lane_thread(); }
   } lane_thread_stop{m};
   while (!stop.load(std::memory_order_relaxed)) {
-    if (stall_file != nullptr && !stalled && Clock::now() >= next_stall_check) {
+    if (stall_file != nullptr && !m.fault_stall.load() && Clock::now() >= next_stall_check) {
       next_stall_check = Clock::now() + std::chrono::milliseconds(100);
-      stalled = std::filesystem::exists(stall_file);
-      if (stalled) spdlog::warn("memnode {}: {} exists: fabric progress stops (fault injection)", m.id, stall_file);
-      m.fault_stall.store(stalled);
+      if (std::filesystem::exists(stall_file)) {
+        spdlog::warn("memnode {}: {} exists: fabric progress stops (fault injection)", m.id, stall_file);
+        m.fault_stall.store(true);
+      }
     }
-    if (stalled) {
+    if (m.fault_stall.load(std::memory_order_relaxed)) {
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
       continue;
     }

@@ -203,4 +203,15 @@ struct SmallData {
   }
 };
 
+/// Waits until `p`'s output contains `text` (false after `timeout` or when `p` exited).
+inline bool wait_for_output(Proc& p, const std::string& text, std::chrono::milliseconds timeout) {
+  const auto end = std::chrono::steady_clock::now() + timeout;
+  while (std::chrono::steady_clock::now() < end) {
+    if (p.output().find(text) != std::string::npos) return true;
+    if (!p.running()) return p.output().find(text) != std::string::npos;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));  // polling a child's log
+  }
+  return false;
+}
+
 }  // namespace dmhnsw::testing

@@ -119,9 +119,7 @@ TEST_CASE("dhnsw: a memnode killed mid-query makes the computenode fail within 5
   Proc q(cn("shm", mns, 0, 1, {"--workload", b.d.wl, "--batch", "10", "--probe", "3", "--arrival-qps", "40",
                                "--max-wait-us", "1000000", "--cache-subs", "0"}),
          dir.file("q.log"));
-  auto until = std::chrono::steady_clock::now() + seconds(20);
-  while (q.output().find("d-HNSW index") == std::string::npos && std::chrono::steady_clock::now() < until)
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  wait_for_output(q, "d-HNSW index", seconds(20));
   std::this_thread::sleep_for(std::chrono::milliseconds(1500));
   REQUIRE(q.running());
   m1.proc->signal(SIGKILL);

@@ -89,9 +89,7 @@ TEST_CASE("shine: a memnode killed mid-query makes the computenode fail within 5
   Proc q(cn("shm", mns, 0, 1, {"query", "--workload", d.wl, "--ef-search", "32", "--repeat-seconds", "60"}),
          dir.file("q.log"));
   // Let it get going: the workload is read and the first barrier passed once it has logged.
-  auto until = std::chrono::steady_clock::now() + seconds(20);
-  while (q.output().find("connected") == std::string::npos && std::chrono::steady_clock::now() < until)
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  wait_for_output(q, "connected", seconds(20));
   std::this_thread::sleep_for(std::chrono::milliseconds(500));  // well into the measured part
   REQUIRE(q.running());
   m1.proc->signal(SIGKILL);
@@ -121,9 +119,7 @@ TEST_CASE("shine: a memnode whose fabric stops progressing while its control con
       Proc q(cn(provider, mns, 0, 1,
                 {"--stall-timeout-ms", "2000", "query", "--workload", d.wl, "--ef-search", "32", "--repeat-seconds", "60"}),
              dir.file("q.log"));
-      auto until = std::chrono::steady_clock::now() + seconds(20);
-      while (q.output().find("connected") == std::string::npos && std::chrono::steady_clock::now() < until)
-        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      wait_for_output(q, "connected", seconds(20));
       std::this_thread::sleep_for(std::chrono::milliseconds(500));
       REQUIRE(q.running());
       { std::ofstream(stall) << "now\n"; }
@@ -138,10 +134,7 @@ TEST_CASE("shine: a memnode whose fabric stops progressing while its control con
       CHECK_THAT(q.output(), Contains("no progress from its fabric endpoint"));
       CHECK(m1.proc->running());  // the memnode itself is alive: only its fabric stopped
       // ... and says so itself once its progress loop has not come round for 5 s.
-      const auto log_until = std::chrono::steady_clock::now() + seconds(15);
-      while (m1.proc->output().find("has not come round") == std::string::npos &&
-             std::chrono::steady_clock::now() < log_until)
-        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      wait_for_output(*m1.proc, "has not come round", seconds(15));
       CHECK_THAT(m1.proc->output(), Contains("the fabric progress thread has not come round"));
     }
   }

@@ -89,17 +89,6 @@ std::vector<std::string> query(std::vector<std::string> extra) {
   return a;
 }
 
-/// Waits until `p`'s output contains `text` (false after `timeout` or when `p` exited).
-bool wait_for_output(Proc& p, const std::string& text, milliseconds timeout) {
-  auto end = Clock::now() + timeout;
-  while (Clock::now() < end) {
-    if (p.output().find(text) != std::string::npos) return true;
-    if (!p.running()) return p.output().find(text) != std::string::npos;
-    std::this_thread::sleep_for(milliseconds(20));  // polling a child's log
-  }
-  return false;
-}
-
 /// The computenodes' logs, then the memnodes'.
 std::string outputs(const std::vector<std::unique_ptr<Proc>>& ps, const Served& s) {
   std::string out;
