@@ -2,6 +2,7 @@
 // C++20 coroutines over one endpoint: a worker thread runs several coroutines (queries or
 // inserts); each suspends on its outstanding remote operations and is resumed when the
 // completions carrying its tag have all arrived.
+#include <chrono>
 #include <coroutine>
 #include <deque>
 #include <exception>
@@ -129,6 +130,14 @@ class Scheduler {
   explicit Scheduler(fabric::Endpoint& ep) : ep_(ep) {}
   fabric::Endpoint& endpoint() { return ep_; }
 
+  /// Emulated network round trip (0: off, the default): a coroutine's remote operations
+  /// resume it no sooner than `rtt` after they were posted, and while every coroutine waits
+  /// for that time alone the thread sleeps (no CPU). Models computenodes whose reads cost
+  /// wire time but no CPU (RDMA NICs) on a host whose provider has neither (shm). Applies
+  /// to this thread (also sets the thread's timer slack to 1 us so sleeps are short).
+  void set_emulated_rtt(std::chrono::nanoseconds rtt);
+  std::chrono::nanoseconds emulated_rtt() const { return rtt_; }
+
   /// Awaitable: posts `ops` (as one doorbell batch when `batch`, else one post per op) and
   /// resumes when all completed. Yields the first failure (Ok when all succeeded). The ops'
   /// tags are overwritten. `stats` is charged for the operations.
@@ -166,19 +175,30 @@ class Scheduler {
   size_t active() const { return roots_.size(); }
 
  private:
+  using Clock = std::chrono::steady_clock;
   struct Slot {
     std::coroutine_handle<> h;
     uint32_t pending = 0;
     fabric::Completion fail{};
     bool in_use = false;
+    Clock::time_point release{};  // emulated RTT: not resumed before this
+  };
+  struct Delayed {
+    Clock::time_point at;
+    std::coroutine_handle<> h;
   };
   uint32_t get_slot();
   void reap();
+  /// Emulated RTT: moves the delayed coroutines that are due to `ready`; sleeps first when
+  /// nothing else can happen (no completion, nothing in flight, nothing yielded).
+  void release_delayed(bool idle);
   fabric::Endpoint& ep_;
   std::vector<Slot> slots_;
   std::vector<uint32_t> free_;
   std::vector<Task<void>> roots_;
-  std::vector<std::coroutine_handle<>> yielded_, resuming_;
+  std::vector<std::coroutine_handle<>> yielded_, resuming_, ready_;
+  std::vector<Delayed> delayed_;
+  std::chrono::nanoseconds rtt_{0};
   std::exception_ptr first_error_;
 };
 

@@ -556,6 +556,10 @@ def shine_args(ap, *, sets="wordnet,syn100k", num_cns=4, cache_ratio=0.05):
                    help="limit each computenode to this many cores' worth of CPU time (cgroup v1 cpu quota), so that "
                         "computenodes act like separate machines of fixed speed; a comma list gives one share per "
                         "computenode (e.g. 0.4,0.4,0.4,0.1: one slow machine); default: no limit")
+    g.add_argument("--emulate-rtt-us", type=float, default=0,
+                   help="computenode --emulate-rtt-us: every remote operation of a query takes at least this long and "
+                        "costs no CPU while it waits, as on RDMA NICs; computenodes with a fixed number of queries in "
+                        "flight are then bound by round trips, not by the host's shared CPU (default %(default)s: off)")
     g.add_argument("--keep-traces-gb", type=float, default=1.0,
                    help="trace directories larger than this are deleted once csp-report read them (default %(default)s)")
     g.add_argument("--index-work", default=str(SHINE_WORK),
@@ -603,7 +607,8 @@ def query_flags(a, name):
             "admit_probability": a.admit_probability, "route_batch": a.route_batch,
             "route_threshold": a.route_threshold, "provider": a.provider, "region": a.region,
             "timeout": a.timeout, "memnode_args": ["--relay-timeout-ms", a.relay_timeout_ms],
-            "cn_cpu": a.cn_cpu, "extra": ["--oracle", a.oracle, "--adaptive-quota", a.adaptive_quota]}
+            "cn_cpu": a.cn_cpu, "extra": ["--oracle", a.oracle, "--adaptive-quota", a.adaptive_quota]
+            + (["--emulate-rtt-us", a.emulate_rtt_us] if a.emulate_rtt_us else [])}
 
 
 def out_dir(a, folder, work):
@@ -664,6 +669,8 @@ def shine_header_md(a, results, what=None):
             + (f", adaptive quota {a.adaptive_quota}" if getattr(a, "adaptive_quota", "even") != "even" else "")
             + (f", computenodes limited to {','.join(f'{c:g}' for c in a.cn_cpu)} core(s) of CPU time each"
                if getattr(a, "cn_cpu", None) else "")
+            + (f", emulated round trip {a.emulate_rtt_us:g} us per remote operation (--emulate-rtt-us)"
+               if getattr(a, "emulate_rtt_us", 0) else "")
             + ".\n")
 
 

@@ -1,0 +1,89 @@
+// compute::Scheduler on LocalFabric: the emulated round trip (set_emulated_rtt) holds every
+// coroutine's operations back for the RTT, keeps the data right, and lets the thread sleep.
+#include <catch2/catch.hpp>
+
+#include <time.h>
+
+#include <chrono>
+#include <cstring>
+#include <numeric>
+#include <vector>
+
+#include "common/fabric/local_fabric.hpp"
+#include "compute/coro.hpp"
+
+using namespace dmhnsw;
+using compute::Scheduler;
+using compute::Task;
+
+namespace {
+
+double thread_cpu_seconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) * 1e-9;
+}
+
+// `reads` sequential 8-byte reads of words [first, first + reads) of memnode 0; checks
+// each value and counts the ones that matched.
+Task<void> reader(Scheduler& s, uint64_t first, uint32_t reads, uint32_t& matched) {
+  fabric::Buffer buf = s.endpoint().alloc(8);  // registered
+  for (uint32_t i = 0; i < reads; ++i) {
+    fabric::Op op = fabric::Op::read(RemotePtr(0, 4096 + 8 * (first + i)), buf.data(), 8);
+    fabric::Completion c = co_await s.io(std::span<fabric::Op>(&op, 1), true);
+    if (c.status == fabric::Status::Ok && *buf.as<uint64_t>() == 1000 + first + i) ++matched;
+  }
+}
+
+}  // namespace
+
+TEST_CASE("scheduler: an emulated RTT delays every operation, keeps the data and sleeps", "[coro][rtt]") {
+  auto c = fabric::LocalCluster::create(1, 1u << 20);
+  auto* words = reinterpret_cast<uint64_t*>(c->region(0) + 4096);
+  for (uint64_t i = 0; i < 256; ++i) words[i] = 1000 + i;
+  auto ep = c->make_endpoint(1u << 20);
+  Scheduler s(*ep);
+  REQUIRE(s.emulated_rtt().count() == 0);
+
+  const auto rtt = std::chrono::milliseconds(2);
+  constexpr uint32_t kCoros = 4, kReads = 10;
+  s.set_emulated_rtt(rtt);
+  REQUIRE(s.emulated_rtt() == rtt);
+  std::vector<uint32_t> matched(kCoros, 0);
+  const auto t0 = std::chrono::steady_clock::now();
+  const double cpu0 = thread_cpu_seconds();
+  for (uint32_t k = 0; k < kCoros; ++k) s.spawn(reader(s, 32ull * k, kReads, matched[k]));
+  s.run();
+  const double cpu = thread_cpu_seconds() - cpu0;
+  const auto wall = std::chrono::steady_clock::now() - t0;
+
+  for (uint32_t k = 0; k < kCoros; ++k) CHECK(matched[k] == kReads);
+  // Each coroutine's reads are sequential: at least kReads round trips.
+  CHECK(wall >= kReads * rtt);
+  // The thread slept through the emulated wire time instead of polling it.
+  CHECK(cpu < 0.5 * std::chrono::duration<double>(wall).count());
+
+  SECTION("off again: no delay is added") {
+    s.set_emulated_rtt(std::chrono::nanoseconds(0));
+    CHECK(s.emulated_rtt().count() == 0);
+    uint32_t m = 0;
+    compute::run_sync(s, reader(s, 0, kReads, m));
+    CHECK(m == kReads);
+  }
+}
+
+TEST_CASE("scheduler: emulated RTT with failing operations still reports the failure", "[coro][rtt]") {
+  auto c = fabric::LocalCluster::create(1, 1u << 20);
+  auto ep = c->make_endpoint(1u << 20);
+  Scheduler s(*ep);
+  s.set_emulated_rtt(std::chrono::microseconds(500));
+  fabric::Buffer buf = s.endpoint().alloc(8);
+  fabric::Completion got{};
+  auto task = [&]() -> Task<void> {
+    // Beyond the 1 MiB region: the LocalFabric completes it with an error.
+    fabric::Op op = fabric::Op::read(RemotePtr(0, 2u << 20), buf.data(), 8);
+    got = co_await s.io(std::span<fabric::Op>(&op, 1), true);
+  };
+  compute::run_sync(s, task());
+  CHECK(got.status != fabric::Status::Ok);
+}
