@@ -1,0 +1,136 @@
+#!/usr/bin/python3
+"""Routing policies against the emulated round trip of a remote operation (see README.md here).
+
+On this host a computenode's READs over shm cost it CPU (the initiator copies), and the
+computenodes share two cores, so a busy computenode takes the CPU an idle one leaves. With
+`computenode --emulate-rtt-us R` every remote operation of a query takes at least R us and the
+worker sleeps meanwhile: like on RDMA NICs, a READ costs wire time and no CPU, and a computenode
+with a fixed number of queries in flight is bound by its round trips. This driver runs the
+routing policies once per R (R = 0: no emulation) on one data set and workload, and prints QPS,
+CHR and the busiest computenode's load per policy and R. Check per R > 0: adaptive QPS >=
+best-fit QPS.
+
+  experiments/shine_routing/rtt_sweep.py [--rtts 0,50,100,200,400] [--dist zipf:1.0]
+      [--policies none,best-fit,balanced,adaptive] [--sets syn100k] [--repeats 3]
+"""
+import argparse
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import dmh  # noqa: E402
+
+HERE = Path(__file__).resolve().parent
+
+ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+dmh.shine_args(ap, sets="syn100k")
+ap.add_argument("--rtts", default="0,50,100,200,400", help="emulated round trips in us, 0 = none (default %(default)s)")
+ap.add_argument("--dist", default="zipf:1.0", help="workload distribution (default %(default)s)")
+ap.add_argument("--policies", default="none,best-fit,balanced,adaptive",
+                help="routing policies; adaptive:even / adaptive:demand set --adaptive-quota (default %(default)s)")
+ap.add_argument("--work", default=str(dmh.ROOT / "runs" / "shine_rtt_sweep"), help="run directory (default %(default)s)")
+ap.add_argument("--out", default=None,
+                help="results.json/results.md/PNG (default: rtt_sweep/ here; WORK/quick with --quick)")
+a = dmh.shine_quick(ap.parse_args())
+if a.emulate_rtt_us:
+    ap.error("--emulate-rtt-us: this driver sets it per run; use --rtts")
+
+try:
+    rtts = [float(x) for x in a.rtts.split(",")]
+except ValueError:
+    ap.error(f"--rtts: not a comma list of numbers: {a.rtts!r}")
+if any(r < 0 for r in rtts):
+    ap.error(f"--rtts: round trips must be >= 0: {a.rtts!r}")
+policies = a.policies.split(",")
+work, out, t_start, results = dmh.experiment_start("shine_rtt_sweep", a, HERE / "rtt_sweep")
+results["rtts"] = rtts
+dmh.log(f"rtt_sweep: sets {a.sets}, {a.dist}, round trips {rtts} us, policies {policies}, {a.num_cns} computenodes")
+for name in a.sets.split(","):
+    images, flags, index_info = dmh.shine_set(a, name)
+    wl = dmh.shine_workload(name, a.index_work, a.dist, a.queries, a.warmup, a.seed)
+    per_rtt = {}
+    for rtt in rtts:
+        dmh.log(f"{name} {a.dist}, emulated round trip {rtt:g} us")
+        res = {}
+        for pol in policies:
+            routing, _, quota = pol.partition(":")
+            f = dict(flags)
+            extra = list(flags["extra"])
+            if quota:
+                extra[extra.index("--adaptive-quota") + 1] = quota
+            f["extra"] = extra + (["--emulate-rtt-us", rtt] if rtt > 0 else [])
+            r = dmh.shine_measure(images, a.num_cns, wl, work / name / f"rtt{rtt:g}", pol.replace(":", "-"),
+                                  routing=routing, cache_ratio=a.cache_ratio, repeats=a.repeats, **f)
+            answered = [c["queries"] for c in r["per_cn"]]
+            r["load_max_over_mean"] = max(answered) / (sum(answered) / len(answered)) if sum(answered) else None
+            res[pol] = r
+        per_rtt[f"{rtt:g}"] = res
+    results["sets"][name] = {"index": index_info, "rtts": per_rtt}
+
+checks = []
+for name, s in results["sets"].items():
+    for rtt, res in s["rtts"].items():
+        if float(rtt) == 0 or "best-fit" not in res:
+            continue
+        for pol in res:
+            if pol.split(":")[0] == "adaptive":
+                q, b = res[pol]["qps"], res["best-fit"]["qps"]
+                checks.append({"set": name, "rtt_us": float(rtt), "what": f"QPS({pol}) >= QPS(best-fit)",
+                               "value": f"{q:.0f} vs {b:.0f}", "ok": q >= b})
+results["checks"] = checks
+results["all_ok"] = all(c["ok"] for c in checks)
+results["seconds"] = time.time() - t_start
+
+
+def num(x, f="{:.2f}"):
+    return "—" if x is None else f.format(x)
+
+
+md = [dmh.shine_header_md(a, results)]
+for name, s in results["sets"].items():
+    first = next(iter(s["rtts"].values()))
+    md.append(dmh.cache_md(name, first[policies[0]]))
+    rows = []
+    for rtt, res in s["rtts"].items():
+        for pol in policies:
+            r = res[pol]
+            ref = res.get("best-fit") or res[policies[0]]
+            rows.append([rtt, pol, f"{r['qps']:.0f}", "–".join(f"{q:.0f}" for q in (min(r["qps_all"]), max(r["qps_all"]))),
+                         num(r["qps"] / ref["qps"] if ref["qps"] else None), dmh.pct(r["chr"]),
+                         num(r["load_max_over_mean"]), f"{r['recall']:.4f}"])
+    md.append(dmh.md_table(["emulated RTT (us)", "routing", "QPS (median)", "QPS range", "QPS / best-fit", "CHR",
+                            "busiest cn / mean", "recall@10"], rows))
+if checks:
+    md.append("\nCheck (emulated round trips only):\n\n")
+    md += [f"- {c['set']}, {a.dist}, RTT {c['rtt_us']:g} us: {c['what']}: {c['value']} — "
+           f"**{'yes' if c['ok'] else 'NO'}**\n" for c in checks]
+md.append("\n![QPS per policy against the emulated round trip](rtt_sweep.png)\n")
+md = "".join(md)
+print("\n" + md)
+
+plt = dmh.pyplot()
+if plt is not None:
+    sets = list(results["sets"].items())
+    fig, axes = plt.subplots(len(sets), 2, figsize=(10, 3.8 * len(sets)), squeeze=False)
+    for row, (name, s) in enumerate(sets):
+        xs = [float(r) for r in s["rtts"]]
+        for pol in policies:
+            q = [s["rtts"][r][pol]["qps"] for r in s["rtts"]]
+            rel = [s["rtts"][r][pol]["qps"] / s["rtts"][r]["best-fit"]["qps"] if "best-fit" in s["rtts"][r] else None
+                   for r in s["rtts"]]
+            axes[row][0].plot(xs, q, marker="o", label=pol)
+            if all(v is not None for v in rel):
+                axes[row][1].plot(xs, rel, marker="o", label=pol)
+        axes[row][0].set_title(f"{name}, {a.dist}: QPS (median of {a.repeats})", fontsize=10)
+        axes[row][1].set_title("QPS / best-fit's", fontsize=10)
+        for ax in axes[row]:
+            ax.set_xlabel("emulated round trip per remote operation (us)")
+            ax.grid(True, alpha=0.3)
+            ax.legend(fontsize=7)
+    fig.tight_layout()
+    out.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out / "rtt_sweep.png", dpi=110)
+dmh.write_results(out, results, md)
+print(f"check: {'holds' if results['all_ok'] else 'does NOT hold'}; wrote {out / 'results.json'}, "
+      f"{out / 'results.md'}, {out / 'rtt_sweep.png'}")
