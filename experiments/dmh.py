@@ -458,7 +458,8 @@ def summarize(report):
     r = report["runs"][0]
     per_cn = [{"cn_id": c["cn_id"], "input": c.get("input"), "routed_away": c.get("routed_away"),
                "received": c.get("received"), "queries": c["queries"], "qps": c.get("qps"),
-               "seconds": c.get("seconds"), "cache_hit_rate": c.get("cache", {}).get("hit_rate"),
+               "seconds": c.get("seconds"), "cpu_seconds": c.get("cpu_seconds"),
+               "cache_hit_rate": c.get("cache", {}).get("hit_rate"),
                "cache_entries": c.get("cache", {}).get("entries"),
                "cache_evictions": c.get("cache", {}).get("evictions")} for c in r.get("per_cn", [])]
     return {"qps": r["qps"], "recall": r["recall"], "chr": r.get("cache_hit_rate", 0.0), "queries": r["queries"],
@@ -686,6 +687,29 @@ def cache_md(name, res):
 
 def pct(x):
     return "—" if x is None else f"{100 * x:.1f}%"
+
+
+def num(x, f="{:.2f}"):
+    """X formatted with F, or a dash for None."""
+    return "—" if x is None else f.format(x)
+
+
+def finish_checks(results, checks, t_start):
+    """Stores CHECKS, whether all hold, and the run's duration in RESULTS."""
+    results["checks"] = checks
+    results["all_ok"] = all(c["ok"] for c in checks)
+    results["seconds"] = time.time() - t_start
+
+
+def adaptive_checks(res, **where):
+    """The checks QPS(adaptive[:quota]) >= QPS(best-fit) of one point's RES (policy -> shine_measure
+    summary); WHERE (e.g. set=..., dist=...) is copied into each check."""
+    out = []
+    for pol in res:
+        if pol.split(":")[0] == "adaptive" and "best-fit" in res:
+            q, b = res[pol]["qps"], res["best-fit"]["qps"]
+            out.append({**where, "what": f"QPS({pol}) >= QPS(best-fit)", "value": f"{q:.0f} vs {b:.0f}", "ok": q >= b})
+    return out
 
 
 # ---- shared by the shine cache/routing experiment drivers

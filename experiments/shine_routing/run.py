@@ -12,7 +12,6 @@ mean shows best-fit's execution skew. Checks: adaptive QPS >= best-fit QPS under
 """
 import argparse
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -61,21 +60,10 @@ for name in sets:
 checks = []
 for name, s in results["sets"].items():
     for dist, res in s["dists"].items():
-        if not (dist.startswith("zipf:1") and float(dist.split(":")[1]) == 1.0 and "best-fit" in res):
-            continue
-        for pol in res:
-            if pol.split(":")[0] == "adaptive":
-                q, b = res[pol]["qps"], res["best-fit"]["qps"]
-                checks.append({"set": name, "dist": dist, "what": f"QPS({pol}) >= QPS(best-fit)",
-                               "value": f"{q:.0f} vs {b:.0f}", "ok": q >= b})
-results["checks"] = checks
-results["all_ok"] = all(c["ok"] for c in checks)
-results["seconds"] = time.time() - t_start
-
-
-def num(x, f="{:.2f}"):
-    return "—" if x is None else f.format(x)
-
+        if dist.startswith("zipf:1") and float(dist.split(":")[1]) == 1.0:
+            checks += dmh.adaptive_checks(res, set=name, dist=dist)
+dmh.finish_checks(results, checks, t_start)
+num = dmh.num
 
 md = [dmh.shine_header_md(a, results)]
 for name, s in results["sets"].items():

@@ -88,7 +88,10 @@ void check_same_search(faiss::IndexHNSWFlat& a, const std::vector<int64_t>& la, 
     const int64_t ga = ia[j] < 0 ? -1 : la[static_cast<size_t>(ia[j])];
     const int64_t gb = ib[j] < 0 ? -1 : lb[static_cast<size_t>(ib[j])];
     same_ids += ga == gb;
-    same_d += da[j] == db[j];
+    // Not bitwise: a deserialized sub-HNSW computes distances with the SIMD kernel chosen at
+    // start-up (common/distance.hpp), Faiss with its own; they sum in different orders, and
+    // which orders depends on the CPU (equal here before, 20-45% equal on an AVX2 AMD EPYC).
+    same_d += std::fabs(da[j] - db[j]) <= 1e-5f * std::max(1.0f, std::fabs(da[j]));
   }
   CHECK(same_ids == nq * static_cast<size_t>(k));
   CHECK(same_d == nq * static_cast<size_t>(k));
