@@ -113,17 +113,26 @@ void Scheduler::reap() {
   }
 }
 
+Scheduler::Clock::time_point Scheduler::next_release() const {
+  auto t = Clock::time_point::max();
+  for (const Delayed& d : delayed_) t = std::min(t, d.at);
+  for (const Slot& sl : slots_)
+    if (sl.in_use && sl.pending > 0) t = std::min(t, sl.release);
+  return t;
+}
+
 void Scheduler::release_delayed(bool idle) {
-  if (delayed_.empty()) return;
   auto now = Clock::now();
-  auto first = std::min_element(delayed_.begin(), delayed_.end(),
-                                [](const Delayed& a, const Delayed& b) { return a.at < b.at; });
-  if (idle && first->at > now) {
-    // Only the emulated wire is left: sleep until the first operation "arrives" (at most
-    // 20 us when a coroutine yielded, as below).
-    auto until = yielded_.empty() ? first->at : std::min(first->at, now + std::chrono::microseconds(20));
-    std::this_thread::sleep_until(until);
-    now = Clock::now();
+  if (idle && rtt_.count() > 0) {
+    // Nothing can resume before next_release(): operations still in flight resume nobody
+    // before their release either, so the thread sleeps until then instead of polling (at
+    // most 20 us when a coroutine yielded, as below). An operation past its release that has
+    // not completed is polled for, as without the emulation.
+    const auto at = next_release();
+    if (at != Clock::time_point::max() && at > now) {
+      std::this_thread::sleep_until(yielded_.empty() ? at : std::min(at, now + std::chrono::microseconds(20)));
+      now = Clock::now();
+    }
   }
   for (size_t i = 0; i < delayed_.size();) {
     if (delayed_[i].at <= now) {
@@ -152,7 +161,8 @@ size_t Scheduler::step() {
         ready_.push_back(sl.h);
     }
   }
-  if (emulate) release_delayed(/*idle=*/ready_.empty() && n == 0 && ep_.in_flight() == 0);
+  // (!delayed_.empty() without emulate: the RTT was switched off while some waited.)
+  if (emulate || !delayed_.empty()) release_delayed(/*idle=*/ready_.empty() && n == 0);
   const size_t nr = ready_.size();
   // resume() may run a coroutine into its next io(), which never touches ready_.
   for (size_t i = 0; i < nr; ++i) ready_[i].resume();

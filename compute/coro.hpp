@@ -131,10 +131,10 @@ class Scheduler {
   fabric::Endpoint& endpoint() { return ep_; }
 
   /// Emulated network round trip (0: off, the default): a coroutine's remote operations
-  /// resume it no sooner than `rtt` after they were posted, and while every coroutine waits
-  /// for that time alone the thread sleeps (no CPU). Models computenodes whose reads cost
-  /// wire time but no CPU (RDMA NICs) on a host whose provider has neither (shm). Applies
-  /// to this thread (also sets the thread's timer slack to 1 us so sleeps are short).
+  /// resume it no sooner than `rtt` after they were posted, and until the first of them is
+  /// due the thread sleeps instead of polling. Models RDMA NICs, whose reads cost a
+  /// computenode wire time but no CPU, over providers whose reads are local copies (shm).
+  /// Applies to this thread (also sets the thread's timer slack to 1 us so sleeps are short).
   void set_emulated_rtt(std::chrono::nanoseconds rtt);
   std::chrono::nanoseconds emulated_rtt() const { return rtt_; }
 
@@ -189,8 +189,11 @@ class Scheduler {
   };
   uint32_t get_slot();
   void reap();
-  /// Emulated RTT: moves the delayed coroutines that are due to `ready`; sleeps first when
-  /// nothing else can happen (no completion, nothing in flight, nothing yielded).
+  /// Emulated RTT: the earliest release of a delayed coroutine or of an operation in flight
+  /// (time_point::max() when none).
+  Clock::time_point next_release() const;
+  /// Emulated RTT: moves the delayed coroutines that are due to ready_; when `idle` (this
+  /// step brought no completion) first sleeps until next_release().
   void release_delayed(bool idle);
   fabric::Endpoint& ep_;
   std::vector<Slot> slots_;

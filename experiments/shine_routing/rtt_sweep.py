@@ -79,6 +79,7 @@ for name, s in results["sets"].items():
 dmh.finish_checks(results, checks, t_start)
 num = dmh.num
 
+ref_pol = "best-fit" if "best-fit" in policies else policies[0]  # what QPS is divided by
 md = [dmh.shine_header_md(a, results)]
 for name, s in results["sets"].items():
     first = next(iter(s["rtts"].values()))
@@ -87,11 +88,11 @@ for name, s in results["sets"].items():
     for rtt, res in s["rtts"].items():
         for pol in policies:
             r = res[pol]
-            ref = res.get("best-fit") or res[policies[0]]
+            ref = res[ref_pol]
             rows.append([rtt, pol, f"{r['qps']:.0f}", "–".join(f"{q:.0f}" for q in (min(r["qps_all"]), max(r["qps_all"]))),
                          num(r["qps"] / ref["qps"] if ref["qps"] else None), dmh.pct(r["chr"]),
                          num(r["load_max_over_mean"]), num(r["cn_cores"]), f"{r['recall']:.4f}"])
-    md.append(dmh.md_table(["emulated RTT (us)", "routing", "QPS (median)", "QPS range", "QPS / best-fit", "CHR",
+    md.append(dmh.md_table(["emulated RTT (us)", "routing", "QPS (median)", "QPS range", f"QPS / {ref_pol}", "CHR",
                             "busiest cn / mean", "computenode CPU (cores)", "recall@10"], rows))
 if checks:
     md.append("\nCheck (emulated round trips only):\n\n")

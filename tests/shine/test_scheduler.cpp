@@ -60,6 +60,8 @@ TEST_CASE("scheduler: an emulated RTT delays every operation, keeps the data and
   for (uint32_t k = 0; k < kCoros; ++k) CHECK(matched[k] == kReads);
   // Each coroutine's reads are sequential: at least kReads round trips.
   CHECK(wall >= kReads * rtt);
+  // ... and the coroutines wait at the same time (one after the other would be 4x).
+  CHECK(wall < kCoros * kReads * rtt);
   // The thread slept through the emulated wire time instead of polling it.
   CHECK(cpu < 0.5 * std::chrono::duration<double>(wall).count());
 
@@ -67,9 +69,28 @@ TEST_CASE("scheduler: an emulated RTT delays every operation, keeps the data and
     s.set_emulated_rtt(std::chrono::nanoseconds(0));
     CHECK(s.emulated_rtt().count() == 0);
     uint32_t m = 0;
+    const auto t1 = std::chrono::steady_clock::now();
     compute::run_sync(s, reader(s, 0, kReads, m));
+    CHECK(std::chrono::steady_clock::now() - t1 < kReads * rtt);
     CHECK(m == kReads);
   }
+}
+
+TEST_CASE("scheduler: an operation slower than the emulated RTT is not delayed again", "[coro][rtt]") {
+  auto c = fabric::LocalCluster::create(1, 1u << 20);
+  auto* words = reinterpret_cast<uint64_t*>(c->region(0) + 4096);
+  for (uint64_t i = 0; i < 16; ++i) words[i] = 1000 + i;
+  c->set_delay(std::chrono::milliseconds(20));  // each operation completes 20 ms after posting
+  auto ep = c->make_endpoint(1u << 20);
+  Scheduler s(*ep);
+  s.set_emulated_rtt(std::chrono::milliseconds(10));
+  uint32_t m = 0;
+  const auto t0 = std::chrono::steady_clock::now();
+  compute::run_sync(s, reader(s, 0, 3, m));
+  const auto wall = std::chrono::steady_clock::now() - t0;
+  CHECK(m == 3);
+  CHECK(wall >= std::chrono::milliseconds(60));
+  CHECK(wall < std::chrono::milliseconds(85));  // not 3 x (20 + 10) ms
 }
 
 TEST_CASE("scheduler: emulated RTT with failing operations still reports the failure", "[coro][rtt]") {
@@ -80,10 +101,13 @@ TEST_CASE("scheduler: emulated RTT with failing operations still reports the fai
   fabric::Buffer buf = s.endpoint().alloc(8);
   fabric::Completion got{};
   auto task = [&]() -> Task<void> {
-    // Beyond the 1 MiB region: the LocalFabric completes it with an error.
-    fabric::Op op = fabric::Op::read(RemotePtr(0, 2u << 20), buf.data(), 8);
+    // A valid address, posted fine; its completion carries the injected error.
+    fabric::Op op = fabric::Op::read(RemotePtr(0, 4096), buf.data(), 8);
     got = co_await s.io(std::span<fabric::Op>(&op, 1), true);
   };
+  c->fail_next(1);
+  const auto t0 = std::chrono::steady_clock::now();
   compute::run_sync(s, task());
+  CHECK(std::chrono::steady_clock::now() - t0 >= std::chrono::microseconds(500));  // delayed like any other
   CHECK(got.status != fabric::Status::Ok);
 }
