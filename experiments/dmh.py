@@ -694,6 +694,23 @@ def num(x, f="{:.2f}"):
     return "—" if x is None else f.format(x)
 
 
+def policy_flags(flags, pol, extra=()):
+    """(routing, query_run flags) of a driver's policy name POL ('adaptive:demand' sets
+    --adaptive-quota for that run), from the set's FLAGS (query_flags) plus EXTRA computenode flags."""
+    routing, _, quota = pol.partition(":")
+    f = dict(flags)
+    f["extra"] = list(flags["extra"]) + list(extra)
+    if quota:
+        f["extra"][f["extra"].index("--adaptive-quota") + 1] = quota
+    return routing, f
+
+
+def load_max_over_mean(summary):
+    """Queries answered by the busiest computenode over the mean (1.00 = even), or None."""
+    answered = [c["queries"] for c in summary["per_cn"]]
+    return max(answered) / (sum(answered) / len(answered)) if answered and sum(answered) else None
+
+
 def finish_checks(results, checks, t_start):
     """Stores CHECKS, whether all hold, and the run's duration in RESULTS."""
     results["checks"] = checks

@@ -53,16 +53,10 @@ for name in a.sets.split(","):
         dmh.log(f"{name} {a.dist}, emulated round trip {rtt:g} us")
         res = {}
         for pol in policies:
-            routing, _, quota = pol.partition(":")
-            f = dict(flags)
-            extra = list(flags["extra"])
-            if quota:
-                extra[extra.index("--adaptive-quota") + 1] = quota
-            f["extra"] = extra + (["--emulate-rtt-us", rtt] if rtt > 0 else [])
+            routing, f = dmh.policy_flags(flags, pol, ["--emulate-rtt-us", rtt] if rtt > 0 else [])
             r = dmh.shine_measure(images, a.num_cns, wl, work / name / f"rtt{rtt:g}", pol.replace(":", "-"),
                                   routing=routing, cache_ratio=a.cache_ratio, repeats=a.repeats, **f)
-            answered = [c["queries"] for c in r["per_cn"]]
-            r["load_max_over_mean"] = max(answered) / (sum(answered) / len(answered)) if sum(answered) else None
+            r["load_max_over_mean"] = dmh.load_max_over_mean(r)
             # Cores' worth of CPU the computenodes used over the measured part: near the host's
             # cores (less the memnodes' share), the run is CPU-bound; well below, round-trip-bound.
             cpu = [c.get("cpu_seconds") for c in r["per_cn"]]
@@ -110,13 +104,11 @@ if plt is not None:
         xs = [float(r) for r in s["rtts"]]
         for pol in policies:
             q = [s["rtts"][r][pol]["qps"] for r in s["rtts"]]
-            rel = [s["rtts"][r][pol]["qps"] / s["rtts"][r]["best-fit"]["qps"] if "best-fit" in s["rtts"][r] else None
-                   for r in s["rtts"]]
+            rel = [s["rtts"][r][pol]["qps"] / s["rtts"][r][ref_pol]["qps"] for r in s["rtts"]]
             axes[row][0].plot(xs, q, marker="o", label=pol)
-            if all(v is not None for v in rel):
-                axes[row][1].plot(xs, rel, marker="o", label=pol)
+            axes[row][1].plot(xs, rel, marker="o", label=pol)
         axes[row][0].set_title(f"{name}, {a.dist}: QPS (median of {a.repeats})", fontsize=10)
-        axes[row][1].set_title("QPS / best-fit's", fontsize=10)
+        axes[row][1].set_title(f"QPS / {ref_pol}'s", fontsize=10)
         for ax in axes[row]:
             ax.set_xlabel("emulated round trip per remote operation (us)")
             ax.grid(True, alpha=0.3)

@@ -42,15 +42,10 @@ for name in sets:
         dmh.log(f"{name} {dist}")
         res = {}
         for pol in policies:
-            routing, _, quota = pol.partition(":")
-            f = dict(flags)
-            if quota:
-                f["extra"] = [x for x in flags["extra"]]
-                f["extra"][f["extra"].index("--adaptive-quota") + 1] = quota
+            routing, f = dmh.policy_flags(flags, pol)
             r = dmh.shine_measure(images, a.num_cns, wl, work / name / dist.replace(":", ""), pol.replace(":", "-"),
                                   routing=routing, cache_ratio=a.cache_ratio, repeats=a.repeats, **f)
-            answered = [c["queries"] for c in r["per_cn"]]
-            r["load_max_over_mean"] = max(answered) / (sum(answered) / len(answered)) if answered and sum(answered) else None
+            r["load_max_over_mean"] = dmh.load_max_over_mean(r)
             res[pol] = r
         for pol in policies:
             res[pol]["qps_norm"] = res[pol]["qps"] / res[ref]["qps"] if res[ref]["qps"] else None

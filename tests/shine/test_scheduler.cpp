@@ -5,8 +5,7 @@
 #include <time.h>
 
 #include <chrono>
-#include <cstring>
-#include <numeric>
+#include <memory>
 #include <vector>
 
 #include "common/fabric/local_fabric.hpp"
@@ -24,6 +23,14 @@ double thread_cpu_seconds() {
   return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) * 1e-9;
 }
 
+// A one-memnode LocalCluster whose words from byte 4096 on hold 1000, 1001, ... (`words` of them).
+std::shared_ptr<fabric::LocalCluster> counting_cluster(uint64_t words) {
+  auto c = fabric::LocalCluster::create(1, 1u << 20);
+  auto* w = reinterpret_cast<uint64_t*>(c->region(0) + 4096);
+  for (uint64_t i = 0; i < words; ++i) w[i] = 1000 + i;
+  return c;
+}
+
 // `reads` sequential 8-byte reads of words [first, first + reads) of memnode 0; checks
 // each value and counts the ones that matched.
 Task<void> reader(Scheduler& s, uint64_t first, uint32_t reads, uint32_t& matched) {
@@ -38,9 +45,7 @@ Task<void> reader(Scheduler& s, uint64_t first, uint32_t reads, uint32_t& matche
 }  // namespace
 
 TEST_CASE("scheduler: an emulated RTT delays every operation, keeps the data and sleeps", "[coro][rtt]") {
-  auto c = fabric::LocalCluster::create(1, 1u << 20);
-  auto* words = reinterpret_cast<uint64_t*>(c->region(0) + 4096);
-  for (uint64_t i = 0; i < 256; ++i) words[i] = 1000 + i;
+  auto c = counting_cluster(256);
   auto ep = c->make_endpoint(1u << 20);
   Scheduler s(*ep);
   REQUIRE(s.emulated_rtt().count() == 0);
@@ -77,9 +82,7 @@ TEST_CASE("scheduler: an emulated RTT delays every operation, keeps the data and
 }
 
 TEST_CASE("scheduler: an operation slower than the emulated RTT is not delayed again", "[coro][rtt]") {
-  auto c = fabric::LocalCluster::create(1, 1u << 20);
-  auto* words = reinterpret_cast<uint64_t*>(c->region(0) + 4096);
-  for (uint64_t i = 0; i < 16; ++i) words[i] = 1000 + i;
+  auto c = counting_cluster(16);
   c->set_delay(std::chrono::milliseconds(20));  // each operation completes 20 ms after posting
   auto ep = c->make_endpoint(1u << 20);
   Scheduler s(*ep);
