@@ -1,6 +1,7 @@
 #pragma once
-// libfabric implementation of the transport: the compute side (connect_cluster) and the
-// memory side (RegionServer, which registers a region and drives target-side progress).
+// The real providers of the transport: the compute side (connect_cluster) and the memory side
+// (RegionServer, which registers a region and serves it). libfabric for shm and tcp
+// (fabric_cluster.cpp, lf_region_server.cpp), rdma-core for verbs (verbs_*.cpp).
 #include <atomic>
 #include <functional>
 #include <memory>
@@ -38,6 +39,11 @@ uint64_t rma_lane_for(uint32_t cn, uint32_t num_cns, uint64_t ordinal, uint64_t 
 /// Connects to every memnode (bootstrap + fabric address exchange) and starts the liveness
 /// monitor. Memnode ids must be exactly 0..N-1. Throws FabricError naming the memnode.
 std::shared_ptr<Cluster> connect_cluster(const ClusterOptions& opts);
+/// The same over rdma-core (common/fabric/verbs_cluster.cpp); connect_cluster calls it for
+/// Provider::Verbs.
+std::shared_ptr<Cluster> connect_verbs_cluster(const ClusterOptions& opts);
+
+class RegionBackend;  // one per provider family (region_backend.hpp)
 
 /// Memory side: a registered region served over one endpoint, plus message handling.
 class RegionServer {
@@ -84,8 +90,7 @@ class RegionServer {
   double progress_stalled_seconds() const;
 
  private:
-  struct Impl;
-  std::unique_ptr<Impl> impl_;
+  std::unique_ptr<RegionBackend> impl_;
 };
 
 }  // namespace dmhnsw::fabric

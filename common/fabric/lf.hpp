@@ -44,9 +44,7 @@ struct FidPtr {
 /// Fabric + domain for one provider, with the memory-registration mode it asked for.
 class Domain {
  public:
-  /// Opens the provider. `src_host` (may be empty) picks the local interface (tcp, verbs).
-  /// For verbs without a device: FabricError saying no RDMA device was found and naming
-  /// --provider shm|tcp.
+  /// Opens the provider (shm or tcp). `src_host` (may be empty) picks the local interface (tcp).
   /// `rma_events`: ask for FI_RMA_EVENT (a counter of one-sided operations served here;
   /// falls back silently when the provider lacks it — see has_rma_events()).
   static std::shared_ptr<Domain> open(Provider p, const std::string& src_host, bool rma_events = false);

@@ -1,8 +1,9 @@
 #pragma once
 // The transport API: one-sided READ/WRITE/FETCH_ADD/COMPARE_SWAP on RemotePtrs,
 // small SEND/RECV messages, doorbell batches, registered buffers and counters.
-// Two implementations: libfabric (shm, tcp;ofi_rxm, verbs;ofi_rxm) and LocalFabric
-// (in-process, fault injection, for unit tests). No libfabric type appears here.
+// Implementations: libfabric (shm, tcp;ofi_rxm), rdma-core (verbs: RC queue pairs) and
+// LocalFabric (in-process, fault injection, for unit tests). No libfabric or verbs type
+// appears here.
 #include <array>
 #include <atomic>
 #include <cstddef>

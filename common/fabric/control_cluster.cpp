@@ -1,0 +1,121 @@
+// Compute side, every provider: bootstrap over the control ports and liveness by heartbeats.
+#include "common/fabric/control_cluster.hpp"
+
+#include <poll.h>
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <optional>
+
+namespace dmhnsw::fabric {
+
+using Clock = std::chrono::steady_clock;
+
+std::string ControlledCluster::dead_reason(uint16_t node) const {
+  std::lock_guard g(mu_);
+  return node < peers_.size() ? peers_[node]->why : "unknown memnode";
+}
+
+void ControlledCluster::declare_stalled(uint16_t node, const std::string& what) {
+  mark_dead(node, what + " got no progress from its fabric endpoint for " + std::to_string(opts_.stall_timeout_ms) +
+                      " ms while its control connection lives (the memnode's endpoint is stuck; with the shm "
+                      "provider a computenode killed inside libfabric can leave it so: restart that memnode, or "
+                      "use --provider tcp)");
+}
+
+std::string ControlledCluster::node_name(uint16_t node) const {
+  if (node >= peers_.size()) return "memnode " + std::to_string(node) + " (unknown)";
+  std::string n = "memnode " + std::to_string(node) + " (" + peers_[node]->info.address + ")";
+  if (!alive(node)) n += " [" + dead_reason(node) + "]";
+  return n;
+}
+
+std::unique_ptr<PeerState> ControlledCluster::make_peer(const std::string& host_port, const Welcome& w) {
+  auto p = std::make_unique<PeerState>();
+  p->info.id = w.memnode_id;
+  p->info.address = host_port;
+  p->info.region_size = w.region_size;
+  p->info.header = w.header;
+  p->host = parse_host_port(host_port, "--memnodes").first;
+  p->fabric_addr = w.fabric_addr;
+  p->rma_lanes = w.rma_lanes;
+  p->base = w.region_base;
+  p->key = w.region_key;
+  return p;
+}
+
+void ControlledCluster::order_peers(std::vector<std::unique_ptr<PeerState>> peers) {
+  // Memnode ids must be exactly 0..N-1; order peers by id.
+  std::vector<size_t> order(peers.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return peers[a]->info.id < peers[b]->info.id; });
+  for (size_t i = 0; i < order.size(); ++i) {
+    if (peers[order[i]]->info.id != i) {
+      std::string ids;
+      for (auto& q : peers) ids += (ids.empty() ? "" : ", ") + std::to_string(q->info.id);
+      throw FabricError("--memnodes: memnode ids must be 0.." + std::to_string(peers.size() - 1) +
+                        " (each once); these memnodes have ids " + ids);
+    }
+  }
+  std::vector<std::unique_ptr<ControlClient>> ordered_controls;
+  for (size_t i : order) {
+    peers_.push_back(std::move(peers[i]));
+    ordered_controls.push_back(std::move(controls_[i]));
+    infos_.push_back(peers_.back()->info);
+  }
+  controls_ = std::move(ordered_controls);
+}
+
+void ControlledCluster::stop_monitor() {
+  stop_.store(true);
+  if (monitor_.joinable()) monitor_.join();
+}
+
+void ControlledCluster::mark_dead(size_t i, const std::string& why) {
+  {
+    std::lock_guard g(mu_);
+    if (peers_[i]->dead.load()) return;
+    peers_[i]->why = why;
+    peers_[i]->dead.store(true);
+  }
+  deaths_.fetch_add(1);
+  spdlog::error("memnode {} ({}) is unreachable: {}", i, peers_[i]->info.address, why);
+}
+
+// Heartbeats over the control connections; a closed connection or a silent memnode marks it
+// dead, which fails its pending and later operations.
+void ControlledCluster::monitor() {
+  // A memnode is silent when a ping we sent has had no answer for the timeout; counting from
+  // the ping (not from the last answer) keeps a starved monitor thread from blaming it.
+  std::vector<std::optional<Clock::time_point>> unanswered(peers_.size());
+  auto next_ping = Clock::now();
+  while (!stop_.load()) {
+    auto now = Clock::now();
+    if (now >= next_ping) {
+      for (size_t i = 0; i < controls_.size(); ++i) {
+        if (peers_[i]->dead.load()) continue;
+        if (!controls_[i]->send_ping()) mark_dead(i, "control connection failed");
+        if (!unanswered[i]) unanswered[i] = now;
+      }
+      next_ping = now + std::chrono::milliseconds(500);
+    }
+    std::vector<pollfd> fds;
+    for (auto& c : controls_) fds.push_back({c->fd(), POLLIN, 0});
+    ::poll(fds.data(), fds.size(), 100);
+    now = Clock::now();
+    for (size_t i = 0; i < controls_.size(); ++i) {
+      if (peers_[i]->dead.load()) continue;
+      if (fds[i].revents & (POLLIN | POLLHUP | POLLERR)) {
+        std::string why;
+        if (!controls_[i]->drain(why))
+          mark_dead(i, why);
+        else
+          unanswered[i].reset();
+      } else if (unanswered[i] && now - *unanswered[i] > std::chrono::milliseconds(opts_.heartbeat_timeout_ms)) {
+        mark_dead(i, "no heartbeat answer for " + std::to_string(opts_.heartbeat_timeout_ms) + " ms");
+      }
+    }
+  }
+}
+
+}  // namespace dmhnsw::fabric

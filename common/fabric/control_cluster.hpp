@@ -1,0 +1,94 @@
+#pragma once
+// Internal to common/fabric: what every provider's compute-side cluster shares. It connects to
+// each memnode's control port (token check, region descriptor), orders the memnodes by id,
+// and watches them with heartbeats: a closed or silent control connection marks the memnode
+// dead, which fails its pending and later operations. Providers add their endpoints.
+#include <atomic>
+#include <chrono>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/fabric/bootstrap.hpp"
+#include "common/fabric/fabric_cluster.hpp"
+
+namespace dmhnsw::fabric {
+
+/// One memnode as the bootstrap described it.
+struct PeerState {
+  MemnodeInfo info;
+  std::string host;  // the host part of info.address: where its fabric listens too (verbs)
+  std::vector<char> fabric_addr;
+  std::vector<std::vector<char>> rma_lanes;  // empty: one-sided operations go to fabric_addr
+  uint64_t base = 0, key = 0;
+  std::atomic<bool> dead{false};
+  std::string why;  // guarded by ControlledCluster::mu_
+};
+
+class ControlledCluster : public Cluster {
+ public:
+  explicit ControlledCluster(const ClusterOptions& o) : opts_(o) {}
+  ~ControlledCluster() override { stop_monitor(); }
+
+  Provider provider() const override { return opts_.provider; }
+  const std::vector<MemnodeInfo>& memnodes() const override { return infos_; }
+  bool alive(uint16_t node) const override { return node < peers_.size() && !peers_[node]->dead.load(); }
+  std::string dead_reason(uint16_t node) const override;
+
+  uint64_t deaths() const { return deaths_.load(); }
+  const PeerState& peer(uint16_t i) const { return *peers_[i]; }
+  size_t num_peers() const { return peers_.size(); }
+  uint32_t cn_id() const { return opts_.cn_id; }
+  uint32_t num_cns() const { return opts_.num_cns; }
+  uint64_t next_endpoint_ordinal() { return endpoints_made_.fetch_add(1); }
+  std::chrono::milliseconds stall_timeout() const { return std::chrono::milliseconds(opts_.stall_timeout_ms); }
+  /// An endpoint found the memnode's fabric stalled (see ClusterOptions::stall_timeout_ms).
+  void declare_stalled(uint16_t node, const std::string& what);
+  /// "memnode 1 (10.0.0.2:7000)", with the reason when it is dead.
+  std::string node_name(uint16_t node) const;
+
+ protected:
+  /// Handshakes with every memnode in --memnodes order; `hello_addr` gives the fabric address
+  /// the hello carries (called once per memnode, with its open control connection), then
+  /// orders the memnodes by id (which must be 0..N-1) and starts the heartbeat monitor.
+  template <class HelloAddr>
+  void connect_all(HelloAddr&& hello_addr) {
+    if (opts_.memnodes.empty()) throw FabricError("--memnodes: no memory node given");
+    std::vector<std::unique_ptr<PeerState>> peers;
+    for (const auto& hp : opts_.memnodes) {
+      auto cc = std::make_unique<ControlClient>(hp, opts_.control_version);
+      Hello h;
+      h.mode = opts_.mode;
+      h.provider = opts_.provider;
+      h.cn_id = opts_.cn_id;
+      h.token = opts_.token;
+      h.fabric_addr = hello_addr(*cc);
+      peers.push_back(make_peer(hp, cc->handshake(h)));
+      controls_.push_back(std::move(cc));
+    }
+    order_peers(std::move(peers));
+    monitor_ = std::thread([this] { monitor(); });
+  }
+  void stop_monitor();
+  void mark_dead(size_t i, const std::string& why);
+  const ClusterOptions& options() const { return opts_; }
+
+ private:
+  static std::unique_ptr<PeerState> make_peer(const std::string& host_port, const Welcome& w);
+  void order_peers(std::vector<std::unique_ptr<PeerState>> peers);
+  void monitor();
+
+  ClusterOptions opts_;
+  std::vector<std::unique_ptr<ControlClient>> controls_;
+  std::vector<std::unique_ptr<PeerState>> peers_;
+  std::vector<MemnodeInfo> infos_;
+  mutable std::mutex mu_;
+  std::atomic<uint64_t> deaths_{0};
+  std::atomic<uint64_t> endpoints_made_{0};
+  std::atomic<bool> stop_{false};
+  std::thread monitor_;
+};
+
+}  // namespace dmhnsw::fabric

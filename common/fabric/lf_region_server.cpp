@@ -1,0 +1,466 @@
+// libfabric transport, memory side: a registered region served over one endpoint (plus RMA
+// lanes), messages from computenodes, and the target-side progress shm and tcp need.
+#include <poll.h>
+#include <sched.h>
+#include <unistd.h>
+#include <sys/syscall.h>
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <filesystem>
+#include <map>
+#include <mutex>
+#include <thread>
+
+#include "common/fabric/lf.hpp"
+#include "common/fabric/region_backend.hpp"
+
+namespace dmhnsw::fabric {
+
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+constexpr uint64_t kRegionKey = 0xD4'0000;  // requested key (providers without FI_MR_PROV_KEY)
+
+class LfRegionServer final : public RegionBackend {
+ public:
+  LfRegionServer(Provider p, const std::string& listen_host, char* region, uint64_t size, uint16_t memnode_id,
+                 unsigned rma_lanes);
+  std::vector<char> fabric_address() const override;
+  std::vector<std::vector<char>> rma_lane_addresses() const override;
+  uint64_t remote_base() const override;
+  uint64_t key() const override;
+  std::string describe() const override;
+  void add_client(uint32_t cn_id, const std::vector<char>& fabric_addr) override;
+  void remove_client(uint32_t cn_id) override;
+  void set_handler(RegionServer::Handler h) override;
+  void send_to(uint64_t sender, const void* data, size_t len) override;
+  void set_tick(std::function<void()> tick, int period_ms) override;
+  void run(const std::atomic<bool>& stop) override;
+  RegionServer::Stats stats() const override;
+  double progress_stalled_seconds() const override;
+
+  using Handler = RegionServer::Handler;
+  std::shared_ptr<lf::Domain> domain;
+  std::unique_ptr<lf::RawEndpoint> ep;
+  std::vector<std::unique_ptr<lf::RawEndpoint>> lanes;  // one-sided operations only
+  std::unique_ptr<lf::MemoryRegion> region_mr;
+  char* region = nullptr;
+  uint64_t size = 0;
+  uint16_t id = 0;
+  std::mutex mu;  // clients + handler
+  std::map<uint32_t, fi_addr_t> clients;
+  Handler handler;
+  std::function<void()> tick;
+  int tick_ms = 50;
+  BufferPool bufs{8u << 20};
+  std::unique_ptr<lf::MemoryRegion> bufs_mr;
+  std::vector<Buffer> recv_bufs;
+  std::vector<std::unique_ptr<fi_context2>> recv_ctx;
+  std::map<std::string, fi_addr_t> peers;  // sender endpoint address → AV entry (progress thread only)
+  struct Outgoing {
+    fi_addr_t to;
+    Buffer buf;
+    size_t len;
+    std::unique_ptr<fi_context2> ctx;
+    Clock::time_point deadline;
+  };
+  std::deque<Outgoing> outbox;     // not yet accepted by the provider
+  std::vector<Outgoing> in_flight;  // posted, waiting for the send completion
+  std::atomic<uint64_t> spins{0}, waits{0}, messages{0}, dropped{0};
+  std::atomic<int64_t> loop_ns{0};  // steady-clock time of run()'s last turn (0: not running)
+
+  // The endpoints close before the buffers and registrations declared after them are freed:
+  // posted receives point into `bufs`.
+  ~LfRegionServer() override {
+    stop_lane_thread();
+    if (ep) ep->close();
+    for (size_t i = 0; i < lanes.size(); ++i) {
+      if (lane_abandoned && lane_abandoned[i].load())
+        (void)lanes[i].release();  // closing it would wait for the dead holder's lock: leave it
+      else
+        lanes[i]->close();
+    }
+  }
+
+  // RMA lanes post nothing; reading their CQs drives their progress (on shm, the
+  // acknowledgements of served READs that free command-queue slots), and reading their
+  // counters tells the progress loop that READs are being served. Both take the lane's
+  // shared-memory lock on shm, which a computenode killed inside a READ can leave held for
+  // ever. So lanes are progressed by their own thread, never by the message loop: a lane
+  // found stuck for kLaneStuck is abandoned (its thread too, at idle priority) and a new
+  // thread carries on with the other lanes. Each computenode reads through lanes of its own
+  // (FabricEndpoint), so only the dead one's lanes are lost.
+  static constexpr auto kLaneStuck = std::chrono::seconds(2);
+  struct LaneWatch {
+    std::atomic<int> current{-1};     // the lane being read, -1 none
+    std::atomic<int64_t> since_ns{0}; // when that read started
+    std::atomic<pid_t> tid{0};
+    std::atomic<bool> superseded{false};
+  };
+  std::unique_ptr<std::atomic<uint64_t>[]> lane_ops;     // per lane, as last read
+  std::unique_ptr<std::atomic<bool>[]> lane_abandoned;   // per lane
+  std::shared_ptr<LaneWatch> watch;
+  std::thread lane_thread;
+  std::atomic<bool> lanes_stop{false};
+  std::atomic<bool> fault_stall{false};  // DMHNSW_FAULT_STALL_FILE: no progress at all, lanes included
+
+  void start_lane_thread() {
+    watch = std::make_shared<LaneWatch>();
+    lane_thread = std::thread([this, w = watch] {
+      w->tid.store(static_cast<pid_t>(::syscall(SYS_gettid)));
+      auto last_work = Clock::now();
+      while (!lanes_stop.load(std::memory_order_relaxed) && !w->superseded.load()) {
+        if (fault_stall.load(std::memory_order_relaxed)) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(20));
+          continue;
+        }
+        for (size_t i = 0; i < lanes.size(); ++i) {
+          if (lane_abandoned[i].load()) continue;
+          w->since_ns.store(Clock::now().time_since_epoch().count());
+          w->current.store(static_cast<int>(i));
+          fi_cq_msg_entry e[16];
+          const ssize_t rc = fi_cq_read(lanes[i]->cq(), e, 16);
+          if (rc == -FI_EAVAIL) {
+            fi_cq_err_entry err{};
+            if (fi_cq_readerr(lanes[i]->cq(), &err, 0) > 0)
+              spdlog::debug("memnode {}: an RMA lane reported: {}", id, fi_strerror(err.err));
+          }
+          const uint64_t ops = lanes[i]->remote_ops();
+          if (rc > 0 || ops != lane_ops[i].load(std::memory_order_relaxed)) last_work = Clock::now();
+          lane_ops[i].store(ops);
+          w->current.store(-1);
+          if (w->superseded.load()) {  // taken for stuck, but it was only slow: the lane is fine
+            lane_abandoned[i].store(false);
+            return;
+          }
+        }
+        // While READs arrive (and 5 ms after), go round again after yielding the core (2-core
+        // hosts); when idle, every 50 µs.
+        if (Clock::now() - last_work < std::chrono::milliseconds(5))
+          sched_yield();
+        else
+          std::this_thread::sleep_for(std::chrono::microseconds(50));
+      }
+    });
+  }
+  // From the message loop, now and then: abandons a lane whose read has not returned.
+  void check_lanes() {
+    if (!watch) return;
+    const int cur = watch->current.load();
+    if (cur < 0) return;
+    const auto since = Clock::time_point(Clock::duration(watch->since_ns.load()));
+    if (watch->current.load() != cur || Clock::now() - since < kLaneStuck) return;
+    lane_abandoned[cur].store(true);
+    watch->superseded.store(true);
+    sched_param sp{};
+    ::sched_setscheduler(watch->tid.load(), SCHED_IDLE, &sp);  // it spins on the lock: only on idle CPU
+    lane_thread.detach();
+    spdlog::error("memnode {}: RMA lane {} did not return for {} s: its lock is held by a process that died "
+                  "inside the provider (a computenode killed during a READ); the lane is abandoned, the other "
+                  "lanes and messages go on",
+                  id, cur, std::chrono::duration_cast<std::chrono::seconds>(kLaneStuck).count());
+    start_lane_thread();
+  }
+  void stop_lane_thread() {
+    lanes_stop.store(true);
+    if (lane_thread.joinable()) lane_thread.join();
+  }
+  uint64_t remote_ops() const {
+    uint64_t n = ep->remote_ops();
+    for (size_t i = 0; i < lanes.size(); ++i) n += lane_ops[i].load(std::memory_order_relaxed);
+    return n;
+  }
+  void post_recv(size_t slot) {
+    lf::check(fi_recv(ep->ep(), recv_bufs[slot].data(), lf::kWireMsgBytes, bufs_mr->desc(), FI_ADDR_UNSPEC,
+                      recv_ctx[slot].get()),
+              "fi_recv");
+  }
+  // Posts queued replies; never blocks on a computenode that does not progress.
+  // Posts queued messages; never blocks on a computenode that does not progress. A
+  // destination that refuses (EAGAIN) keeps its messages, in order, for the next pass while
+  // the others' go out (a dead computenode must not delay everyone's replies).
+  void flush_outbox() {
+    if (outbox.empty()) return;
+    std::vector<fi_addr_t> refused;
+    const auto now = Clock::now();
+    for (auto it = outbox.begin(); it != outbox.end();) {
+      if (std::find(refused.begin(), refused.end(), it->to) != refused.end()) {
+        ++it;
+        continue;
+      }
+      ssize_t rc = fi_send(ep->ep(), it->buf.data(), it->len, bufs_mr->desc(), it->to, it->ctx.get());
+      if (rc == -FI_EAGAIN) {
+        if (now < it->deadline) {
+          refused.push_back(it->to);
+          ++it;
+          continue;
+        }
+        ++dropped;
+        spdlog::warn("memnode {}: dropped a message: the computenode did not accept it within 5 s", id);
+      } else if (rc == 0) {
+        in_flight.push_back(std::move(*it));
+      } else {
+        ++dropped;
+        spdlog::warn("memnode {}: message send failed: {}", id, fi_strerror(static_cast<int>(-rc)));
+      }
+      it = outbox.erase(it);
+    }
+  }
+  void queue_send(fi_addr_t to, const void* data, size_t n) {
+    if (to == FI_ADDR_UNSPEC || n > kMaxMessage) return;
+    lf::WireMsgHeader rh{lf::kWireMsgMagic, id, 0, 0, static_cast<uint32_t>(n)};
+    Outgoing o{to, bufs.alloc(sizeof rh + n), sizeof rh + n, std::make_unique<fi_context2>(),
+               Clock::now() + std::chrono::seconds(5)};
+    std::memcpy(o.buf.data(), &rh, sizeof rh);
+    std::memcpy(o.buf.data() + sizeof rh, data, n);
+    outbox.push_back(std::move(o));
+  }
+  bool complete_send(void* ctx) {
+    for (auto it = in_flight.begin(); it != in_flight.end(); ++it)
+      if (it->ctx.get() == ctx) {
+        in_flight.erase(it);
+        return true;
+      }
+    return false;
+  }
+  void on_message(size_t slot, size_t len) {
+    const char* buf = recv_bufs[slot].data();
+    lf::WireMsgHeader h;
+    std::memcpy(&h, buf, sizeof h);
+    if (h.magic != lf::kWireMsgMagic || h.len > kMaxMessage || h.addr_len > lf::kMaxAddrBytes ||
+        len < sizeof h + h.addr_len + h.len) {
+      spdlog::warn("memnode {}: dropped a malformed message ({} bytes)", id, len);
+      return;
+    }
+    ++messages;
+    fi_addr_t to = FI_ADDR_UNSPEC;
+    if (h.addr_len > 0) {
+      std::string addr(buf + sizeof h, h.addr_len);
+      auto it = peers.find(addr);
+      if (it == peers.end()) it = peers.emplace(addr, ep->insert(std::vector<char>(addr.begin(), addr.end()))).first;
+      to = it->second;
+    }
+    Message msg;
+    msg.from_node = h.from_node;
+    msg.from_cn = h.from_cn;
+    const char* p = buf + sizeof h + h.addr_len;
+    msg.payload.assign(p, p + h.len);
+    Handler hd;
+    {
+      std::lock_guard g(mu);
+      hd = handler;
+    }
+    msg.sender = to;
+    hd(msg, [&](const void* data, size_t n) { queue_send(to, data, n); });
+  }
+};
+
+LfRegionServer::LfRegionServer(Provider p, const std::string& listen_host, char* region, uint64_t size,
+                               uint16_t memnode_id, unsigned rma_lanes) {
+  auto& m = *this;
+  m.domain = lf::Domain::open(p, listen_host, /*rma_events=*/true);
+  // A CQ wait object only where fi_cq_sread really blocks and keeps progressing (tcp,
+  // verbs); on shm, activity is seen through the remote-operation counter instead.
+  m.ep = std::make_unique<lf::RawEndpoint>(m.domain, p != Provider::Shm);
+  m.region = region;
+  m.size = size;
+  m.id = memnode_id;
+  m.region_mr = std::make_unique<lf::MemoryRegion>(m.domain, region, size, FI_REMOTE_READ | FI_REMOTE_WRITE,
+                                                   kRegionKey + memnode_id);
+  m.region_mr->bind(m.ep->ep());
+  for (unsigned i = 0; i < rma_lanes; ++i) {
+    m.lanes.push_back(std::make_unique<lf::RawEndpoint>(m.domain, false));
+    m.region_mr->bind(m.lanes.back()->ep());
+  }
+  m.lane_ops = std::make_unique<std::atomic<uint64_t>[]>(rma_lanes);
+  m.lane_abandoned = std::make_unique<std::atomic<bool>[]>(rma_lanes);
+  for (unsigned i = 0; i < rma_lanes; ++i) {
+    m.lane_ops[i].store(0);
+    m.lane_abandoned[i].store(false);
+  }
+  m.bufs_mr = std::make_unique<lf::MemoryRegion>(m.domain, m.bufs.arena(), m.bufs.arena_bytes(),
+                                                 FI_SEND | FI_RECV, m.domain->next_local_key());
+  m.bufs_mr->bind(m.ep->ep());
+  for (size_t i = 0; i < 64; ++i) {
+    m.recv_bufs.push_back(m.bufs.alloc(lf::kWireMsgBytes));
+    m.recv_ctx.push_back(std::make_unique<fi_context2>());
+    m.post_recv(i);
+  }
+  m.handler = [](const Message& in, const std::function<void(const void*, size_t)>& reply) {
+    reply(in.payload.data(), in.payload.size());  // default: echo
+  };
+}
+
+std::vector<char> LfRegionServer::fabric_address() const { return this->ep->name(); }
+std::vector<std::vector<char>> LfRegionServer::rma_lane_addresses() const {
+  std::vector<std::vector<char>> out;
+  for (const auto& l : this->lanes) out.push_back(l->name());
+  return out;
+}
+uint64_t LfRegionServer::remote_base() const { return this->region_mr->remote_base(); }
+uint64_t LfRegionServer::key() const { return this->region_mr->key(); }
+std::string LfRegionServer::describe() const { return this->domain->describe(); }
+
+void LfRegionServer::add_client(uint32_t cn_id, const std::vector<char>& addr) {
+  fi_addr_t a = this->ep->insert(addr);
+  std::lock_guard g(this->mu);
+  this->clients[cn_id] = a;
+}
+
+void LfRegionServer::remove_client(uint32_t cn_id) {
+  std::lock_guard g(this->mu);
+  this->clients.erase(cn_id);
+}
+
+void LfRegionServer::set_handler(Handler h) {
+  std::lock_guard g(this->mu);
+  this->handler = std::move(h);
+}
+
+void LfRegionServer::send_to(uint64_t sender, const void* data, size_t len) {
+  this->queue_send(static_cast<fi_addr_t>(sender), data, len);
+}
+
+void LfRegionServer::set_tick(std::function<void()> tick, int period_ms) {
+  std::lock_guard g(this->mu);
+  this->tick = std::move(tick);
+  this->tick_ms = period_ms;
+}
+
+double LfRegionServer::progress_stalled_seconds() const {
+  const int64_t t = this->loop_ns.load(std::memory_order_relaxed);
+  if (t == 0) return 0;
+  return std::chrono::duration<double>(Clock::now() - Clock::time_point(Clock::duration(t))).count();
+}
+
+RegionServer::Stats LfRegionServer::stats() const {
+  RegionServer::Stats s{this->spins.load(), this->waits.load(), this->messages.load(), this->remote_ops(), {}};
+  for (size_t i = 0; i < this->lanes.size(); ++i) s.lane_ops.push_back(this->lane_ops[i].load());
+  return s;
+}
+
+void LfRegionServer::run(const std::atomic<bool>& stop) {
+  auto& m = *this;
+  fid_cq* cq = m.ep->cq();
+  // On shm and tcp the target's progress serves one-sided operations, which leave no
+  // completion here. Spin while there is a sign of work (a completion, a queued reply, a
+  // served remote operation) and for a window after it; when idle, block on the CQ's wait
+  // object (tcp, verbs: the provider keeps progressing inside) or, on shm, whose wait does
+  // not honour timeouts, poll with a short pause between polls.
+  const auto spin_window = std::chrono::milliseconds(5);
+  const bool blocking_wait = m.domain->provider() != Provider::Shm && m.lanes.empty();  // lanes need polling
+  const bool counted = m.ep->counts_remote_ops();
+  uint64_t remote_seen = m.remote_ops();
+  auto last_work = Clock::now();
+  auto next_tick = Clock::now();
+  // Fault injection for tests: with DMHNSW_FAULT_STALL_FILE=PATH all fabric progress stops
+  // once PATH exists (looked for every 100 ms); the control connection keeps answering, as
+  // with a wedged provider.
+  const char* stall_file = std::getenv("DMHNSW_FAULT_STALL_FILE");
+  if (stall_file != nullptr && *stall_file == '\0') stall_file = nullptr;
+  if (stall_file != nullptr)
+    spdlog::warn("memnode {}: DMHNSW_FAULT_STALL_FILE={}: fabric progress stops when it exists (fault injection)",
+                 m.id, stall_file);
+  auto next_stall_check = Clock::now();
+  auto next_lane_check = Clock::now();
+  m.lanes_stop.store(false);
+  if (!m.lanes.empty()) m.start_lane_thread();
+  struct LaneThreadStop {
+    LfRegionServer& m;
+    ~LaneThreadStop() { m.stop_lane_thread(); }
+  } lane_thread_stop{m};
+  while (!stop.load(std::memory_order_relaxed)) {
+    if (stall_file != nullptr && !m.fault_stall.load() && Clock::now() >= next_stall_check) {
+      next_stall_check = Clock::now() + std::chrono::milliseconds(100);
+      if (std::filesystem::exists(stall_file)) {
+        spdlog::warn("memnode {}: {} exists: fabric progress stops (fault injection)", m.id, stall_file);
+        m.fault_stall.store(true);
+      }
+    }
+    if (m.fault_stall.load(std::memory_order_relaxed)) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      continue;
+    }
+    m.loop_ns.store(Clock::now().time_since_epoch().count(), std::memory_order_relaxed);
+    if (Clock::now() >= next_tick) {
+      std::function<void()> t;
+      {
+        std::lock_guard g(m.mu);
+        t = m.tick;
+        next_tick = Clock::now() + std::chrono::milliseconds(m.tick_ms);
+      }
+      if (t) t();
+    }
+    m.flush_outbox();
+    if (Clock::now() >= next_lane_check) {
+      next_lane_check = Clock::now() + std::chrono::milliseconds(100);
+      m.check_lanes();
+    }
+    fi_cq_msg_entry e[16];
+    ssize_t rc = fi_cq_read(cq, e, 16);
+    if (rc == -FI_EAGAIN) {
+      auto now = Clock::now();
+      if (counted) {
+        uint64_t r = m.remote_ops();
+        if (r != remote_seen) {
+          remote_seen = r;
+          last_work = now;
+        }
+      }
+      if (!m.outbox.empty() || now - last_work < spin_window) {
+        ++m.spins;
+        sched_yield();  // share the core with local computenodes (2-core hosts)
+        continue;
+      }
+      ++m.waits;
+      if (blocking_wait) {
+        rc = fi_cq_sread(cq, e, 16, nullptr, 10);
+        if (rc == -FI_EAGAIN || rc == -FI_ETIMEDOUT) continue;
+        if (rc > 0) last_work = Clock::now();
+      } else {
+        std::this_thread::sleep_for(std::chrono::microseconds(counted ? 50 : 5));
+        continue;
+      }
+    }
+    if (rc == -FI_EAVAIL) {
+      fi_cq_err_entry err{};
+      if (fi_cq_readerr(cq, &err, 0) <= 0) continue;
+      if (m.complete_send(err.op_context)) {
+        spdlog::debug("memnode {}: a reply failed: {}", m.id, fi_strerror(err.err));
+        continue;
+      }
+      for (size_t i = 0; i < m.recv_ctx.size(); ++i)
+        if (err.op_context == m.recv_ctx[i].get() && err.err != FI_ECANCELED) m.post_recv(i);
+      continue;
+    }
+    if (rc < 0) {
+      spdlog::error("memnode {}: fi_cq_read: {}", m.id, fi_strerror(static_cast<int>(-rc)));
+      continue;
+    }
+    last_work = Clock::now();
+    for (ssize_t i = 0; i < rc; ++i) {
+      if (m.complete_send(e[i].op_context)) continue;
+      for (size_t slot = 0; slot < m.recv_ctx.size(); ++slot) {
+        if (e[i].op_context != m.recv_ctx[slot].get()) continue;
+        m.on_message(slot, e[i].len);
+        m.post_recv(slot);
+        break;
+      }
+    }
+  }
+}
+
+}  // namespace
+
+std::unique_ptr<RegionBackend> make_lf_region_server(Provider p, const std::string& listen_host, char* region,
+                                                     uint64_t size, uint16_t memnode_id, unsigned rma_lanes) {
+  return std::make_unique<LfRegionServer>(p, listen_host, region, size, memnode_id, rma_lanes);
+}
+
+}  // namespace dmhnsw::fabric

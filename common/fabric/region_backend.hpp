@@ -1,0 +1,38 @@
+#pragma once
+// Internal to common/fabric: the memory side of one provider, behind RegionServer (which
+// forwards every call). One implementation per transport family: libfabric (shm, tcp) and
+// rdma-core (verbs).
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/fabric/fabric_cluster.hpp"
+
+namespace dmhnsw::fabric {
+
+class RegionBackend {
+ public:
+  virtual ~RegionBackend() = default;
+  virtual std::vector<char> fabric_address() const = 0;
+  virtual std::vector<std::vector<char>> rma_lane_addresses() const = 0;
+  virtual uint64_t remote_base() const = 0;
+  virtual uint64_t key() const = 0;
+  virtual std::string describe() const = 0;
+  virtual void add_client(uint32_t cn_id, const std::vector<char>& fabric_addr) = 0;
+  virtual void remove_client(uint32_t cn_id) = 0;
+  virtual void set_handler(RegionServer::Handler h) = 0;
+  virtual void send_to(uint64_t sender, const void* data, size_t len) = 0;
+  virtual void set_tick(std::function<void()> tick, int period_ms) = 0;
+  virtual void run(const std::atomic<bool>& stop) = 0;
+  virtual RegionServer::Stats stats() const = 0;
+  virtual double progress_stalled_seconds() const = 0;
+};
+
+std::unique_ptr<RegionBackend> make_lf_region_server(Provider p, const std::string& listen_host, char* region,
+                                                     uint64_t size, uint16_t memnode_id, unsigned rma_lanes);
+std::unique_ptr<RegionBackend> make_verbs_region_server(const std::string& listen_host, char* region, uint64_t size,
+                                                        uint16_t memnode_id);
+
+}  // namespace dmhnsw::fabric
