@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "common/region.hpp"
+#include "memory/admin.hpp"
 
 namespace dmhnsw::compute {
 
@@ -45,6 +46,9 @@ SelftestResult run_selftest(fabric::Cluster& cluster, const SelftestOptions& o) 
       throw fabric::FabricError("memnode " + std::to_string(mn.id) + ": scratch area too small for computenode " +
                                 std::to_string(o.cn_id) + " (start the memnode with a larger --region)");
     RemotePtr base(mn.id, area);
+    // The memnode's CPU time around the one-sided checks (2-6): with an RDMA NIC it serves them
+    // without its CPU; libfabric's shm and tcp need its progress thread.
+    const admin::StatsReply cpu0 = admin::query_stats(*ep, mn.id);
     auto t0 = std::chrono::steady_clock::now();
 
     // 1. The header READ back equals what the bootstrap delivered (magic, id, size).
@@ -123,6 +127,14 @@ SelftestResult run_selftest(fabric::Cluster& cluster, const SelftestOptions& o) 
     // (Other computenodes may increment meanwhile: the word only ever grows.)
     check(probe != ~uint64_t{0} && probe != 0 && after >= probe,
           "a compare_swap with a wrong expected value changed the word");
+
+    const admin::StatsReply cpu1 = admin::query_stats(*ep, mn.id);
+    const double one_sided_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const double memnode_cpu_s = admin::cpu_seconds(cpu1) - admin::cpu_seconds(cpu0);
+    res.memnode_cpu_s += memnode_cpu_s;
+    if (o.verbose)
+      std::printf("memnode %u: process CPU %.3f s during %.3f s of one-sided checks (%llu ops)\n", mn.id,
+                  memnode_cpu_s, one_sided_s, static_cast<unsigned long long>(ep->counters().total_ops()));
 
     // 7. A message to the memnode comes back (echo).
     std::string ping = "ping from computenode " + std::to_string(o.cn_id);

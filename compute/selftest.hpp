@@ -19,6 +19,7 @@ struct SelftestResult {
   uint64_t checks = 0;
   uint64_t failures = 0;
   std::string first_failure;
+  double memnode_cpu_s = 0;  // memnodes' process CPU during the one-sided checks, summed
 };
 
 /// Throws FabricError when a memnode fails (dead peer, error completion).

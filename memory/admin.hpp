@@ -8,6 +8,8 @@
 //
 //   StoreRequest  computenode -> memnode   write the region to DIR/memnode-<id>.img
 //   StoreReply    memnode -> computenode   ok flag, bytes written, checksum, path or error
+//   StatsRequest  computenode -> memnode   how much CPU has the memnode process used?
+//   StatsReply    memnode -> computenode   its process CPU time (user, system) and messages served
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
@@ -22,7 +24,12 @@
 
 namespace dmhnsw::admin {
 
-enum class MsgType : uint32_t { StoreRequest = 0xD4A5'0001u, StoreReply = 0xD4A5'0002u };
+enum class MsgType : uint32_t {
+  StoreRequest = 0xD4A5'0001u,
+  StoreReply = 0xD4A5'0002u,
+  StatsRequest = 0xD4A5'0003u,
+  StatsReply = 0xD4A5'0004u,
+};
 
 inline constexpr size_t kDirBytes = 2048;      // directory path, NUL-terminated
 inline constexpr size_t kMessageBytes = 3072;  // reply text, NUL-terminated
@@ -60,12 +67,35 @@ static_assert(offsetof(StoreReply, ok) == 4 && offsetof(StoreReply, memnode_id) 
               offsetof(StoreReply, checksum) == 40 && offsetof(StoreReply, message) == 48);
 static_assert(sizeof(StoreReply) <= fabric::kMaxMessage);
 
+struct StatsRequest {
+  uint32_t type;  // MsgType::StatsRequest
+  uint32_t reserved;
+  uint64_t request_id;
+};
+static_assert(std::is_trivially_copyable_v<StatsRequest> && sizeof(StatsRequest) == 16 &&
+              offsetof(StatsRequest, request_id) == 8);
+
+// The memnode process's CPU time since it started (getrusage RUSAGE_SELF): with verbs the NIC
+// serves one-sided operations, so a run of READs and atomics should leave it where it was.
+struct StatsReply {
+  uint32_t type;  // MsgType::StatsReply
+  uint16_t memnode_id;
+  uint16_t reserved;
+  uint64_t request_id;
+  uint64_t cpu_user_us;
+  uint64_t cpu_system_us;
+  uint64_t messages;  // messages served by the progress thread so far
+};
+static_assert(std::is_trivially_copyable_v<StatsReply> && sizeof(StatsReply) == 40 &&
+              offsetof(StatsReply, request_id) == 8 && offsetof(StatsReply, cpu_user_us) == 16 &&
+              offsetof(StatsReply, messages) == 32);
+
 /// The type of an admin payload, or nullopt when the payload is not an admin message.
 inline std::optional<MsgType> message_type(const void* data, size_t len) {
   if (len < sizeof(uint32_t)) return std::nullopt;
   uint32_t t;
   std::memcpy(&t, data, sizeof t);
-  if (t == static_cast<uint32_t>(MsgType::StoreRequest) || t == static_cast<uint32_t>(MsgType::StoreReply))
+  if (t >= static_cast<uint32_t>(MsgType::StoreRequest) && t <= static_cast<uint32_t>(MsgType::StatsReply))
     return static_cast<MsgType>(t);
   return std::nullopt;
 }
@@ -101,5 +131,23 @@ inline StoreRequest make_store_request(const std::string& dir, uint64_t request_
   r.dir_len = put_text(r.dir, sizeof r.dir, dir);
   return r;
 }
+
+/// Asks memnode `node` for its CPU time over `ep` and waits for the answer (other messages that
+/// arrive meanwhile are dropped). Throws fabric::FabricError when it does not answer in time.
+inline StatsReply query_stats(fabric::Endpoint& ep, uint16_t node, int timeout_ms = 5000) {
+  static uint64_t next_id = 1;
+  StatsRequest req{static_cast<uint32_t>(MsgType::StatsRequest), 0, next_id++};
+  if (ep.send(node, &req, sizeof req) != fabric::Status::Ok)
+    throw fabric::FabricError("stats: sending the request to memnode " + std::to_string(node) + " failed");
+  for (;;) {
+    fabric::Message m = ep.recv(timeout_ms);
+    StatsReply rep;
+    if (m.from_node == node && decode(m.payload, MsgType::StatsReply, rep) && rep.request_id == req.request_id)
+      return rep;
+  }
+}
+
+/// CPU seconds (user + system) of a stats reply.
+inline double cpu_seconds(const StatsReply& r) { return static_cast<double>(r.cpu_user_us + r.cpu_system_us) / 1e6; }
 
 }  // namespace dmhnsw::admin

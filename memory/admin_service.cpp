@@ -1,5 +1,7 @@
 #include "memory/admin_service.hpp"
 
+#include <sys/resource.h>
+
 #include <spdlog/spdlog.h>
 
 #include <chrono>
@@ -59,11 +61,30 @@ admin::StoreReply store(const admin::StoreRequest& req, const char* region, uint
   return rep;
 }
 
+admin::StatsReply stats(const admin::StatsRequest& req, uint16_t memnode_id, uint64_t messages_served) {
+  rusage ru{};
+  getrusage(RUSAGE_SELF, &ru);
+  auto us = [](const timeval& t) { return static_cast<uint64_t>(t.tv_sec) * 1000000u + static_cast<uint64_t>(t.tv_usec); };
+  admin::StatsReply rep{};
+  rep.type = static_cast<uint32_t>(admin::MsgType::StatsReply);
+  rep.memnode_id = memnode_id;
+  rep.request_id = req.request_id;
+  rep.cpu_user_us = us(ru.ru_utime);
+  rep.cpu_system_us = us(ru.ru_stime);
+  rep.messages = messages_served;
+  return rep;
+}
+
 }  // namespace
 
 std::optional<std::vector<char>> handle_admin(const std::vector<char>& payload, const char* region,
-                                              uint64_t region_size, uint16_t memnode_id) {
+                                              uint64_t region_size, uint16_t memnode_id, uint64_t messages_served) {
   auto type = admin::message_type(payload.data(), payload.size());
+  if (type == admin::MsgType::StatsRequest) {
+    admin::StatsRequest req;
+    if (!admin::decode(payload, admin::MsgType::StatsRequest, req)) return std::nullopt;
+    return bytes_of(stats(req, memnode_id, messages_served));
+  }
   if (type != admin::MsgType::StoreRequest) return std::nullopt;
   admin::StoreRequest req;
   if (!admin::decode(payload, admin::MsgType::StoreRequest, req)) {

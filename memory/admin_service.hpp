@@ -11,7 +11,9 @@ namespace dmhnsw::memory {
 /// nullopt when it is not an admin message (the caller keeps its default: echo).
 /// StoreRequest: writes region bytes [0, region_used_bytes(header)) to DIR/memnode-<id>.img
 /// (DIR created if missing) with write_image; failures are reported in the reply, not thrown.
+/// StatsRequest: the process's CPU time and `messages_served`.
 std::optional<std::vector<char>> handle_admin(const std::vector<char>& payload, const char* region,
-                                              uint64_t region_size, uint16_t memnode_id);
+                                              uint64_t region_size, uint16_t memnode_id,
+                                              uint64_t messages_served = 0);
 
 }  // namespace dmhnsw::memory

@@ -106,10 +106,11 @@ int main(int argc, char** argv) {
         static_cast<uint16_t>(id),
         [&server](uint64_t to, const std::vector<char>& bytes) { server.send_to(to, bytes.data(), bytes.size()); },
         std::chrono::milliseconds(relay_timeout_ms));
-    server.set_handler([&mem, &relay, id](const fabric::Message& in,
-                                          const std::function<void(const void*, size_t)>& reply) {
+    server.set_handler([&mem, &relay, &server, id](const fabric::Message& in,
+                                                   const std::function<void(const void*, size_t)>& reply) {
       if (relay.on_message(in.payload, in.sender)) return;
-      if (auto out = memory::handle_admin(in.payload, mem.data(), mem.size(), static_cast<uint16_t>(id)))
+      if (auto out = memory::handle_admin(in.payload, mem.data(), mem.size(), static_cast<uint16_t>(id),
+                                          server.stats().messages))
         reply(out->data(), out->size());
       else
         reply(in.payload.data(), in.payload.size());

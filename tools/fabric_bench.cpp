@@ -10,10 +10,12 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <tuple>
 
 #include "common/fabric/fabric_cluster.hpp"
 #include "common/region.hpp"
 #include "common/units.hpp"
+#include "memory/admin.hpp"
 
 using namespace dmhnsw;
 using fabric::Completion;
@@ -39,8 +41,13 @@ struct Bench {
     std::vector<double> lat;
     auto end = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
     for (size_t i = 0; i < max_iters + 10 && Clock::now() < end; ++i) {
-      Op op = kind == fabric::OpKind::Read ? Op::read(base, buf.data(), size, i)
-                                           : Op::fetch_add(base, 1, buf.as<uint64_t>(), i);
+      Op op;
+      switch (kind) {
+        case fabric::OpKind::Read: op = Op::read(base, buf.data(), size, i); break;
+        case fabric::OpKind::Write: op = Op::write(base, buf.data(), size, i); break;
+        case fabric::OpKind::FetchAdd: op = Op::fetch_add(base, 1, buf.as<uint64_t>(), i); break;
+        case fabric::OpKind::CompareSwap: op = Op::compare_swap(base, i, i + 1, buf.as<uint64_t>(), i); break;
+      }
       auto t0 = Clock::now();
       if (ep.post(op) != Status::Ok) throw fabric::FabricError("post failed");
       drain(1);
@@ -97,8 +104,9 @@ struct Bench {
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"fabric-bench: READ latency (64 B .. 4 MiB), READ throughput with 1, 8 and 32 in flight and "
-               "with doorbell batches, and fetch_add latency, against the scratch area of a live memnode"};
+  CLI::App app{"fabric-bench: READ latency (64 B .. 4 MiB), 512 B WRITE, FETCH_ADD and COMPARE_SWAP latency, READ "
+               "throughput with 1, 8 and 32 in flight and with doorbell batches, and the memnode's process CPU over "
+               "the run, against the scratch area of a live memnode"};
   std::string memnodes, provider = "shm", token_file, json_out, max_size = "4MiB";
   double seconds = 0.5;
   size_t iters = 20000;
@@ -126,6 +134,9 @@ int main(int argc, char** argv) {
     auto ep = cluster->make_endpoint(std::max<uint64_t>(64u << 20, 40 * std::min<uint64_t>(top, 4u << 20)));
     Bench b{*ep, RemotePtr(mn.id, h.scratch_offset), h.scratch_size, seconds};
 
+    // The memnode's process CPU over the whole run: with verbs the NIC serves every operation.
+    const admin::StatsReply cpu0 = admin::query_stats(*ep, mn.id);
+    const auto run0 = Clock::now();
     nlohmann::json report;
     report["provider"] = provider;
     report["memnode"] = mn.address;
@@ -142,26 +153,45 @@ int main(int argc, char** argv) {
                   r["gbytes_per_s_p50"].get<double>());
       report["read_latency"].push_back(r);
     }
-    auto fa = b.latency(fabric::OpKind::FetchAdd, 8, iters);
-    std::printf("%-12s %10.2f %10.2f %10.2f %8zu\n\n", "FETCH_ADD", fa["p50_us"].get<double>(),
-                fa["p99_us"].get<double>(), fa["min_us"].get<double>(), fa["iters"].get<size_t>());
-    report["fetch_add_latency"] = fa;
+    for (auto [kind, size, key] : {std::tuple{fabric::OpKind::Write, size_t{512}, "write_512_latency"},
+                                   std::tuple{fabric::OpKind::FetchAdd, size_t{8}, "fetch_add_latency"},
+                                   std::tuple{fabric::OpKind::CompareSwap, size_t{8}, "compare_swap_latency"}}) {
+      auto r = b.latency(kind, size, iters);
+      const std::string label = kind == fabric::OpKind::Write ? "WRITE 512 B" : fabric::op_name(kind);
+      std::printf("%-12s %10.2f %10.2f %10.2f %8zu\n", label.c_str(), r["p50_us"].get<double>(),
+                  r["p99_us"].get<double>(), r["min_us"].get<double>(), r["iters"].get<size_t>());
+      report[key] = r;
+    }
+    std::printf("\n");
 
     std::printf("READs spread over the whole scratch area (%s), as an index is read:\n",
                 format_bytes(h.scratch_size).c_str());
-    std::printf("%-12s %9s %6s %10s %10s %10s\n", "READ size", "in flight", "batch", "Mops/s", "GB/s", "doorbells");
+    std::printf("%-12s %9s %6s %10s %10s %10s %9s\n", "READ size", "in flight", "batch", "Mops/s", "GB/s", "doorbells",
+                "ops/bell");
     for (uint64_t s : {uint64_t{512}, uint64_t{4096}, uint64_t{64} << 10, uint64_t{1} << 20}) {
       if (s > top) continue;
       for (auto [depth, batch] : {std::pair<size_t, size_t>{1, 1}, {8, 1}, {32, 1}, {8, 8}, {32, 32}}) {
         auto r = b.throughput(s, depth, batch);
-        std::printf("%-12s %9zu %6zu %10.3f %10.3f %10llu\n", format_bytes(s).c_str(), depth, batch,
-                    r["mops"].get<double>(), r["gbytes_per_s"].get<double>(),
-                    static_cast<unsigned long long>(r["doorbells"].get<uint64_t>()));
+        const auto bells = r["doorbells"].get<uint64_t>();
+        std::printf("%-12s %9zu %6zu %10.3f %10.3f %10llu %9.1f\n", format_bytes(s).c_str(), depth, batch,
+                    r["mops"].get<double>(), r["gbytes_per_s"].get<double>(), static_cast<unsigned long long>(bells),
+                    bells == 0 ? 0.0 : static_cast<double>(r["ops"].get<uint64_t>()) / static_cast<double>(bells));
         report["read_throughput"].push_back(r);
       }
     }
+    const admin::StatsReply cpu1 = admin::query_stats(*ep, mn.id);
+    const double wall = std::chrono::duration<double>(Clock::now() - run0).count();
+    const double cpu = admin::cpu_seconds(cpu1) - admin::cpu_seconds(cpu0);
+    report["memnode_cpu_s"] = cpu;
+    report["wall_s"] = wall;
+    report["ops"] = ep->counters().total_ops();
+    report["doorbells"] = ep->counters().doorbells;
+    std::printf("\nmemnode process CPU: %.3f s during %.2f s of measurements (%.1f%% of one core), %llu operations\n",
+                cpu, wall, 100.0 * cpu / wall, static_cast<unsigned long long>(ep->counters().total_ops()));
     if (!json_out.empty()) {
-      std::ofstream(json_out) << report.dump(2) << "\n";
+      const std::string tmp = json_out + ".tmp";
+      std::ofstream(tmp) << report.dump(2) << "\n";
+      std::rename(tmp.c_str(), json_out.c_str());
       std::printf("\nwrote %s\n", json_out.c_str());
     }
     return 0;
