@@ -52,14 +52,17 @@ static_assert(sizeof(ConnectRequest) == 32 && offsetof(ConnectRequest, cn_id) ==
               offsetof(ConnectRequest, nonce) == 16);
 static_assert(sizeof(ConnectRequest) <= 56);  // rdma_cm's connect private data limit (RDMA_PS_TCP)
 
-// The welcome's fabric address for verbs: the port of the memnode's rdma_cm listener (its IP
-// is the control port's host) and the region's rkey width check.
+// The welcome's fabric address for verbs: where the memnode's rdma_cm listener is bound. Its
+// IP may differ from the control port's (without a token the control port stays on loopback,
+// which no RDMA device routes); a wildcard listener (0.0.0.0) means "the control port's host".
 struct ListenAddress {
-  uint32_t magic;  // kConnectMagic
-  uint16_t port;   // host byte order
+  uint32_t magic;    // kConnectMagic
+  uint16_t port;     // host byte order
   uint16_t reserved;
+  uint8_t ipv4[4];   // network byte order; all zero: the control host
 };
-static_assert(sizeof(ListenAddress) == 8 && offsetof(ListenAddress, port) == 4);
+static_assert(sizeof(ListenAddress) == 12 && offsetof(ListenAddress, port) == 4 &&
+              offsetof(ListenAddress, ipv4) == 8);
 
 // Header of every SEND. The receiver knows the sender from the queue pair it arrived on:
 // the header carries no address and is not trusted for identity.

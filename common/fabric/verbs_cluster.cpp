@@ -57,6 +57,11 @@ class VerbsCluster final : public ControlledCluster, public std::enable_shared_f
         throw FabricError(node_name(i) + ": its welcome carries no verbs listen address (is it a --provider verbs "
                                          "memnode of this version?)");
       ports_.push_back(la.port);
+      const uint8_t* ip = la.ipv4;
+      hosts_.push_back(ip[0] == 0 && ip[1] == 0 && ip[2] == 0 && ip[3] == 0
+                           ? peer(i).host
+                           : std::to_string(ip[0]) + "." + std::to_string(ip[1]) + "." + std::to_string(ip[2]) + "." +
+                                 std::to_string(ip[3]));
     }
     open_device();
   }
@@ -67,6 +72,8 @@ class VerbsCluster final : public ControlledCluster, public std::enable_shared_f
   ibv_pd* pd() const { return pd_.get(); }
   const verbs::DeviceLimits& limits() const { return limits_; }
   uint16_t port(uint16_t node) const { return ports_[node]; }
+  /// The IP of the memnode's rdma_cm listener.
+  const std::string& host(uint16_t node) const { return hosts_[node]; }
   const std::array<uint8_t, verbs::kNonceBytes>& nonce() const { return nonce_; }
   const std::string& device_description() const { return description_; }
 
@@ -78,9 +85,9 @@ class VerbsCluster final : public ControlledCluster, public std::enable_shared_f
     rdma_cm_id* id = nullptr;
     if (rdma_create_id(nullptr, &id, nullptr, RDMA_PS_TCP) != 0) verbs::fail_errno("rdma_create_id");
     probe_ = verbs::CmId(id);
-    sockaddr_storage dst = verbs::resolve(peer(0).host, ports_[0], node_name(0));
+    sockaddr_storage dst = verbs::resolve(hosts_[0], ports_[0], node_name(0));
     if (rdma_resolve_addr(id, nullptr, reinterpret_cast<sockaddr*>(&dst), kConnectTimeoutMs) != 0)
-      verbs::fail_errno(node_name(0) + ": rdma_resolve_addr (" + peer(0).host + " is not reachable through an RDMA "
+      verbs::fail_errno(node_name(0) + ": rdma_resolve_addr (" + hosts_[0] + " is not reachable through an RDMA "
                         "device: is the memnode's --listen the IP of a RoCE/IPoIB interface?)");
     if (id->verbs == nullptr) throw FabricError(node_name(0) + ": rdma_cm resolved no RDMA device");
     limits_ = verbs::query_device(id->verbs);
@@ -93,6 +100,7 @@ class VerbsCluster final : public ControlledCluster, public std::enable_shared_f
 
   std::array<uint8_t, verbs::kNonceBytes> nonce_{};
   std::vector<uint16_t> ports_;
+  std::vector<std::string> hosts_;
   verbs::CmId probe_;
   verbs::PdPtr pd_;
   verbs::DeviceLimits limits_;
@@ -260,7 +268,7 @@ void VerbsEndpoint::connect_node(uint16_t node) {
   rdma_cm_id* id = nullptr;
   if (rdma_create_id(events_.get(), &id, nullptr, RDMA_PS_TCP) != 0) verbs::fail_errno("rdma_create_id");
   c.cm = verbs::CmId(id);
-  sockaddr_storage dst = verbs::resolve(cluster_->peer(node).host, cluster_->port(node), who);
+  sockaddr_storage dst = verbs::resolve(cluster_->host(node), cluster_->port(node), who);
   if (rdma_resolve_addr(id, nullptr, reinterpret_cast<sockaddr*>(&dst), kConnectTimeoutMs) != 0)
     verbs::fail_errno(who + ": rdma_resolve_addr");
   rdma_ack_cm_event(wait_event(id, RDMA_CM_EVENT_ADDR_RESOLVED, who + ": resolving its RDMA address"));

@@ -163,7 +163,11 @@ VerbsRegionServer::VerbsRegionServer(const std::string& listen_host, char* regio
   }
   if (rdma_listen(lid, 64) != 0) verbs::fail_errno("rdma_listen");
   port_ = ntohs(rdma_get_src_port(lid));
-  description_ = verbs::describe(limits_) + ", rdma_cm port " + std::to_string(port_);
+  char ip[INET_ADDRSTRLEN] = "?";
+  const sockaddr* la = rdma_get_local_addr(lid);
+  if (la != nullptr && la->sa_family == AF_INET)
+    inet_ntop(AF_INET, &reinterpret_cast<const sockaddr_in*>(la)->sin_addr, ip, sizeof ip);
+  description_ = verbs::describe(limits_) + ", rdma_cm on " + ip + ":" + std::to_string(port_);
 }
 
 VerbsRegionServer::~VerbsRegionServer() {
@@ -176,7 +180,10 @@ VerbsRegionServer::~VerbsRegionServer() {
 }
 
 std::vector<char> VerbsRegionServer::fabric_address() const {
-  verbs::ListenAddress a{verbs::kConnectMagic, port_, 0};
+  verbs::ListenAddress a{verbs::kConnectMagic, port_, 0, {}};
+  const sockaddr* sa = rdma_get_local_addr(listen_.id);
+  if (sa != nullptr && sa->sa_family == AF_INET)
+    std::memcpy(a.ipv4, &reinterpret_cast<const sockaddr_in*>(sa)->sin_addr, sizeof a.ipv4);
   std::vector<char> out(sizeof a);
   std::memcpy(out.data(), &a, sizeof a);
   return out;
