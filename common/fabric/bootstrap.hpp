@@ -110,7 +110,7 @@ class ControlServer {
   std::string bound() const { return bound_; }
   /// Serves until stop() (poll loop in the calling thread).
   void run();
-  void stop() { stop_.store(true); }
+  void stop();
 
  private:
   void accept_one();
@@ -119,6 +119,7 @@ class ControlServer {
   int listen_fd_ = -1;
   std::string bound_;
   std::atomic<bool> stop_{false};
+  int wake_fd_ = -1;  // eventfd: stop() wakes run() at once, so run() need not wake to look
   struct Client {
     int fd;
     uint32_t cn_id;

@@ -1,0 +1,98 @@
+#!/usr/bin/env bash
+# Runs inside a soft-RoCE guest (tools/rxe-vm.sh): one scenario of tests/rxe/test_rxe.cpp over
+# --provider verbs. Prints what the test checks; logs and reports go to DIR (shared with the
+# host). Usage: guest.sh CASE BIN_DIR DIR [ARGS...]
+set -uo pipefail
+CASE=$1 B=$2 W=$3
+shift 3
+IP=${RXE_VM_IP:-10.77.0.1}
+PIDS=()
+trap 'for p in "${PIDS[@]}"; do kill -TERM "$p" 2>/dev/null; done; wait 2>/dev/null' EXIT
+
+# start_memnode ID [memnode flags...]: starts it on this guest's rxe address; sets MN (HOST:PORT).
+start_memnode() {
+  local id=$1
+  shift
+  rm -f "$W/memnode$id.ready"
+  "$B/memnode" --provider verbs --id "$id" --listen "$IP:0" --region 128MiB --ready-file "$W/memnode$id.ready" \
+    "$@" >"$W/memnode$id.log" 2>&1 &
+  PIDS+=($!)
+  MNPID=$!
+  for _ in $(seq 600); do
+    [[ -s $W/memnode$id.ready ]] && break
+    kill -0 "$MNPID" 2>/dev/null || { echo "memnode $id exited at start:"; cat "$W/memnode$id.log"; exit 1; }
+    sleep 0.05
+  done
+  [[ -s $W/memnode$id.ready ]] || { echo "memnode $id not ready in 30 s:"; cat "$W/memnode$id.log"; exit 1; }
+  MN=$(cat "$W/memnode$id.ready")
+}
+
+# perftest beside us on the same device: a server in the background, the client against it.
+perftest() {
+  local tool=$1
+  shift
+  "$tool" -d "${RXE_VM_DEV:-rxe0}" "$@" >"$W/$tool-server.log" 2>&1 &
+  sleep 1
+  "$tool" -d "${RXE_VM_DEV:-rxe0}" "$@" "$IP" 2>&1 | grep -A1 '#bytes' | tail -1 | sed "s/^/$tool: /"
+}
+
+case $CASE in
+  selftest-bench)
+    # The transport's checks, then fabric-bench's latency and doorbell columns and the
+    # memnode's CPU, then perftest on the same rxe device.
+    start_memnode 0
+    "$B/computenode" --provider verbs --memnodes "$MN" selftest --atomics 500 || exit 1
+    "$B/fabric-bench" --provider verbs --memnodes "$MN" --seconds 0.15 --max-size 4KiB --iters 2000 \
+      --json "$W/fabric-bench.json" || exit 1
+    perftest ib_read_lat -s 512 -n 2000
+    perftest ib_atomic_lat -n 2000
+    ;;
+  shine)
+    # A small shine build and query over two memnodes; the host compares recall with shm.
+    start_memnode 0; M0=$MN
+    start_memnode 1; M1=$MN
+    CN=("$B/computenode" --mode shine --provider verbs --memnodes "$M0,$M1" --cn-id 0 --num-cns 1)
+    "${CN[@]}" build --data "$1" --m 12 --ef-construction 80 --threads 1 --report "$W/build.json" || exit 1
+    "${CN[@]}" query --workload "$2" --k 10 --ef-search 32 --threads 1 --coroutines 2 --report "$W/query.json" || exit 1
+    ;;
+  dhnsw)
+    # d-HNSW images built on the host, served by two memnodes, queried over verbs.
+    start_memnode 0 --load "$1.0"; M0=$MN
+    start_memnode 1 --load "$1.1"; M1=$MN
+    "$B/computenode" --mode dhnsw --provider verbs --memnodes "$M0,$M1" --cn-id 0 --num-cns 1 \
+      query --workload "$2" --k 10 --ef-search 32 --threads 1 --report "$W/query.json" || exit 1
+    ;;
+  kill)
+    # A memnode killed under a computenode's reads: the computenode fails naming it, fast.
+    start_memnode 0
+    "$B/computenode" --provider verbs --memnodes "$MN" selftest --atomics 10 --loop 60 >"$W/cn.log" 2>&1 &
+    CNPID=$!
+    for _ in $(seq 600); do grep -q "selftest\|all checks" "$W/cn.log" && break; sleep 0.05; done
+    sleep 1
+    kill -KILL "$MNPID"
+    t0=$(date +%s.%N)
+    wait "$CNPID"
+    rc=$?
+    t1=$(date +%s.%N)
+    cat "$W/cn.log"
+    echo "computenode exit $rc after $(awk "BEGIN{printf \"%.2f\", $t1 - $t0}") s"
+    ;;
+  pair-memnode)
+    # Guest A of --pair: a memnode on its NIC's address, reachable from guest B with the token.
+    start_memnode 0
+    echo "$MN" >"$W/pair.addr.tmp" && mv "$W/pair.addr.tmp" "$W/pair.addr"
+    for _ in $(seq 1200); do [[ -e $W/pair.done ]] && break; sleep 0.1; done
+    ;;
+  pair-computenode)
+    # Guest B of --pair: waits for A's memnode, runs the selftest across the two guests.
+    for _ in $(seq 1200); do [[ -s $W/pair.addr ]] && break; sleep 0.1; done
+    "$B/computenode" --provider verbs --memnodes "$(cat "$W/pair.addr")" selftest --atomics 20
+    rc=$?
+    touch "$W/pair.done"
+    exit $rc
+    ;;
+  *)
+    echo "guest.sh: unknown case $CASE" >&2
+    exit 2
+    ;;
+esac

@@ -1,0 +1,158 @@
+// The verbs provider on soft-RoCE: each case boots a QEMU guest with rdma_rxe (tools/rxe-vm.sh),
+// runs real memnode and computenode processes there over --provider verbs (tests/rxe/guest.sh)
+// and checks what they print and report. Data and reference runs (shm) are made on the host.
+// Skipped, with the reason, only where QEMU cannot run at all.
+#include <catch2/catch.hpp>
+
+#include <nlohmann/json.hpp>
+
+#include <optional>
+
+#include "../integration/proc.hpp"
+
+using namespace dmhnsw::testing;
+using Catch::Contains;
+using std::chrono::seconds;
+
+namespace {
+
+const std::string kSource = DMHNSW_SOURCE_DIR;
+
+// Why no guest can run here (qemu or a kernel with rdma_rxe missing), or nullopt.
+std::optional<std::string> cannot_boot() {
+  TempDir dir;
+  auto r = run({kSource + "/tools/rxe-vm.sh", "--check"}, dir, "check", seconds(60));
+  if (r.code == 0) return std::nullopt;
+  return r.output;
+}
+
+#define REQUIRE_GUEST()                      \
+  if (auto why = cannot_boot()) {            \
+    WARN("SKIPPED: no QEMU guest: " << *why); \
+    return;                                  \
+  }
+
+// Runs `guest.sh CASE BIN DIR ARGS...` in one guest, DIR shared read-write.
+RunResult in_guest(const TempDir& dir, const std::string& name, std::vector<std::string> args, int timeout_s = 300) {
+  std::vector<std::string> argv{kSource + "/tools/rxe-vm.sh", "--share", dir.path.string(), "--timeout",
+                                std::to_string(timeout_s), "--", "bash", kSource + "/tests/rxe/guest.sh", name,
+                                std::string(DMHNSW_BIN_DIR), dir.path.string()};
+  argv.insert(argv.end(), args.begin(), args.end());
+  return run(argv, dir, "guest-" + name, seconds(timeout_s + 60));
+}
+
+double recall_of(const std::string& report) { return load_json(report)["runs"][0]["recall"].get<double>(); }
+
+}  // namespace
+
+TEST_CASE("verbs on soft-RoCE: selftest, one doorbell per batch, the memnode's CPU idle, perftest beside it",
+          "[rxe]") {
+  REQUIRE_GUEST();
+  TempDir dir;
+  auto r = in_guest(dir, "selftest-bench", {});
+  INFO(r.output);
+  REQUIRE(r.code == 0);
+  CHECK_THAT(r.output, Contains("all checks passed") && Contains("selftest: 8 checks, 0 failed"));
+  auto fb = load_json(dir.file("fabric-bench.json"));
+  CHECK(fb["provider"] == "verbs");
+  // Every doorbell batch of B reads went out as one ibv_post_send.
+  for (const auto& t : fb["read_throughput"]) {
+    const uint64_t ops = t["ops"], bells = t["doorbells"], batch = t["batch"];
+    CHECK(ops == bells * batch);
+  }
+  // The NIC serves READs and atomics: the memnode process sleeps through the whole run
+  // (on shm or tcp its progress thread takes a core).
+  const double cpu = fb["memnode_cpu_s"], wall = fb["wall_s"];
+  INFO("memnode CPU " << cpu << " s in " << wall << " s");
+  CHECK(cpu < 0.05 * wall);
+  CHECK(fb["ops"].get<uint64_t>() > 10000);
+  CHECK_THAT(r.output, Contains("ib_read_lat: ") && Contains("ib_atomic_lat: "));
+  WARN("fabric-bench 512 B READ p50 " << fb["read_latency"][2]["p50_us"] << " us, FETCH_ADD p50 "
+                                      << fb["fetch_add_latency"]["p50_us"] << " us; memnode CPU " << cpu << " s in "
+                                      << wall << " s; perftest:\n"
+                                      << r.output.substr(r.output.find("ib_read_lat: ")));
+}
+
+TEST_CASE("verbs on soft-RoCE: a shine build and query answer as over shm", "[rxe]") {
+  REQUIRE_GUEST();
+  SmallData d(200);
+  TempDir dir;
+  // The reference: the same build and query over shm on the host.
+  {
+    Memnode m0(dir, 0, "shm"), m1(dir, 1, "shm");
+    auto cn = [&](std::vector<std::string> rest) {
+      return computenode_args("shine", "shm", m0.address + "," + m1.address, 0, 1, rest);
+    };
+    auto b = run(cn({"build", "--data", d.base, "--m", "12", "--ef-construction", "80", "--threads", "1"}), dir, "b");
+    REQUIRE(b.code == 0);
+    auto q = run(cn({"query", "--workload", d.wl, "--k", "10", "--ef-search", "32", "--threads", "1", "--coroutines",
+                     "2", "--report", dir.file("shm.json")}),
+                 dir, "q");
+    REQUIRE(q.code == 0);
+  }
+  auto r = in_guest(dir, "shine", {d.base, d.wl});
+  INFO(r.output);
+  REQUIRE(r.code == 0);
+  auto br = load_json(dir.file("build.json"));
+  CHECK(br["inserted"] == 3000);
+  const double shm = recall_of(dir.file("shm.json")), verbs = recall_of(dir.file("query.json"));
+  INFO("recall@10: shm " << shm << ", verbs " << verbs);
+  CHECK(verbs >= 0.9);
+  CHECK(verbs == Approx(shm).margin(0.01));  // one builder, one thread: the same graph up to level draws
+  CHECK(load_json(dir.file("query.json"))["provider"] == "verbs");
+}
+
+TEST_CASE("verbs on soft-RoCE: a d-HNSW query answers as over shm", "[rxe]") {
+  REQUIRE_GUEST();
+  SmallData d(200);
+  TempDir dir;
+  const std::string img = dir.file("idx.img");
+  auto b = run({bin("dhnsw-build"), "--data", d.base, "--partitions", "8", "--m", "16", "--ef-construction", "80",
+                "--memnodes", "2", "--out", img},
+               dir, "dhnsw-build", seconds(300));
+  REQUIRE(b.code == 0);
+  {
+    Memnode m0(dir, 0, "shm", "127.0.0.1:0", {"--load", img + ".0"}), m1(dir, 1, "shm", "127.0.0.1:0", {"--load", img + ".1"});
+    auto q = run(computenode_args("dhnsw", "shm", m0.address + "," + m1.address, 0, 1,
+                                  {"query", "--workload", d.wl, "--k", "10", "--ef-search", "32", "--threads", "1",
+                                   "--report", dir.file("shm.json")}),
+                 dir, "q");
+    REQUIRE(q.code == 0);
+  }
+  auto r = in_guest(dir, "dhnsw", {img, d.wl});
+  INFO(r.output);
+  REQUIRE(r.code == 0);
+  const double shm = recall_of(dir.file("shm.json")), verbs = recall_of(dir.file("query.json"));
+  INFO("recall@10: shm " << shm << ", verbs " << verbs);
+  CHECK(verbs >= 0.9);
+  CHECK(verbs == Approx(shm).margin(1e-9));  // the same image, the same searches
+}
+
+TEST_CASE("verbs on soft-RoCE: a memnode killed under a computenode's reads is named within seconds", "[rxe]") {
+  REQUIRE_GUEST();
+  TempDir dir;
+  auto r = in_guest(dir, "kill", {});
+  INFO(r.output);
+  REQUIRE(r.code == 0);
+  CHECK_THAT(r.output, Contains("memnode 0") && Contains("unreachable"));
+  auto at = r.output.find("computenode exit ");
+  REQUIRE(at != std::string::npos);
+  int code = -1;
+  double secs = 1e9;
+  std::sscanf(r.output.c_str() + at, "computenode exit %d after %lf s", &code, &secs);
+  CHECK(code != 0);
+  CHECK(secs < 10.0);  // the guest runs ~10x slower than the host; the host-side deadline is 5 s
+}
+
+TEST_CASE("verbs on soft-RoCE: a memnode in one guest, a computenode in another", "[rxe]") {
+  REQUIRE_GUEST();
+  TempDir dir;
+  const std::string guest = kSource + "/tests/rxe/guest.sh", b = DMHNSW_BIN_DIR, w = dir.path.string();
+  auto r = run({kSource + "/tools/rxe-vm.sh", "--pair", "--share", w, "--env", "DMHNSW_TOKEN=rxe-pair-token",
+                "--timeout", "300", "--", "bash " + guest + " pair-memnode " + b + " " + w,
+                "bash " + guest + " pair-computenode " + b + " " + w},
+               dir, "pair", seconds(360));
+  INFO(r.output);
+  REQUIRE(r.code == 0);
+  CHECK_THAT(r.output, Contains("B| ") && Contains("all checks passed") && Contains("selftest: 8 checks, 0 failed"));
+}
