@@ -1,5 +1,6 @@
 // computenode: does all the computing; reads the index from memnodes with one-sided
 // operations. This file is the control path: flags, connection, dispatch to subcommands.
+#include <unistd.h>
 #include <spdlog/spdlog.h>
 
 #include <CLI/CLI.hpp>
@@ -10,6 +11,7 @@
 #include "common/region.hpp"
 #include "common/units.hpp"
 #include "compute/dhnsw/query.hpp"
+#include "compute/memnode_cpu.hpp"
 #include "compute/selftest.hpp"
 #include "compute/shine/engine.hpp"
 #include "compute/store.hpp"
@@ -203,11 +205,20 @@ int main(int argc, char** argv) {
     auto cluster = fabric::connect_cluster(co);
     spdlog::info("connected to {} memnode(s) over {}", cluster->memnodes().size(), provider);
     if (!*build && !*insert && !*query) print_headers(*cluster);
-    auto write_report = [](const std::string& path, const nlohmann::json& r) {
+    // Runs that write a report measure the memnodes' CPU over the run (memnode_cpu).
+    std::unique_ptr<compute::MemnodeCpuMeter> cpu;
+    if (!build_report.empty() || !query_report.empty()) cpu = std::make_unique<compute::MemnodeCpuMeter>(*cluster);
+    auto write_report = [&cpu](const std::string& path, nlohmann::json r) {
       if (path.empty()) return;
-      std::ofstream out(path);
-      if (!out) throw std::runtime_error("--report: cannot write '" + path + "'");
-      out << r.dump(2) << "\n";
+      if (cpu) r["memnode_cpu"] = cpu->since_start();
+      const std::string tmp = path + ".tmp." + std::to_string(::getpid());
+      {
+        std::ofstream out(tmp);
+        if (!out) throw std::runtime_error("--report: cannot write '" + tmp + "'");
+        out << r.dump(2) << "\n";
+        if (!out) throw std::runtime_error("--report: writing '" + tmp + "' failed");
+      }
+      if (std::rename(tmp.c_str(), path.c_str()) != 0) throw std::runtime_error("--report: cannot rename to '" + path + "'");
       std::printf("report: %s\n", path.c_str());
     };
     shine::RunContext rc{cluster.get(), cn_id, num_cns, provider};

@@ -95,6 +95,13 @@ TEST_CASE("verbs on soft-RoCE: a shine build and query answer as over shm", "[rx
   REQUIRE(r.code == 0);
   auto br = load_json(dir.file("build.json"));
   CHECK(br["inserted"] == 3000);
+  // The build's READs, WRITEs, FETCH_ADDs (allocation) and CASes (locks) cost the memnodes no CPU.
+  const double wall = br["memnode_cpu"]["wall_s"];
+  for (const auto& s : br["memnode_cpu"]["seconds"]) {
+    INFO("a memnode's CPU during the build: " << s << " s in " << wall << " s");
+    CHECK(s.get<double>() < 0.05 * wall);
+  }
+  WARN("shine build over verbs: memnode CPU " << br["memnode_cpu"].dump() << ", " << br["doorbells"] << " doorbells");
   const double shm = recall_of(dir.file("shm.json")), verbs = recall_of(dir.file("query.json"));
   INFO("recall@10: shm " << shm << ", verbs " << verbs);
   CHECK(verbs >= 0.9);

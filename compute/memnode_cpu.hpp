@@ -1,0 +1,30 @@
+#pragma once
+// The memnodes' process CPU time over a run, for reports: with RDMA NICs (verbs) the memory
+// side serves one-sided operations without its CPU; with libfabric shm and tcp its progress
+// thread serves them. Asked with admin StatsRequests on an endpoint of its own.
+#include <chrono>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <vector>
+
+#include "common/fabric/transport.hpp"
+
+namespace dmhnsw::compute {
+
+class MemnodeCpuMeter {
+ public:
+  /// Reads every memnode's CPU time now (the start of the run).
+  explicit MemnodeCpuMeter(fabric::Cluster& cluster);
+  /// {"seconds": [per memnode CPU s since the start], "wall_s": s since the start}; memnodes
+  /// that do not answer (dead) get null.
+  nlohmann::json since_start();
+
+ private:
+  std::vector<double> read();
+  fabric::Cluster& cluster_;
+  std::unique_ptr<fabric::Endpoint> ep_;
+  std::vector<double> start_;
+  std::chrono::steady_clock::time_point t0_;
+};
+
+}  // namespace dmhnsw::compute
