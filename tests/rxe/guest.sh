@@ -42,6 +42,11 @@ case $CASE in
     # memnode's CPU, then perftest on the same rxe device.
     start_memnode 0
     "$B/computenode" --provider verbs --memnodes "$MN" selftest --atomics 500 || exit 1
+    # An outsider that never passed the control port's check asks the rdma_cm port for a queue pair.
+    CM_PORT=$(grep -o 'rdma_cm on [0-9.]*:[0-9]*' "$W/memnode0.log" | head -1 | sed 's/.*://')
+    timeout 20 rping -c -a "$IP" -p "$CM_PORT" -C 1 >"$W/rping.log" 2>&1
+    echo "outsider rping exit $?"
+    grep "refused a queue pair" "$W/memnode0.log"
     "$B/fabric-bench" --provider verbs --memnodes "$MN" --seconds 0.15 --max-size 4KiB --iters 2000 \
       --json "$W/fabric-bench.json" || exit 1
     perftest ib_read_lat -s 512 -n 2000

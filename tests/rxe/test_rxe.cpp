@@ -53,6 +53,9 @@ TEST_CASE("verbs on soft-RoCE: selftest, one doorbell per batch, the memnode's C
   INFO(r.output);
   REQUIRE(r.code == 0);
   CHECK_THAT(r.output, Contains("all checks passed") && Contains("selftest: 8 checks, 0 failed"));
+  // rdma_cm admits queue pairs only for computenodes that joined through the control port.
+  CHECK_THAT(r.output, Contains("refused a queue pair"));
+  CHECK_THAT(r.output, !Contains("outsider rping exit 0"));
   auto fb = load_json(dir.file("fabric-bench.json"));
   CHECK(fb["provider"] == "verbs");
   // Every doorbell batch of B reads went out as one ibv_post_send.
