@@ -1,7 +1,20 @@
 #!/usr/bin/env bash
 # Installs every build and run dependency of dmhnsw from Debian packages.
 # Idempotent: does nothing when all packages are present. Needs root (or sudo).
+#
+#   tools/install-deps.sh              build and run dependencies
+#   tools/install-deps.sh --with-rxe   also what tools/rxe-vm.sh needs to run the verbs
+#                                      transport's tests in a QEMU guest with soft-RoCE
 set -euo pipefail
+
+with_rxe=0
+for arg in "$@"; do
+  case $arg in
+    --with-rxe) with_rxe=1 ;;
+    -h|--help) sed -n '2,7{s/^# \{0,1\}//;p}' "$0"; exit 0 ;;
+    *) echo "install-deps: unknown option $arg (try --help)" >&2; exit 2 ;;
+  esac
+done
 
 PKGS=(
   build-essential cmake ninja-build pkg-config
@@ -11,6 +24,15 @@ PKGS=(
   libspdlog-dev libfmt-dev libcli11-dev catch2 libnuma-dev nlohmann-json3-dev
   python3-numpy python3-matplotlib iproute2 procps
 )
+if ((with_rxe)); then
+  PKGS+=(
+    qemu-system-x86    # TCG guest (this host's /dev/kvm cannot run the stock kernel)
+    linux-image-amd64  # guest kernel, and the rdma_rxe/9p/virtio modules in /lib/modules
+    busybox-static     # the guest initramfs' shell and tools (no libc there)
+    kmod cpio xz-utils # module dependencies, initramfs packing, vmlinux extraction
+    perftest rdmacm-utils ibverbs-utils  # ib_*_lat, rping/udaddy, ibv_devinfo: hand checks
+  )
+fi
 
 missing=()
 for p in "${PKGS[@]}"; do
