@@ -15,9 +15,14 @@
 // from its shared generator without a lock (as with its Python bindings), so graphs and recall
 // vary slightly between runs.
 //
+// Distances: hnswlib's own kernels, but the copy of them chosen at run time for this CPU
+// (common/distance.hpp), as the index's space. This file's copy of hnswlib is compiled for the
+// build's baseline (SSE2 in the default, portable build), and would make the reference slower
+// than shine, which uses the dispatched kernels.
+//
 // <hnswlib/hnswlib.h> defines non-inline functions and mutable globals: this must stay the only
-// translation unit of this binary that includes it at global scope (common/distance.cpp wraps its
-// copy in an anonymous namespace).
+// translation unit of this binary that includes it at global scope (common/distance_hnswlib.inc
+// wraps its copies in an anonymous namespace).
 #include <CLI/CLI.hpp>
 #include <hnswlib/hnswlib.h>
 #include <nlohmann/json.hpp>
@@ -32,7 +37,6 @@
 #include <exception>
 #include <filesystem>
 #include <fstream>
-#include <memory>
 #include <mutex>
 #include <optional>
 #include <stdexcept>
@@ -51,6 +55,20 @@ using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
+
+/// hnswlib space whose kernel is DistanceComputer's (the same hnswlib code, for this CPU).
+class DispatchedSpace final : public hnswlib::SpaceInterface<float> {
+ public:
+  DispatchedSpace(dmhnsw::Metric metric, std::size_t dim) : dist_(metric, dim), dim_(dim) {}
+  std::size_t get_data_size() override { return dim_ * sizeof(float); }
+  hnswlib::DISTFUNC<float> get_dist_func() override { return dist_.kernel(); }
+  void* get_dist_func_param() override { return &dim_; }
+  const std::string& kernel_name() const { return dist_.kernel_name(); }
+
+ private:
+  dmhnsw::DistanceComputer dist_;
+  std::size_t dim_;
+};
 
 /// The queries to run: pointers to their vectors and their ground-truth rows.
 struct QuerySet {
@@ -328,16 +346,14 @@ int main(int argc, char** argv) {
                                 : " (ground truth of another base?)"));
 
     const std::string metric_name(dmhnsw::to_string(metric));
+    DispatchedSpace space(metric, dim);
     std::printf("hnswlib-bench: base %s (%zu x %zu), %s, %zu queries from %s, k=%zu, M=%zu, "
-                "efConstruction=%zu, threads=%u, seed=%zu\n",
+                "efConstruction=%zu, threads=%u, seed=%zu, kernel %s\n",
                 base_path.c_str(), n, dim, metric_name.c_str(), nq, qs.source.c_str(), k, m,
-                ef_construction, threads, seed);
+                ef_construction, threads, seed, space.kernel_name().c_str());
     std::fflush(stdout);
 
-    std::unique_ptr<hnswlib::SpaceInterface<float>> space;
-    if (metric == dmhnsw::Metric::L2) space = std::make_unique<hnswlib::L2Space>(dim);
-    else space = std::make_unique<hnswlib::InnerProductSpace>(dim);
-    hnswlib::HierarchicalNSW<float> index(space.get(), n, m, ef_construction, seed);
+    hnswlib::HierarchicalNSW<float> index(&space, n, m, ef_construction, seed);
 
     const auto build_start = Clock::now();
     index.addPoint(base.row(0), 0);  // the entry point, alone (as hnswlib's ParallelFor users do)
@@ -379,6 +395,7 @@ int main(int argc, char** argv) {
       report["n"] = n;
       report["dim"] = dim;
       report["metric"] = metric_name;
+      report["distance_kernel"] = space.kernel_name();
       report["m"] = m;
       report["ef_construction"] = ef_construction;
       report["threads"] = threads;

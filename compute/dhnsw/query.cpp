@@ -7,6 +7,7 @@
 #include <cstring>
 #include <stdexcept>
 
+#include "common/distance.hpp"
 #include "common/workload.hpp"
 #include "compute/board.hpp"
 #include "compute/shine/run_util.hpp"  // percentile
@@ -54,11 +55,13 @@ json run_query(const RunContext& rc, const QueryOptions& o) {
                engine.cache_capacity(), eo.regroup ? "" : ", no regroup", eo.doorbell ? "" : ", no doorbell",
                eo.pipeline ? "" : ", no pipeline");
 
+  const std::string kernel = DistanceComputer(parse_metric(metric_text(h.metric)), dim).kernel_name();
   json report = {{"mode", "dhnsw"}, {"kind", "query"}, {"provider", rc.provider}, {"workload", o.workload},
                  {"distribution", wl.distribution}, {"k", k}, {"num_cns", K}, {"memnodes", c.memnodes().size()},
                  {"index", {{"partitions", h.num_subs}, {"vectors", h.num_vectors}, {"dim", dim}, {"m", h.m},
                             {"ef_construction", h.ef_construction}, {"meta_m", h.meta_m},
-                            {"metric", metric_text(h.metric)}, {"metadata_bytes", index.metadata_bytes}}},
+                            {"metric", metric_text(h.metric)}, {"metadata_bytes", index.metadata_bytes},
+                            {"distance_kernel", kernel}}},
                  {"settings", {{"batch", eo.batch}, {"probe", eo.probe}, {"meta_ef_search", eo.meta_ef_search},
                                {"cache_subs", engine.cache_capacity()}, {"doorbell_subs", eo.doorbell_subs},
                                {"max_wait_us", eo.max_wait_us}, {"arrival_qps", eo.arrival_qps},

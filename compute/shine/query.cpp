@@ -526,7 +526,8 @@ json run_query(const RunContext& rc, const QueryOptions& o) {
                             {"index_bytes", idx_bytes}, {"admit_probability", o.admit_probability}}},
                  {"partition", partition},
                  {"index", {{"dim", p.dim}, {"m", p.m}, {"ef_construction", p.ef_construction},
-                            {"metric", std::string(to_string(p.metric))}}}};
+                            {"metric", std::string(to_string(p.metric))},
+                            {"distance_kernel", g.distance().kernel_name()}}}};
   uint32_t phase = 0;
   relay.barrier(120);  // the run's first barrier: every computenode must come
   if (wl.warmup_count > 0) {  // every computenode runs the warm-up phase (maybe with no input)

@@ -1,9 +1,14 @@
-// Distance kernels (hnswlib SIMD spaces) against the scalar reference.
+// Distance kernels (hnswlib SIMD spaces, one table per instruction set) against the scalar
+// reference, and the run-time choice of instruction set.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <random>
+#include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -33,33 +38,87 @@ TEST_CASE("metric parsing", "[distance]") {
   CHECK_THROWS_AS(DistanceComputer(Metric::L2, 0), std::invalid_argument);
 }
 
-TEST_CASE("SIMD kernels match the scalar reference", "[distance]") {
-  std::mt19937_64 rng(42);
-  // multiples of 16 and 4, residual paths above and below 16, tiny dims
-  const std::size_t dims[] = {1, 2, 3, 4, 5, 7, 8, 12, 15, 16, 17, 20, 31, 32, 33,
-                              37, 48, 96, 100, 127, 128, 129, 200, 384, 385, 960};
-  for (Metric metric : {Metric::L2, Metric::IP}) {
-    for (std::size_t d : dims) {
-      const DistanceComputer dist(metric, d);
-      CHECK(dist.dim() == d);
-      CHECK(dist.metric() == metric);
-      INFO("metric " << to_string(metric) << " dim " << d << " kernel " << dist.kernel_name());
-      for (int trial = 0; trial < 20; ++trial) {
+TEST_CASE("the kernels of every usable instruction set match the scalar reference", "[distance]") {
+  // 1..130: every kernel shape (x16, x4, their tails, scalar) and every tail length, and 960
+  std::vector<std::size_t> dims;
+  for (std::size_t d = 1; d <= 130; ++d) dims.push_back(d);
+  for (std::size_t d : {200, 384, 385, 960}) dims.push_back(d);
+  for (SimdIsa isa : usable_simd_isas()) {
+    std::mt19937_64 rng(42);
+    for (Metric metric : {Metric::L2, Metric::IP}) {
+      for (std::size_t d : dims) {
+        const DistanceComputer dist(metric, d, isa);
+        CHECK(dist.dim() == d);
+        CHECK(dist.metric() == metric);
+        CHECK(dist.isa() == isa);
+        INFO("metric " << to_string(metric) << " dim " << d << " kernel " << dist.kernel_name());
+        for (int trial = 0; trial < 10; ++trial) {
+          const auto a = random_vector(d, rng);
+          const auto b = random_vector(d, rng);
+          const float got = dist(a.data(), b.data());
+          const float want = reference_distance(metric, a.data(), b.data(), d);
+          // float accumulation vs double: relative to the magnitude of the terms summed
+          double scale = 0;
+          for (std::size_t i = 0; i < d; ++i)
+            scale += metric == Metric::L2 ? (a[i] - b[i]) * (a[i] - b[i]) : std::abs(a[i] * b[i]);
+          REQUIRE(std::abs(got - want) <= 1e-5 * (scale + 1.0));
+        }
+        // identical vectors
         const auto a = random_vector(d, rng);
-        const auto b = random_vector(d, rng);
-        const float got = dist(a.data(), b.data());
-        const float want = reference_distance(metric, a.data(), b.data(), d);
-        // float accumulation vs double: relative to the magnitude of the terms summed
-        double scale = 0;
-        for (std::size_t i = 0; i < d; ++i)
-          scale += metric == Metric::L2 ? (a[i] - b[i]) * (a[i] - b[i]) : std::abs(a[i] * b[i]);
-        REQUIRE(std::abs(got - want) <= 1e-5 * (scale + 1.0));
+        if (metric == Metric::L2) REQUIRE(dist(a.data(), a.data()) == 0.0f);
       }
-      // identical vectors
-      const auto a = random_vector(d, rng);
-      if (metric == Metric::L2) REQUIRE(dist(a.data(), a.data()) == 0.0f);
     }
   }
+}
+
+TEST_CASE("kernel names report the instruction set", "[distance]") {
+  const auto& usable = usable_simd_isas();
+  REQUIRE(!usable.empty());
+  CHECK(std::is_sorted(usable.begin(), usable.end()));
+#if defined(__x86_64__)
+  CHECK(usable.front() == SimdIsa::SSE);  // every x86-64 CPU
+#endif
+  for (SimdIsa isa : usable) {
+    const std::string i(to_string(isa));
+    INFO("isa " << i);
+    if (isa == SimdIsa::Scalar) {
+      CHECK(DistanceComputer(Metric::L2, 128, isa).kernel_name() == "l2/scalar");
+      continue;
+    }
+    CHECK(DistanceComputer(Metric::L2, 128, isa).kernel_name() == "l2/" + i + "/x16");
+    CHECK(DistanceComputer(Metric::IP, 100, isa).kernel_name() == "ip/" + i + "/x4");
+    CHECK(DistanceComputer(Metric::L2, 129, isa).kernel_name() == "l2/" + i + "/x16+tail");
+    CHECK(DistanceComputer(Metric::IP, 7, isa).kernel_name() == "ip/" + i + "/x4+tail");
+    CHECK(DistanceComputer(Metric::L2, 3, isa).kernel_name() == "l2/scalar");
+  }
+  for (SimdIsa isa : {SimdIsa::Scalar, SimdIsa::SSE, SimdIsa::AVX2, SimdIsa::AVX512})
+    if (std::find(usable.begin(), usable.end(), isa) == usable.end())
+      CHECK_THROWS_WITH(DistanceComputer(Metric::L2, 16, isa), Catch::Contains(std::string(to_string(isa))));
+}
+
+// ctest also runs this file with DMHNSW_SIMD=sse and =avx2 (tests/common/CMakeLists.txt).
+TEST_CASE("the default instruction set is the best usable one, capped by DMHNSW_SIMD", "[distance]") {
+  const auto& usable = usable_simd_isas();
+  SimdIsa want = usable.back();
+  if (const char* env = std::getenv("DMHNSW_SIMD"); env != nullptr && *env != '\0') {
+    INFO("DMHNSW_SIMD=" << env);
+    const std::string_view e(env);
+    const SimdIsa cap = e == "sse" ? SimdIsa::SSE : e == "avx2" ? SimdIsa::AVX2 : SimdIsa::AVX512;
+    want = usable.front();
+    for (SimdIsa isa : usable)
+      if (isa <= cap) want = isa;
+  }
+  CHECK(simd_isa() == want);
+  const DistanceComputer dist(Metric::L2, 128);
+  CHECK(dist.isa() == want);
+  if (want != SimdIsa::Scalar) CHECK(dist.kernel_name() == "l2/" + std::string(to_string(want)) + "/x16");
+  WARN("distance kernels: " << dist.kernel_name() << " (usable: " << usable.size() << " instruction sets)");
+}
+
+// Run by ctest with DMHNSW_SIMD=bogus only.
+TEST_CASE("an unknown DMHNSW_SIMD value is refused", "[.][distance-bad-env]") {
+  CHECK_THROWS_WITH(simd_isa(), Catch::Contains("bogus"));
+  CHECK_THROWS_AS(DistanceComputer(Metric::L2, 16), std::invalid_argument);
 }
 
 TEST_CASE("inner product convention is 1 - dot", "[distance]") {
