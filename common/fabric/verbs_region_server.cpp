@@ -106,6 +106,7 @@ class VerbsRegionServer final : public RegionBackend {
   std::map<uint64_t, std::pair<uint32_t, Buffer>> sending_;  // wr_id → (connection, buffer) of a posted SEND
   uint64_t next_send_ = 0;
   uint32_t conn_gens_ = 0;
+  uint32_t max_conns_ = 0;
   std::map<std::string, uint32_t> clients_;    // nonce → computenode id (guarded by mu_)
   std::vector<uint32_t> leaving_;              // computenodes whose queue pairs to close (mu_)
   std::mutex mu_;
@@ -151,9 +152,12 @@ VerbsRegionServer::VerbsRegionServer(const std::string& listen_host, char* regio
   channel_.reset(ibv_create_comp_channel(ctx_));
   if (!channel_) verbs::fail_errno("ibv_create_comp_channel");
   fcntl(channel_->fd, F_SETFL, fcntl(channel_->fd, F_GETFL) | O_NONBLOCK);
-  const int cqe = std::min(limits_.max_cqe, 16384);
+  // One CQ takes every receive (the SRQ) and every queue pair's signalled SENDs: it bounds
+  // how many queue pairs the memnode can accept (rxe: 32,767 entries, about 500 queue pairs).
+  const int cqe = std::min(limits_.max_cqe, static_cast<int>(kSrqDepth + kConnSendDepth * 1024));
   cq_.reset(ibv_create_cq(ctx_, cqe, nullptr, channel_.get(), 0));
   if (!cq_) verbs::fail_errno("ibv_create_cq of " + std::to_string(cqe) + " entries");
+  max_conns_ = (static_cast<uint32_t>(cqe) - kSrqDepth) / kConnSendDepth;
   ibv_srq_init_attr sa_attr{};
   sa_attr.attr.max_wr = std::min<uint32_t>(kSrqDepth, static_cast<uint32_t>(std::max(1, limits_.max_srq_wr)));
   sa_attr.attr.max_sge = 1;
@@ -332,6 +336,9 @@ void VerbsRegionServer::on_connect_request(rdma_cm_event* ev) {
       return reject("computenode " + std::to_string(req.cn_id) + " has not joined through the control port");
   }
   if (id->verbs != ctx_) return reject("request arrived on another RDMA device than the region's");
+  const auto open = static_cast<uint32_t>(std::count_if(conns_.begin(), conns_.end(), [](const auto& c) { return c != nullptr; }));
+  if (open >= max_conns_)
+    return reject("the memnode serves " + std::to_string(open) + " queue pairs already, its completion queue's limit");
   ibv_qp_init_attr qa{};
   qa.send_cq = cq_.get();
   qa.recv_cq = cq_.get();
