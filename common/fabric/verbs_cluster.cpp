@@ -12,6 +12,7 @@
 #include <cstring>
 #include <deque>
 #include <mutex>
+#include <optional>
 #include <random>
 
 #include "common/fabric/control_cluster.hpp"
@@ -116,7 +117,13 @@ struct Conn {
   uint32_t sq_used = 0;    // send-queue entries posted and not yet retired
   uint32_t max_inline = 0;
   std::vector<Buffer> recv_bufs;
+  // Set when the memnode was declared dead and the queue pair was moved to the error state:
+  // its operations are failed by their flush completions (the NIC may still be writing into
+  // their buffers until then), or after kFlushWait if the device never flushes.
+  std::optional<Clock::time_point> errored_at;
 };
+
+constexpr auto kFlushWait = std::chrono::seconds(2);
 
 // Operations posted with one doorbell; the last one is signalled and retires them all.
 struct Chunk {
@@ -169,6 +176,10 @@ class VerbsEndpoint final : public Endpoint {
   uint64_t seen_deaths_ = 0;
   uint64_t empty_polls_ = 0;
   std::deque<Message> inbox_;
+  std::vector<Buffer> abandoned_;  // SEND buffers of a dead memnode that the device never flushed
+  bool dead_pending_ = false;  // chunks toward dead memnodes wait for their flushes
+  uint64_t send_wr_ = 0;       // wr_id of the SEND that send() waits for
+  uint16_t send_seq_ = 0;
   bool send_done_ = false;
   ibv_wc_status send_status_ = IBV_WC_SUCCESS;
 };
@@ -189,7 +200,8 @@ VerbsEndpoint::VerbsEndpoint(std::shared_ptr<VerbsCluster> c, size_t pool_bytes)
   const int nodes = static_cast<int>(cluster_->num_peers());
   const int per_node_cqe = std::max(2, lim.max_cqe / std::max(1, nodes) - 1);
   sq_depth_ = static_cast<uint32_t>(std::max(1, std::min({kMaxSendDepth, lim.max_qp_wr, per_node_cqe - kRecvDepth})));
-  const int cqe = std::min(lim.max_cqe, nodes * (static_cast<int>(sq_depth_) + kRecvDepth) + 1);
+  // Twice that: a replaced queue pair's flushes may still sit in the CQ beside the new one's.
+  const int cqe = std::min(lim.max_cqe, 2 * nodes * (static_cast<int>(sq_depth_) + kRecvDepth) + 1);
   cq_.reset(ibv_create_cq(cluster_->context(), cqe, nullptr, nullptr, 0));
   if (!cq_) verbs::fail_errno("ibv_create_cq of " + std::to_string(cqe) + " entries on " + lim.name);
   events_.reset(rdma_create_event_channel());
@@ -260,7 +272,9 @@ void VerbsEndpoint::connect_node(uint16_t node) {
   const std::string who = node_name(node);
   Conn& c = conns_[node];
   drain_cm_events();
+  drive();  // the old queue pair's completions out of the CQ before it goes (rxe keeps them)
   c.cm.reset();
+  c.errored_at.reset();
   c.recv_bufs.clear();
   c.broken = true;
   c.sq_used = 0;
@@ -361,8 +375,10 @@ void VerbsEndpoint::on_wc(const ibv_wc& wc) {
     if (node >= conns_.size() || gen != (conns_[node].gen & 0xffff)) return;  // an older connection's
     Conn& c = conns_[node];
     if (wc.wr_id & kSendBit) {
-      send_done_ = true;
-      send_status_ = wc.status;
+      if (wc.wr_id == send_wr_) {
+        send_done_ = true;
+        send_status_ = wc.status;
+      }
       if (c.sq_used > 0) --c.sq_used;
       if (wc.status != IBV_WC_SUCCESS) c.broken = true;
       return;
@@ -416,14 +432,37 @@ int VerbsEndpoint::drive() {
   return total;
 }
 
-// Operations toward a memnode that died are failed at once; their late completions, if any,
-// are ignored (the chunk is retired).
+// A memnode declared dead (control connection lost, heartbeats unanswered) may still have a
+// NIC that serves our queue pair: move the queue pair to the error state so the device stops
+// and flushes its requests; their flush completions fail the operations (on_wc). A device
+// that does not flush within kFlushWait gets them failed anyway.
 void VerbsEndpoint::fail_dead() {
   const uint64_t deaths = cluster_->deaths();
-  if (deaths == seen_deaths_) return;
-  seen_deaths_ = deaths;
-  for (uint32_t s = 0; s < chunks_.size(); ++s)
-    if (chunks_[s].active && !cluster_->alive(chunks_[s].node)) finish_chunk(s, 0, Status::PeerDead);
+  if (deaths != seen_deaths_) {
+    seen_deaths_ = deaths;
+    for (uint16_t node = 0; node < conns_.size(); ++node) {
+      Conn& c = conns_[node];
+      if (cluster_->alive(node) || c.errored_at || c.qp == nullptr) continue;
+      ibv_qp_attr a{};
+      a.qp_state = IBV_QPS_ERR;
+      ibv_modify_qp(c.qp, &a, IBV_QP_STATE);
+      c.errored_at = Clock::now();
+      c.broken = true;
+      dead_pending_ = true;
+    }
+  }
+  if (!dead_pending_) return;
+  bool left = false;
+  const auto now = Clock::now();
+  for (uint32_t s = 0; s < chunks_.size(); ++s) {
+    if (!chunks_[s].active || cluster_->alive(chunks_[s].node)) continue;
+    const Conn& c = conns_[chunks_[s].node];
+    if (!c.errored_at || now - *c.errored_at > kFlushWait)
+      finish_chunk(s, 0, Status::PeerDead);
+    else
+      left = true;
+  }
+  dead_pending_ = left;
 }
 
 size_t VerbsEndpoint::poll_impl(std::span<Completion> out) {
@@ -574,7 +613,7 @@ Status VerbsEndpoint::send(uint16_t node, const void* data, size_t len) {
   std::memcpy(b.data() + sizeof h, data, len);
   ibv_sge sge{reinterpret_cast<uintptr_t>(b.data()), static_cast<uint32_t>(sizeof h + len), pool_mr_->lkey};
   ibv_send_wr wr{};
-  wr.wr_id = msg_wr_id(true, node, c.gen, 0);
+  wr.wr_id = send_wr_ = msg_wr_id(true, node, c.gen, ++send_seq_);
   wr.sg_list = &sge;
   wr.num_sge = 1;
   wr.opcode = IBV_WR_SEND;
@@ -588,11 +627,20 @@ Status VerbsEndpoint::send(uint16_t node, const void* data, size_t len) {
   ++c.sq_used;
   ++counters_.doorbells;
   // Wait for the send to complete so the buffer can be returned (messages are small and rare).
+  // A memnode that dies meanwhile: its queue pair is flushed (fail_dead), which completes the
+  // SEND; the buffer is not handed back while the NIC may still read it.
+  std::optional<Clock::time_point> dead_since;
   while (!send_done_) {
     drive();
     fail_dead();
-    if (!cluster_->alive(node)) return Status::PeerDead;
+    if (cluster_->alive(node)) continue;
+    if (!dead_since) dead_since = Clock::now();
+    if (Clock::now() - *dead_since > kFlushWait) {
+      abandoned_.push_back(std::move(b));  // the device may still read it: kept until the endpoint closes
+      return Status::PeerDead;
+    }
   }
+  if (!cluster_->alive(node)) return Status::PeerDead;
   if (send_status_ != IBV_WC_SUCCESS) {
     spdlog::debug("message to {} failed: {}", node_name(node), verbs::wc_status(send_status_));
     return Status::RemoteError;
