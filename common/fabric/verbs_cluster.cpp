@@ -531,13 +531,26 @@ Status VerbsEndpoint::post(std::span<const Op> ops) {
   }
   std::vector<ibv_send_wr> wrs;
   std::vector<ibv_sge> sges;
+  // Once a chunk is out, a later one that cannot go is not a synchronous error any more (the
+  // caller would take the whole batch for unposted): its operations, and all after it, complete
+  // with the error instead.
+  bool posted_any = false;
+  auto fail_from = [&](uint16_t node0, size_t from0, Status st) {
+    if (!posted_any) return st;
+    for (uint16_t node = node0; node < nodes; ++node)
+      for (size_t j = node == node0 ? from0 : 0; j < by_node[node].size(); ++j) {
+        const Op& op = ops[by_node[node][j]];
+        ready_.push_back({op.tag, st, op.kind, node});
+      }
+    return Status::Ok;
+  };
   for (uint16_t node = 0; node < nodes; ++node) {
     const auto& idxs = by_node[node];
     const PeerState& p = cluster_->peer(node);
     for (size_t from = 0; from < idxs.size(); from += chunk_max) {
       const size_t n = std::min<size_t>(chunk_max, idxs.size() - from);
       Status s = room_for(node, static_cast<uint32_t>(n));  // later chunks of a long batch wait for room
-      if (s != Status::Ok) return s;
+      if (s != Status::Ok) return fail_from(node, from, s);
       Conn& c = conns_[node];
       const uint32_t slot = take_slot();
       Chunk& ch = chunks_[slot];
@@ -591,8 +604,9 @@ Status VerbsEndpoint::post(std::span<const Op> ops) {
         c.broken = true;
         ch.active = false;
         free_chunks_.push_back(slot);
-        return Status::RemoteError;
+        return fail_from(node, from, Status::RemoteError);
       }
+      posted_any = true;
       c.sq_used += static_cast<uint32_t>(n);
       in_flight_ += n;
     }
