@@ -17,10 +17,12 @@ std::string ControlledCluster::dead_reason(uint16_t node) const {
 }
 
 void ControlledCluster::declare_stalled(uint16_t node, const std::string& what) {
-  mark_dead(node, what + " got no progress from its fabric endpoint for " + std::to_string(opts_.stall_timeout_ms) +
-                      " ms while its control connection lives (the memnode's endpoint is stuck; with the shm "
-                      "provider a computenode killed inside libfabric can leave it so: restart that memnode, or "
-                      "use --provider tcp)");
+  std::string why = what + " got no progress from its fabric endpoint for " + std::to_string(opts_.stall_timeout_ms) +
+                    " ms while its control connection lives (the memnode's endpoint is stuck";
+  if (opts_.provider == Provider::Shm)
+    why += "; with the shm provider a computenode killed inside libfabric can leave it so: restart that memnode, or "
+           "use --provider tcp";
+  mark_dead(node, why + ")");
 }
 
 std::string ControlledCluster::node_name(uint16_t node) const {
