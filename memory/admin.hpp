@@ -11,6 +11,7 @@
 //   StatsRequest  computenode -> memnode   how much CPU has the memnode process used?
 //   StatsReply    memnode -> computenode   its process CPU time (user, system) and messages served
 #include <algorithm>
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -135,8 +136,8 @@ inline StoreRequest make_store_request(const std::string& dir, uint64_t request_
 /// Asks memnode `node` for its CPU time over `ep` and waits for the answer (other messages that
 /// arrive meanwhile are dropped). Throws fabric::FabricError when it does not answer in time.
 inline StatsReply query_stats(fabric::Endpoint& ep, uint16_t node, int timeout_ms = 5000) {
-  static uint64_t next_id = 1;
-  StatsRequest req{static_cast<uint32_t>(MsgType::StatsRequest), 0, next_id++};
+  static std::atomic<uint64_t> next_id{1};  // endpoints of several threads may ask at once
+  StatsRequest req{static_cast<uint32_t>(MsgType::StatsRequest), 0, next_id.fetch_add(1)};
   if (ep.send(node, &req, sizeof req) != fabric::Status::Ok)
     throw fabric::FabricError("stats: sending the request to memnode " + std::to_string(node) + " failed");
   for (;;) {

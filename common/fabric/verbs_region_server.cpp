@@ -62,10 +62,6 @@ class VerbsRegionServer final : public RegionBackend {
     tick_ms_ = period_ms;
   }
   void run(const std::atomic<bool>& stop) override;
-  int tick_ms_snapshot() {
-    std::lock_guard g(mu_);
-    return tick_ms_;
-  }
   RegionServer::Stats stats() const override { return {0, waits_.load(), messages_.load(), 0, {}}; }
   double progress_stalled_seconds() const override {
     const int64_t t = loop_ns_.load(std::memory_order_relaxed);
@@ -428,19 +424,19 @@ void VerbsRegionServer::run(const std::atomic<bool>& stop) {
   constexpr auto kIdleTick = std::chrono::milliseconds(1000);
   auto next_tick = Clock::now();
   auto last_activity = Clock::now();
+  auto tick_period = std::chrono::milliseconds(50);  // as set_tick last said, read at each tick
   ibv_req_notify_cq(cq_.get(), 0);
   while (!stop.load(std::memory_order_relaxed)) {
     loop_ns_.store(Clock::now().time_since_epoch().count(), std::memory_order_relaxed);
     if (Clock::now() >= next_tick) {
       std::function<void()> t;
-      int tick_ms = 50;
       {
         std::lock_guard g(mu_);
         t = tick_;
-        tick_ms = tick_ms_;
+        tick_period = std::chrono::milliseconds(tick_ms_);
       }
       const bool idle = Clock::now() - last_activity > kIdleAfter;
-      next_tick = Clock::now() + (idle ? kIdleTick : std::chrono::milliseconds(tick_ms));
+      next_tick = Clock::now() + (idle ? std::chrono::milliseconds(kIdleTick) : tick_period);
       if (t) t();
     }
     std::vector<uint32_t> leaving;
@@ -464,7 +460,7 @@ void VerbsRegionServer::run(const std::atomic<bool>& stop) {
     busy |= drive_cm();
     if (busy) {
       last_activity = Clock::now();
-      next_tick = std::min(next_tick, last_activity + std::chrono::milliseconds(tick_ms_snapshot()));
+      next_tick = std::min(next_tick, last_activity + tick_period);
       continue;
     }
     // Idle: arm the completion channel, look once more (a completion may have slipped in
