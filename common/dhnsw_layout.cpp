@@ -323,19 +323,39 @@ void validate_metadata(const MetaHeader& h, std::span<const SubDesc> subs, uint6
   }
 }
 
+uint64_t live_desc_offset(const MetaHeader& h, uint32_t id) {
+  return kMetadataOffset + h.sub_table_offset + uint64_t{id} * sizeof(SubDesc);
+}
+
+SubDesc static_part(const SubDesc& d) {
+  SubDesc s = d;
+  s.count = 0;
+  s.entry_point = 0;
+  s.max_level = 0;
+  for (auto& a : s.arrays) a.used = 0;
+  s.overflow_used = 0;
+  s.version = 0;
+  s.lock = 0;
+  return s;
+}
+
 uint64_t metadata_checksum(const char* block, size_t bytes) {
+  std::vector<char> copy(block, block + bytes);
   constexpr size_t kField = offsetof(MetaHeader, checksum);
-  Checksum64 c;
-  if (bytes <= kField) {
-    c.update(block, bytes);
-    return c.digest();
+  if (bytes >= kField + 8) std::memset(copy.data() + kField, 0, 8);
+  if (bytes >= sizeof(MetaHeader)) {
+    MetaHeader h;
+    std::memcpy(&h, block, sizeof h);
+    for (uint64_t i = 0; i < h.num_subs; ++i) {
+      const uint64_t at = h.sub_table_offset + i * sizeof(SubDesc);
+      if (h.sub_table_offset > bytes || at > bytes || bytes - at < sizeof(SubDesc)) break;  // bounds: decode names them
+      SubDesc d;
+      std::memcpy(&d, block + at, sizeof d);
+      d = static_part(d);
+      std::memcpy(copy.data() + at, &d, sizeof d);
+    }
   }
-  c.update(block, kField);
-  const size_t rest = std::min<size_t>(8, bytes - kField);
-  const unsigned char zero[8] = {};
-  c.update(zero, rest);
-  if (bytes > kField + 8) c.update(block + kField + 8, bytes - kField - 8);
-  return c.digest();
+  return checksum64(copy.data(), copy.size());
 }
 
 std::vector<char> encode_metadata(const MetaHeader& header, std::span<const SubDesc> subs, const char* meta_index,

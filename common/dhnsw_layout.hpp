@@ -60,7 +60,7 @@
 namespace dmhnsw::dhnsw {
 
 inline constexpr char kMetaMagic[8] = {'D', 'M', 'H', 'D', 'H', 'N', 'S', 'W'};
-inline constexpr uint32_t kMetaFormatVersion = 1;
+inline constexpr uint32_t kMetaFormatVersion = 2;  // 2: live descriptors (lock word, checksum without the mutable fields)
 inline constexpr uint64_t kAlign = 64;  // every block, array and gap starts 64-byte aligned
 
 enum Array : uint32_t { kLevels = 0, kOffsets = 1, kNeighbors = 2, kVectors = 3, kLabels = 4 };
@@ -131,8 +131,9 @@ struct SubDesc {
   uint64_t overflow_offset;  // region offset of the group's shared gap
   uint64_t overflow_bytes;   // its size (shared with the partner)
   uint64_t overflow_used;    // bytes of the gap this sub uses, from its side
-  uint64_t version;          // bumped by every in-place update
-  uint64_t reserved1[5];
+  uint64_t version;          // seqlock: odd while an in-place commit is in flight, +2 per commit
+  uint64_t lock;             // group lock (slot-0 sub only): 0 free, else lock_word(owner, ticket)
+  uint64_t reserved1[4];
 };
 inline constexpr uint32_t kNoPartner = ~uint32_t{0};
 static_assert(std::is_trivially_copyable_v<SubDesc> && std::is_standard_layout_v<SubDesc>);
@@ -147,6 +148,29 @@ static_assert(offsetof(SubDesc, arrays) == 48);
 static_assert(offsetof(SubDesc, group_offset) == 168);
 static_assert(offsetof(SubDesc, overflow_used) == 200);
 static_assert(offsetof(SubDesc, version) == 208);
+static_assert(offsetof(SubDesc, lock) == 216);
+
+// Live descriptors. The metadata block is written to every memnode, but the copy of SubDesc i
+// on memnode subs[i].memnode (the one holding its group) is the live one: in-place inserts
+// change its mutable fields (count, entry_point, max_level, arrays[].used, overflow_used,
+// version, lock) and no other copy. The checksum treats those fields as zero, so it stays valid.
+// Readers READ the live descriptor before and after fetching a sub (seqlock on `version`);
+// writers hold the group lock, in the group's slot-0 descriptor, taken with COMPARE_SWAP.
+/// Region offset of the live SubDesc of sub `id` (on memnode subs[id].memnode).
+uint64_t live_desc_offset(const MetaHeader& h, uint32_t id);
+/// Bytes [kLiveFieldsBegin, kLiveFieldsEnd) of a SubDesc are what a commit publishes (before
+/// it makes `version` even again); they include the static fields between them unchanged.
+inline constexpr size_t kLiveFieldsBegin = offsetof(SubDesc, count);
+inline constexpr size_t kLiveFieldsEnd = offsetof(SubDesc, version);
+/// `d` with its mutable fields zeroed (what the checksum covers).
+SubDesc static_part(const SubDesc& d);
+/// The group lock word: owner computenode id + 1 in the top 16 bits, a ticket below (a holder
+/// takes a fresh one whenever it renews; a waiter that sees one value for a whole lease takes
+/// the lock over).
+constexpr uint64_t lock_word(uint32_t owner, uint64_t ticket) {
+  return (uint64_t{owner + 1} << 48) | (ticket & ((uint64_t{1} << 48) - 1)) | (ticket == 0 ? 1 : 0);
+}
+constexpr uint32_t lock_owner(uint64_t word) { return static_cast<uint32_t>(word >> 48) - 1; }
 
 /// Header of one record in a sub-HNSW's overflow part.
 struct OverflowRecord {
@@ -235,8 +259,8 @@ void validate_metadata(const MetaHeader& h, std::span<const SubDesc> subs, uint6
 uint64_t metadata_block_bytes(uint32_t num_subs, uint64_t meta_index_bytes);
 
 /// MetaHeader::checksum of a metadata block of `bytes` bytes (the whole block, header
-/// included): checksum64 of the block with the checksum field taken as 0. The checksum covers
-/// the block as a build or rebuild wrote it; whoever changes a SubDesc in place must rewrite it.
+/// included): checksum64 of the block with the checksum field and the mutable fields of every
+/// SubDesc (static_part) taken as 0, so in-place commits leave it valid.
 uint64_t metadata_checksum(const char* block, size_t bytes);
 
 /// A metadata block ready to be written at kMetadataOffset of every region: `h` with

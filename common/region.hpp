@@ -63,6 +63,8 @@ inline constexpr uint64_t kFormatting = 1, kFormatted = 2;
 /// d-HNSW mode words.
 namespace dhnsw_word {
 inline constexpr size_t kMetadataOffset = 0, kMetadataSize = 1, kDataEnd = 2;  // kDataEnd: scratch starts here
+/// Claimed (COMPARE_SWAP) by the computenode that builds an index online, in an empty region.
+inline constexpr size_t kBuildClaim = 3;
 }
 /// Byte offset of a mode word inside the region (for one-sided atomics on it).
 constexpr uint64_t mode_word_offset(size_t i) { return offsetof(RegionHeader, mode_words) + 8 * i; }

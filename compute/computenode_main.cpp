@@ -10,6 +10,8 @@
 #include "common/fabric/fabric_cluster.hpp"
 #include "common/region.hpp"
 #include "common/units.hpp"
+#include "compute/dhnsw/insert.hpp"
+#include "compute/dhnsw/online.hpp"
 #include "compute/dhnsw/query.hpp"
 #include "compute/memnode_cpu.hpp"
 #include "compute/selftest.hpp"
@@ -82,7 +84,9 @@ int main(int argc, char** argv) {
     sc->add_option("--max-elements", bo.max_elements, "use only the first N rows (0 = all)")->capture_default_str();
     sc->add_option("--threads", bo.threads, "worker threads (each with its own endpoint)")->capture_default_str();
     sc->add_option("--coroutines", bo.coroutines, "inserts in flight per thread")->capture_default_str();
-    sc->add_option("--report", build_report, "write the build report (JSON) here (computenode 0: merged)");
+    sc->add_option("--report", build_report,
+                   "write the build report (JSON) here (shine: computenode 0, merged; dhnsw: each computenode, "
+                   "PATH.cn<id> when --num-cns > 1)");
     sc->add_option("--build-cache", build_cache, "memory for vectors read while inserting (they never change), e.g. 2GiB")
         ->capture_default_str();
   }
@@ -91,6 +95,30 @@ int main(int argc, char** argv) {
   build->add_option("--metric", metric, "l2 or ip")->capture_default_str()->check(CLI::IsMember({"l2", "ip"}));
   build->add_option("--seed", bo.params.seed, "seed of levels and memnode choice")->capture_default_str();
   build->add_option("--store-index", store_dir, "after the build, every memnode writes its region to DIR/memnode-<id>.img");
+  // d-HNSW build (as tools/dhnsw-build) and insert options
+  dhnsw::OnlineBuildOptions dbo;
+  std::string partition_metric = "l2";
+  build->add_option("--partitions", dbo.build.partitions, "dhnsw: partitions / sub-HNSWs (0: round(sqrt(n)))")
+      ->capture_default_str();
+  build->add_option("--meta-m", dbo.build.meta_m, "dhnsw: HNSW M of the meta-HNSW")->capture_default_str();
+  build->add_option("--internal-gap", dbo.build.layout.internal_gap,
+                    "dhnsw: internal gap after each array of a sub-HNSW, share of it (0..1000)")
+      ->capture_default_str();
+  build->add_option("--overflow-gap", dbo.build.layout.overflow_gap,
+                    "dhnsw: shared overflow gap of a group, share of its two blocks (0..1000)")
+      ->capture_default_str();
+  build->add_option("--partition-metric", partition_metric, "dhnsw: l2 or ip, metric of the partitioning and meta-HNSW")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"l2", "ip"}));
+  dhnsw::InsertOptions dio;
+  insert->add_option("--id-offset", dio.id_offset, "dhnsw: a row's id is this plus its row number")->capture_default_str();
+  insert->add_option("--batch", dio.batch, "dhnsw: vectors routed and committed together")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  insert->add_option("--lease-ms", dio.tuning.lease_ms,
+                     "dhnsw: a group lock word unchanged this long is taken over (its holder is presumed dead)")
+      ->capture_default_str()
+      ->check(CLI::Range(10u, 600000u));
   insert->add_option("--begin", bo.begin, "first row to insert")->capture_default_str();
   insert->add_option("--end", bo.end, "one past the last row (0 = all)")->capture_default_str();
 
@@ -189,10 +217,6 @@ int main(int argc, char** argv) {
   try {
     if (cn_id >= num_cns) throw std::invalid_argument("--cn-id " + std::to_string(cn_id) + " must be below --num-cns " +
                                                       std::to_string(num_cns));
-    if (mode == "dhnsw" && (*build || *insert))  // before connecting: nothing to do there
-      throw std::invalid_argument(std::string("--mode dhnsw ") + (*build ? "build" : "insert") +
-                                  ": a d-HNSW index is built offline by tools/dhnsw-build and served with memnode "
-                                  "--load" + (*build ? "" : "; in-place d-HNSW inserts are not implemented yet"));
     fabric::ClusterOptions co;
     co.provider = fabric::parse_provider(provider);
     co.memnodes = split_commas(memnodes);
@@ -223,6 +247,38 @@ int main(int argc, char** argv) {
     };
     shine::RunContext rc{cluster.get(), cn_id, num_cns, provider};
     auto rm = read_mode == "batch" ? shine::ReadMode::Batch : shine::ReadMode::PerRead;
+    if (mode == "dhnsw" && (*build || *insert)) {
+      std::string path = build_report;
+      if (!path.empty() && num_cns > 1) path += ".cn" + std::to_string(cn_id);  // one file per process
+      if (*build) {
+        dbo.data = bo.data;
+        dbo.max_vectors = bo.max_elements;
+        dbo.metric = parse_metric(metric);
+        dbo.build.partition_metric = parse_metric(partition_metric);
+        if (build->get_option("--m")->count() > 0) dbo.build.m = bo.params.m;
+        if (build->get_option("--ef-construction")->count() > 0) dbo.build.ef_construction = bo.params.ef_construction;
+        if (build->get_option("--seed")->count() > 0) dbo.build.seed = bo.params.seed;
+        if (build->get_option("--threads")->count() > 0) dbo.build.threads = bo.threads;
+        auto r = dhnsw::run_online_build({cluster.get(), cn_id, num_cns, provider}, dbo);
+        if (!r.contains("skipped"))
+          std::printf("dhnsw build: %llu vectors in %u partitions; wrote %llu bytes in %llu WRITEs, %llu doorbells, "
+                      "%.2f s\n", static_cast<unsigned long long>(r["vectors"].get<uint64_t>()),
+                      r["options"]["partitions"].get<unsigned>(),
+                      static_cast<unsigned long long>(r["write"]["bytes"].get<uint64_t>()),
+                      static_cast<unsigned long long>(r["write"]["writes"].get<uint64_t>()),
+                      static_cast<unsigned long long>(r["write"]["doorbells"].get<uint64_t>()),
+                      r["write"]["seconds"].get<double>());
+        write_report(path, r);
+        return 0;
+      }
+      dio.data = bo.data;
+      dio.begin = bo.begin;
+      dio.end = bo.end;
+      auto r = dhnsw::run_insert({cluster.get(), cn_id, num_cns, provider}, dio);
+      dhnsw::print_insert(r);
+      write_report(path, r);
+      return 0;
+    }
     if (*build || *insert) {
       bo.params.metric = parse_metric(metric);
       bo.mode = rm;

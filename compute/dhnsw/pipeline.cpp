@@ -79,6 +79,7 @@ struct Job {
   uint32_t n = 0;
   BatchPlan plan;
   std::map<uint32_t, std::shared_ptr<const SubIndex>> hits;  // cached entries, pinned at plan time
+  std::map<uint32_t, SubDesc> live;  // live descriptors of the batch's sub-HNSWs, read at plan time
   Clock::time_point closed;
   size_t remaining = 0;  // entries not searched yet (search stage only)
   BatchStats st;         // each stage writes its own fields before handing an item on
@@ -90,6 +91,8 @@ struct Item {
   fabric::Buffer buf;
   size_t len = 0;
   std::shared_ptr<const SubIndex> sub;
+  SubDesc desc{};     // the live descriptor the fetched bytes match
+  bool torn = false;  // no consistent copy within the retry budget: sanitized, not cached
 };
 
 }  // namespace
@@ -155,7 +158,8 @@ struct Engine::Impl {
       mallopt(M_MMAP_THRESHOLD, 32 << 20);
       mallopt(M_TRIM_THRESHOLD, 1 << 30);
     });
-    for (const auto& s : index.subs) max_fetch = std::max(max_fetch, fetch_range(s).second);
+    // A sub grows into its share of the shared gap: at most block + the whole gap.
+    for (const auto& s : index.subs) max_fetch = std::max(max_fetch, s.block_bytes + s.overflow_bytes);
     buf_bytes = std::bit_ceil(std::max<uint64_t>(max_fetch, 4096));
   }
 
@@ -166,7 +170,33 @@ struct Engine::Impl {
   }
 
   /// Closes a batch: meta-HNSW search for every query, then the load plan.
-  std::shared_ptr<Job> open_batch(const float* queries, size_t first, uint32_t n) {
+  /// READs the live descriptors of `subs` (one doorbell); counts into `st`.
+  std::vector<SubDesc> read_live(const std::vector<uint32_t>& subs, fabric::Endpoint& ep, BatchStats& st) {
+    std::vector<SubDesc> out(subs.size());
+    if (subs.empty()) return out;
+    fabric::Buffer b = ep.alloc(subs.size() * sizeof(SubDesc));
+    std::vector<fabric::Op> ops;
+    for (size_t i = 0; i < subs.size(); ++i)
+      ops.push_back(fabric::Op::read(RemotePtr(index.subs.at(subs[i]).memnode, live_desc_offset(index.header, subs[i])),
+                                     b.data() + i * sizeof(SubDesc), sizeof(SubDesc), i));
+    if (ep.post(ops) != fabric::Status::Ok)
+      throw fabric::FabricError("reading the live descriptors of " + std::to_string(subs.size()) +
+                                " sub-HNSW(s) failed: " + sub_name(subs.front()));
+    ep.wait_all(ops.size());
+    st.reads += ops.size();
+    st.bytes += ops.size() * sizeof(SubDesc);
+    ++st.doorbells;
+    for (size_t i = 0; i < subs.size(); ++i) {
+      std::memcpy(&out[i], b.data() + i * sizeof(SubDesc), sizeof(SubDesc));
+      const SubDesc& st0 = index.subs.at(subs[i]);
+      if (out[i].id != subs[i] || out[i].block_offset != st0.block_offset || out[i].overflow_used > st0.overflow_bytes)
+        throw std::runtime_error("the live descriptor of " + sub_name(subs[i]) +
+                                 " does not match the metadata block (was the index rebuilt?)");
+    }
+    return out;
+  }
+
+  std::shared_ptr<Job> open_batch(const float* queries, size_t first, uint32_t n, fabric::Endpoint& ep) {
     auto job = std::make_shared<Job>();
     job->first = first;
     job->n = n;
@@ -186,10 +216,20 @@ struct Engine::Impl {
           if (p >= 0 && p < static_cast<faiss::Index::idx_t>(P)) probes[q].push_back(static_cast<uint32_t>(p));
         }
     }
+    {  // the live descriptors: a cached copy is good while its version is the live one
+      std::vector<uint32_t> subs;
+      for (const auto& q : probes) subs.insert(subs.end(), q.begin(), q.end());
+      std::sort(subs.begin(), subs.end());
+      subs.erase(std::unique(subs.begin(), subs.end()), subs.end());
+      const std::vector<SubDesc> live = read_live(subs, ep, job->st);
+      for (size_t i = 0; i < subs.size(); ++i) job->live[subs[i]] = live[i];
+    }
     job->plan = plan_batch(probes, o.regroup, [&](uint32_t s) {
       if (!o.regroup) return false;
       auto hit = cache.get(s);
       if (!hit) return false;
+      const SubDesc& d = job->live.at(s);
+      if ((d.version & 1) != 0 || hit->version != d.version) return false;
       job->hits[s] = std::move(hit);
       return true;
     });
@@ -208,21 +248,11 @@ struct Engine::Impl {
                    Emit&& emit) {
     auto t0 = Clock::now();
     std::vector<Item> items(entries.size());
-    std::vector<fabric::Op> ops;
-    std::vector<uint32_t> chunks(entries.size(), 0);
     for (size_t i = 0; i < entries.size(); ++i) {
-      const SubDesc& d = index.subs[job->plan.entries[entries[i]].sub];
-      auto [off, len] = fetch_range(d);
       items[i].job = job;
       items[i].entry = entries[i];
-      items[i].len = len;
+      items[i].desc = job->live.at(job->plan.entries[entries[i]].sub);
       items[i].buf = ep.alloc(buf_bytes);
-      for (uint64_t at = 0; at < len; at += o.max_read_bytes) {
-        uint64_t n = std::min<uint64_t>(o.max_read_bytes, len - at);
-        ops.push_back(fabric::Op::read(RemotePtr(d.memnode, off + at), items[i].buf.data() + at, n, i));
-        ++chunks[i];
-      }
-      job->st.bytes += len;
     }
     auto fail = [&](const fabric::Completion& cpl) {
       uint32_t sub = job->plan.entries[entries.at(cpl.tag)].sub;
@@ -264,16 +294,56 @@ struct Engine::Impl {
       }
       ++job->st.doorbells;
     };
-    if (o.doorbell) {
-      post(ops);
-      wait(ops.size());
-    } else {
-      for (const auto& op : ops) {
-        post(std::span<const fabric::Op>(&op, 1));
-        wait(1);
+    // Seqlock: fetch with the live descriptor, READ it again; an item whose version moved (or
+    // was odd: a commit in flight) is fetched again. After kAttempts it is taken as it is,
+    // sanitized and not cached (a writer died inside a commit and no inserter repaired it yet).
+    constexpr int kAttempts = 200;
+    std::vector<size_t> pending(items.size());
+    for (size_t i = 0; i < items.size(); ++i) pending[i] = i;
+    for (int attempt = 1; !pending.empty(); ++attempt) {
+      std::vector<fabric::Op> ops;
+      for (size_t i : pending) {
+        auto [off, len] = fetch_range(items[i].desc);
+        if (len > buf_bytes)
+          throw std::runtime_error(sub_name(items[i].desc.id) + ": live fetch range of " + std::to_string(len) +
+                                   " bytes is beyond its block and gap");
+        items[i].len = len;
+        for (uint64_t at = 0; at < len; at += o.max_read_bytes) {
+          uint64_t n = std::min<uint64_t>(o.max_read_bytes, len - at);
+          ops.push_back(fabric::Op::read(RemotePtr(items[i].desc.memnode, off + at), items[i].buf.data() + at, n, i));
+        }
+        job->st.bytes += len;
       }
+      if (o.doorbell) {
+        post(ops);
+        wait(ops.size());
+      } else {
+        for (const auto& op : ops) {
+          post(std::span<const fabric::Op>(&op, 1));
+          wait(1);
+        }
+      }
+      job->st.reads += ops.size();
+      std::vector<uint32_t> subs;
+      for (size_t i : pending) subs.push_back(items[i].desc.id);
+      const std::vector<SubDesc> again = read_live(subs, ep, job->st);
+      std::vector<size_t> next;
+      bool odd = false;
+      for (size_t j = 0; j < pending.size(); ++j) {
+        Item& it = items[pending[j]];
+        const bool stable = again[j].version == it.desc.version && (it.desc.version & 1) == 0;
+        if (stable) continue;
+        if (attempt >= kAttempts) {
+          it.torn = true;
+          continue;
+        }
+        odd = odd || (again[j].version & 1) != 0;
+        it.desc = again[j];
+        next.push_back(pending[j]);
+      }
+      pending.swap(next);
+      if (odd) std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
-    job->st.reads += ops.size();
     job->st.fetch_s += secs(t0, Clock::now());
     for (auto& it : items) emit(std::move(it));
   }
@@ -281,10 +351,12 @@ struct Engine::Impl {
   void deserialize(Item& it) {
     auto t0 = Clock::now();
     const uint32_t sub = it.job->plan.entries[it.entry].sub;
-    const SubDesc& d = index.subs[sub];
-    auto s = std::make_shared<SubIndex>(deserialize_sub(it.buf.data(), it.len, d, index.header, sub_name(sub)));
+    auto s = std::make_shared<SubIndex>(deserialize_sub(it.buf.data(), it.len, it.desc, index.header, sub_name(sub), it.torn));
+    if (it.torn)
+      spdlog::warn("{}: no consistent copy after repeated fetches (a commit left in flight, version {}); searched "
+                   "a sanitized copy ({} neighbour entries dropped)", sub_name(sub), it.desc.version, s->sanitized);
     it.sub = std::move(s);
-    if (o.regroup) cache.put(sub, it.sub);
+    if (o.regroup && !it.torn) cache.put(sub, it.sub);
     it.job->st.deserialize_s += secs(t0, Clock::now());
   }
 
@@ -407,7 +479,7 @@ RunStats Engine::run(const float* queries, size_t n, std::vector<Answer>& answer
   if (!o_.pipeline) {
     for (size_t first = 0; first < n;) {
       uint32_t bn = next_batch(first);
-      auto job = im.open_batch(queries, first, bn);
+      auto job = im.open_batch(queries, first, bn, *ep);
       for (uint32_t e = 0; e < job->plan.entries.size(); ++e)
         if (job->plan.entries[e].cached) {
           Item it{job, e, {}, 0, job->hits.at(job->plan.entries[e].sub)};
@@ -446,7 +518,7 @@ RunStats Engine::run(const float* queries, size_t n, std::vector<Answer>& answer
       try {
         for (size_t first = 0; first < n && !abort.load();) {
           uint32_t bn = next_batch(first);
-          auto job = im.open_batch(queries, first, bn);
+          auto job = im.open_batch(queries, first, bn, *ep);
           if (job->plan.entries.empty()) {  // nothing to search: done at once
             Item it{job, 0, {}, 0, nullptr};
             job->remaining = 1;

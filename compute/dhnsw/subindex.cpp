@@ -188,7 +188,7 @@ size_t SubIndex::memory_bytes() const {
 }
 
 SubIndex deserialize_sub(const char* fetched, size_t len, const SubDesc& d, const MetaHeader& h,
-                         const std::string& what) {
+                         const std::string& what, bool sanitize) {
   const std::string who = what + ": sub " + num(d.id);
   auto bad = [&](const std::string& place, const std::string& problem) -> std::runtime_error {
     return std::runtime_error(who + ": " + place + ": " + problem);
@@ -295,6 +295,24 @@ SubIndex deserialize_sub(const char* fetched, size_t len, const SubDesc& d, cons
   gather(storage->codes, kVectors);
   gather(out.labels, kLabels);
 
+  if (sanitize && g.offsets.size() == n + 1 && g.levels.size() == n) {
+    const int64_t cnt = static_cast<int64_t>(n);
+    for (uint64_t i = 0; i < n; ++i) {
+      const size_t b = g.offsets[i], e = std::min<size_t>(g.offsets[i + 1], g.neighbors.size());
+      // Per level: Faiss stops a list at its first -1, so the kept ids move up.
+      for (int l = 0; l < g.levels[i] && l + 1 < static_cast<int>(g.cum_nneighbor_per_level.size()); ++l) {
+        const size_t lb = std::min(e, b + static_cast<size_t>(g.cum_nneighbor_per_level[l]));
+        const size_t le = std::min(e, b + static_cast<size_t>(g.cum_nneighbor_per_level[l + 1]));
+        size_t w = lb;
+        for (size_t j = lb; j < le; ++j) {
+          const int32_t v = g.neighbors[j];
+          if (v >= 0 && v < cnt) g.neighbors[w++] = v;
+          else if (v != -1) ++out.sanitized;
+        }
+        for (; w < le; ++w) g.neighbors[w] = -1;
+      }
+    }
+  }
   check_graph(g, n, d.entry_point, d.max_level, [&](uint32_t a, uint64_t byte) { return who + ": " + where(a, byte); });
   for (uint64_t i = 0; i < n; ++i)
     if (out.labels[i] < 0)

@@ -34,6 +34,7 @@ struct SubIndex {
   uint64_t version = 0;  // SubDesc::version it was read at
   std::unique_ptr<faiss::IndexHNSWFlat> index;
   std::vector<int64_t> labels;  // global id of each local Faiss id
+  uint64_t sanitized = 0;       // neighbour entries dropped by deserialize_sub(sanitize)
   /// Heap bytes held (graph, vectors, labels): what a cache of SubIndexes accounts.
   size_t memory_bytes() const;
 };
@@ -50,8 +51,11 @@ struct SubIndex {
 /// labels count entries. Dimension, M, metric and efConstruction come from `h`. Throws
 /// std::runtime_error naming `what`, the array and the byte offset (in `fetched`) on bad data.
 /// Copies: one per array (into Faiss's std::vectors), plus the overflow payloads.
+/// With `sanitize`, neighbour ids outside 0..count-1 are dropped from their lists first (the
+/// rest moved up, -1 after them): what a commit left half-written by a dead computenode looks
+/// like (lists of old nodes pointing at nodes its descriptor never published).
 SubIndex deserialize_sub(const char* fetched, size_t len, const SubDesc& d, const MetaHeader& h,
-                         const std::string& what);
+                         const std::string& what, bool sanitize = false);
 
 /// The meta-HNSW as a Faiss index file (faiss::write_index into memory).
 std::vector<char> serialize_meta(const faiss::IndexHNSWFlat& idx);

@@ -349,10 +349,22 @@ TEST_CASE("layout: metadata block encode/decode round trip and checksum", "[dhns
   MetaHeader eh;
   std::memcpy(&eh, block.data(), sizeof eh);
   CHECK(eh.checksum == metadata_checksum(block.data(), block.size()));
-  // The checksum is over the block with the field as zero.
+  // The checksum is over the block with the field and every descriptor's mutable fields as zero.
   std::vector<char> zeroed = block;
   std::memset(zeroed.data() + offsetof(MetaHeader, checksum), 0, 8);
+  for (size_t i = 0; i < p.subs.size(); ++i) {
+    const SubDesc s = static_part(p.subs[i]);
+    std::memcpy(zeroed.data() + eh.sub_table_offset + i * sizeof(SubDesc), &s, sizeof s);
+  }
   CHECK(eh.checksum == dmhnsw::checksum64(zeroed.data(), zeroed.size()));
+  SECTION("a commit's changes to a live descriptor leave the checksum valid") {
+    SubDesc d = p.subs[1];
+    d.count += 5, d.arrays[kVectors].used += 5 * 32, d.overflow_used += 64, d.version += 2, d.lock = lock_word(3, 77);
+    std::vector<char> live = block;
+    std::memcpy(live.data() + eh.sub_table_offset + sizeof(SubDesc), &d, sizeof d);
+    CHECK(metadata_checksum(live.data(), live.size()) == eh.checksum);
+    CHECK(lock_owner(d.lock) == 3);
+  }
 
   const uint64_t region = *std::max_element(p.region_bytes.begin(), p.region_bytes.end());
   Metadata md = decode_metadata(block.data(), block.size(), region, kAnyMemnode, "round trip");

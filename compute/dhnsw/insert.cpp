@@ -1,0 +1,332 @@
+#include "compute/dhnsw/insert.hpp"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <map>
+#include <random>
+#include <stdexcept>
+#include <thread>
+#include <unordered_set>
+
+#include "common/dataset.hpp"
+#include "compute/dhnsw/commit.hpp"
+
+namespace dmhnsw::dhnsw {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double secs(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
+std::string num(uint64_t v) { return std::to_string(v); }
+
+double percentile(std::vector<double> v, double p) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[std::min(v.size() - 1, static_cast<size_t>(p * static_cast<double>(v.size())))];
+}
+
+}  // namespace
+
+nlohmann::json InsertStats::to_json(double seconds) const {
+  const double n = inserted > 0 ? static_cast<double>(inserted) : 1.0;
+  return {{"inserted", inserted},
+          {"seconds", seconds},
+          {"inserts_per_s", seconds > 0 ? static_cast<double>(inserted) / seconds : 0.0},
+          {"commits", commits},
+          {"writes", writes},
+          {"doorbells", doorbells},
+          {"bytes_written", bytes_written},
+          {"bytes_fetched", bytes_fetched},
+          {"per_insert", {{"writes", static_cast<double>(writes) / n},
+                          {"doorbells", static_cast<double>(doorbells) / n},
+                          {"bytes_written", static_cast<double>(bytes_written) / n}}},
+          {"appended_bytes", appended_bytes},
+          {"overwritten_bytes", overwritten_bytes},
+          {"overflow_records", overflow_records},
+          {"lock_waits", lock_waits},
+          {"lock_takeovers", lock_takeovers},
+          {"repairs", repairs},
+          {"sanitized_entries", sanitized_entries},
+          {"commit_us", {{"p50", percentile(commit_us, 0.5)}, {"p99", percentile(commit_us, 0.99)},
+                         {"max", commit_us.empty() ? 0.0 : *std::max_element(commit_us.begin(), commit_us.end())}}}};
+}
+
+Inserter::Inserter(fabric::Cluster& c, fabric::Endpoint& ep, const Index& index, uint32_t cn_id, InsertTuning t)
+    : c_(c), ep_(ep), index_(index), cn_id_(cn_id), t_(t) {
+  if (!index_.meta) throw std::invalid_argument("dhnsw insert: the index has no meta-HNSW");
+  ticket_ = std::random_device{}();
+}
+
+RemotePtr Inserter::live_ptr(uint32_t sub, size_t field) const {
+  const SubDesc& d = index_.subs.at(sub);
+  return RemotePtr(d.memnode, live_desc_offset(index_.header, sub) + field);
+}
+
+uint64_t Inserter::lock_group(const SubDesc& slot0) {
+  const RemotePtr p = live_ptr(slot0.id, offsetof(SubDesc, lock));
+  const uint64_t mine = lock_word(cn_id_, ++ticket_);
+  uint64_t seen = 0;
+  auto since = Clock::now();
+  auto nap = std::chrono::microseconds(20);
+  for (;;) {
+    const uint64_t old = ep_.compare_swap(p, 0, mine);
+    if (old == 0) return mine;
+    const auto now = Clock::now();
+    if (old != seen) {
+      seen = old;
+      since = now;
+      ++st_.lock_waits;
+    } else if (now - since > std::chrono::milliseconds(t_.lease_ms)) {
+      if (ep_.compare_swap(p, old, mine) == old) {
+        ++st_.lock_takeovers;
+        spdlog::warn("dhnsw insert: took over the lock of the group of sub-HNSW {} from computenode {} (unchanged "
+                     "for {} ms)", slot0.id, lock_owner(old), t_.lease_ms);
+        return mine;
+      }
+    }
+    std::this_thread::sleep_for(nap);
+    nap = std::min(nap * 2, std::chrono::microseconds(2000));
+  }
+}
+
+void Inserter::unlock_group(const SubDesc& slot0, uint64_t mine) {
+  const uint64_t old = ep_.compare_swap(live_ptr(slot0.id, offsetof(SubDesc, lock)), mine, 0);
+  if (old != mine)
+    spdlog::warn("dhnsw insert: the lock of the group of sub-HNSW {} was taken over while held (now {:#x})", slot0.id,
+                 old);
+}
+
+void Inserter::post_writes(uint16_t memnode, const std::vector<std::pair<uint64_t, const std::vector<char>*>>& w) {
+  uint64_t total = 0;
+  for (const auto& [off, bytes] : w) total += bytes->size();
+  if (total == 0) return;
+  fabric::Buffer buf = ep_.alloc(total);
+  std::vector<fabric::Op> ops;
+  uint64_t at = 0;
+  auto flush = [&] {
+    if (ops.empty()) return;
+    if (ep_.post(ops) != fabric::Status::Ok)
+      throw fabric::FabricError("dhnsw insert: posting a commit to memnode " + num(memnode) + " failed");
+    ++st_.doorbells;
+    st_.writes += ops.size();
+    ep_.wait_all(ops.size());
+    ops.clear();
+  };
+  for (const auto& [off, bytes] : w) {
+    if (bytes->empty()) continue;
+    std::memcpy(buf.data() + at, bytes->data(), bytes->size());
+    ops.push_back(fabric::Op::write(RemotePtr(memnode, off), buf.data() + at, bytes->size(), ops.size()));
+    at += bytes->size();
+    st_.bytes_written += bytes->size();
+    if (ops.size() >= t_.max_write_ops) flush();
+  }
+  flush();
+}
+
+void Inserter::insert_into(uint32_t sub, const float* x, const int64_t* ids, size_t n) {
+  const SubDesc& sd = index_.subs.at(sub);
+  const uint32_t g0 = sd.slot == 0 ? sub : sd.partner;
+  const SubDesc& slot0 = index_.subs.at(g0);
+  const auto t0 = Clock::now();
+  const uint64_t mine = lock_group(slot0);
+  struct Unlock {
+    Inserter* self;
+    const SubDesc& s0;
+    uint64_t mine;
+    ~Unlock() {
+      try {
+        self->unlock_group(s0, mine);
+      } catch (const std::exception& e) {
+        spdlog::warn("dhnsw insert: releasing a group lock: {}", e.what());
+      }
+    }
+  } unlock{this, slot0, mine};
+
+  // 1. Live descriptors: the sub's and its partner's (for the shared gap).
+  const uint32_t partner = sd.partner;
+  fabric::Buffer dbuf = ep_.alloc(2 * sizeof(SubDesc));
+  std::vector<fabric::Op> ops{fabric::Op::read(live_ptr(sub), dbuf.data(), sizeof(SubDesc), 0)};
+  if (partner != kNoPartner) ops.push_back(fabric::Op::read(live_ptr(partner), dbuf.data() + sizeof(SubDesc), sizeof(SubDesc), 1));
+  if (ep_.post(ops) != fabric::Status::Ok) throw fabric::FabricError("dhnsw insert: reading descriptors failed");
+  ep_.wait_all(ops.size());
+  SubDesc d, pd{};
+  std::memcpy(&d, dbuf.data(), sizeof d);
+  if (partner != kNoPartner) std::memcpy(&pd, dbuf.data() + sizeof(SubDesc), sizeof pd);
+  // The live copy must be the same sub in the same place as the table cached at load.
+  if (static_part(d).block_offset != sd.block_offset || d.id != sub || d.overflow_used > d.overflow_bytes)
+    throw std::runtime_error("dhnsw insert: the live descriptor of sub-HNSW " + num(sub) + " on memnode " +
+                             num(sd.memnode) + " does not match the metadata block (was the index rebuilt?)");
+  const bool repair = (d.version & 1) != 0;
+
+  // 2. Fetch and deserialize.
+  const auto [off, len] = fetch_range(d);
+  fabric::Buffer fb = ep_.alloc(std::max<uint64_t>(len, 64));
+  if (len > 0) ep_.read(RemotePtr(d.memnode, off), fb.data(), len);
+  st_.bytes_fetched += len;
+  const std::string what = "memnode " + num(d.memnode);
+  SubIndex s = deserialize_sub(fb.data(), len, d, index_.header, what, repair);
+  if (repair) {
+    ++st_.repairs;
+    st_.sanitized_entries += s.sanitized;
+    spdlog::warn("dhnsw insert: sub-HNSW {} was left inside a commit (version {}); repaired ({} neighbour entries "
+                 "dropped)", sub, d.version, s.sanitized);
+  }
+  const ArraySegments segs = array_segments(fb.data(), len, d);
+  std::vector<int32_t> old_nb(d.arrays[kNeighbors].used / 4);
+  {
+    const std::vector<char> raw = gather(fb.data(), d, segs[kNeighbors]);
+    old_nb.resize(raw.size() / 4);
+    std::memcpy(old_nb.data(), raw.data(), raw.size());
+  }
+  fb.reset();
+
+  // 3. Local insert.
+  {
+    std::unordered_set<int64_t> have(s.labels.begin(), s.labels.end());
+    for (size_t i = 0; i < n; ++i)
+      if (!have.insert(ids[i]).second)
+        throw std::invalid_argument("dhnsw insert: id " + std::to_string(ids[i]) +
+                                    " is already in the index (sub-HNSW " + num(sub) + ")");
+  }
+  s.index->add(static_cast<faiss::Index::idx_t>(n), x);
+  s.labels.insert(s.labels.end(), ids, ids + n);
+
+  // 4. Commit.
+  const UpdateCommit cm = prepare_commit(d, segs, old_nb, s, partner != kNoPartner ? &pd : nullptr, index_.header.dim);
+  if (ep_.compare_swap(live_ptr(g0, offsetof(SubDesc, lock)), mine, mine) != mine)
+    throw std::runtime_error("dhnsw insert: lost the lock of sub-HNSW " + num(sub) + "'s group before committing");
+  fabric::Buffer word = ep_.alloc(8);
+  auto put_version = [&](uint64_t v) {
+    std::memcpy(word.data(), &v, 8);
+    ep_.write(live_ptr(sub, offsetof(SubDesc, version)), word.data(), 8);
+    ++st_.writes, ++st_.doorbells, st_.bytes_written += 8;
+  };
+  if (!repair) put_version(d.version + 1);
+  std::vector<std::pair<uint64_t, const std::vector<char>*>> w;
+  for (const RegionWrite& rw : cm.writes) w.emplace_back(rw.offset, &rw.bytes);
+  post_writes(d.memnode, w);
+  const std::vector<char> live(reinterpret_cast<const char*>(&cm.desc) + kLiveFieldsBegin,
+                               reinterpret_cast<const char*>(&cm.desc) + kLiveFieldsEnd);
+  post_writes(d.memnode, {{live_desc_offset(index_.header, sub) + kLiveFieldsBegin, &live}});
+  put_version(cm.desc.version);
+
+  ++st_.commits;
+  st_.inserted += n;
+  st_.appended_bytes += cm.appended_bytes;
+  st_.overwritten_bytes += cm.overwritten_bytes;
+  st_.overflow_records += cm.overflow_records;
+  st_.commit_us.push_back(secs(t0, Clock::now()) * 1e6);
+}
+
+void Inserter::insert(const float* x, const int64_t* ids, size_t n) {
+  if (n == 0) return;
+  const uint32_t dim = index_.header.dim;
+  {
+    std::unordered_set<int64_t> seen;
+    for (size_t i = 0; i < n; ++i) {
+      if (ids[i] < 0) throw std::invalid_argument("dhnsw insert: id " + std::to_string(ids[i]) + " is negative");
+      if (!seen.insert(ids[i]).second)
+        throw std::invalid_argument("dhnsw insert: id " + std::to_string(ids[i]) + " appears twice in one batch");
+    }
+  }
+  // Route: each vector to its nearest partition (the meta-HNSW's top 1).
+  std::vector<float> D(n);
+  std::vector<faiss::Index::idx_t> I(n);
+  index_.meta->hnsw.efSearch = static_cast<int>(t_.meta_ef_search);
+  index_.meta->search(static_cast<faiss::Index::idx_t>(n), x, 1, D.data(), I.data());
+  std::map<uint32_t, std::vector<size_t>> by_sub;
+  for (size_t i = 0; i < n; ++i) {
+    if (I[i] < 0 || I[i] >= static_cast<faiss::Index::idx_t>(index_.header.num_subs))
+      throw std::runtime_error("dhnsw insert: the meta-HNSW routed a vector to partition " + std::to_string(I[i]));
+    by_sub[static_cast<uint32_t>(I[i])].push_back(i);
+  }
+  std::vector<float> xs;
+  std::vector<int64_t> is;
+  for (const auto& [sub, rows] : by_sub) {
+    xs.resize(rows.size() * dim);
+    is.resize(rows.size());
+    for (size_t j = 0; j < rows.size(); ++j) {
+      std::memcpy(xs.data() + j * dim, x + rows[j] * dim, sizeof(float) * dim);
+      is[j] = ids[rows[j]];
+    }
+    insert_into(sub, xs.data(), is.data(), rows.size());
+  }
+}
+
+nlohmann::json run_insert(const compute::RunContext& rc, const InsertOptions& o) {
+  fabric::Cluster& c = *rc.cluster;
+  FloatMatrix data;
+  try {
+    data = load_vectors_as_float(o.data);
+  } catch (const std::exception& e) {
+    throw std::runtime_error(std::string("--data: ") + e.what());
+  }
+  if (!data.contiguous()) data = data.copy();
+  auto ep = c.make_endpoint(64u << 20);
+  const Index index = load_index(c, *ep);
+  if (data.d() != index.header.dim)
+    throw std::invalid_argument("--data " + o.data + " has dimension " + std::to_string(data.d()) +
+                                ", the d-HNSW index on the memnodes " + std::to_string(index.header.dim));
+  uint64_t max_fetch = 0;
+  for (const auto& s : index.subs) max_fetch = std::max(max_fetch, s.block_bytes + s.overflow_bytes);
+  if (max_fetch + (16u << 20) > (64u << 20)) ep = c.make_endpoint(max_fetch + (16u << 20));
+  const size_t end = o.end == 0 ? data.n() : std::min(o.end, data.n());
+  if (o.begin >= end)
+    throw std::invalid_argument("--begin " + std::to_string(o.begin) + " is past the data's " + std::to_string(end) + " rows");
+  std::vector<size_t> mine;
+  for (size_t i = o.begin + rc.cn_id; i < end; i += rc.num_cns) mine.push_back(i);
+  Inserter ins(c, *ep, index, rc.cn_id, o.tuning);
+  const auto t0 = Clock::now();
+  auto last = t0;
+  std::vector<float> xs;
+  std::vector<int64_t> ids;
+  std::vector<double> batch_ms;
+  const uint32_t B = std::max<uint32_t>(1, o.batch);
+  for (size_t at = 0; at < mine.size(); at += B) {
+    const size_t n = std::min<size_t>(B, mine.size() - at);
+    xs.resize(n * data.d());
+    ids.resize(n);
+    for (size_t j = 0; j < n; ++j) {
+      std::memcpy(xs.data() + j * data.d(), data.row(mine[at + j]), sizeof(float) * data.d());
+      ids[j] = o.id_offset + static_cast<int64_t>(mine[at + j]);
+    }
+    const auto b0 = Clock::now();
+    ins.insert(xs.data(), ids.data(), n);
+    batch_ms.push_back(secs(b0, Clock::now()) * 1e3);
+    if (secs(last, Clock::now()) > 2) {
+      last = Clock::now();
+      spdlog::info("dhnsw insert: {} / {} acknowledged ({:.0f} inserts/s)", at + n, mine.size(),
+                   static_cast<double>(at + n) / secs(t0, last));
+    }
+  }
+  const double s = secs(t0, Clock::now());
+  nlohmann::json r;
+  r["tool"] = "computenode dhnsw insert";
+  r["cn_id"] = rc.cn_id;
+  r["num_cns"] = rc.num_cns;
+  r["provider"] = rc.provider;
+  r["data"] = o.data;
+  r["rows"] = {{"begin", o.begin}, {"end", end}, {"mine", mine.size()}, {"id_offset", o.id_offset}};
+  r["batch"] = B;
+  r["insert"] = ins.stats().to_json(s);
+  r["batch_ms"] = {{"p50", percentile(batch_ms, 0.5)}, {"p99", percentile(batch_ms, 0.99)}};
+  return r;
+}
+
+void print_insert(const nlohmann::json& r) {
+  const auto& i = r["insert"];
+  std::printf("dhnsw insert (computenode %u): %llu vectors in %.2f s (%.0f inserts/s), %llu commits; per insert "
+              "%.2f WRITEs, %.3f doorbells, %.0f bytes; lock waits %llu, takeovers %llu, repairs %llu\n",
+              r["cn_id"].get<unsigned>(), static_cast<unsigned long long>(i["inserted"].get<uint64_t>()),
+              i["seconds"].get<double>(), i["inserts_per_s"].get<double>(),
+              static_cast<unsigned long long>(i["commits"].get<uint64_t>()), i["per_insert"]["writes"].get<double>(),
+              i["per_insert"]["doorbells"].get<double>(), i["per_insert"]["bytes_written"].get<double>(),
+              static_cast<unsigned long long>(i["lock_waits"].get<uint64_t>()),
+              static_cast<unsigned long long>(i["lock_takeovers"].get<uint64_t>()),
+              static_cast<unsigned long long>(i["repairs"].get<uint64_t>()));
+}
+
+}  // namespace dmhnsw::dhnsw

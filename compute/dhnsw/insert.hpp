@@ -1,0 +1,84 @@
+#pragma once
+// d-HNSW in-place inserts (paper section 4.2, Algorithms 3 and 4), safe with many computenodes
+// inserting and querying at once.
+//
+// An insert batch is routed by the cached meta-HNSW (each vector to its nearest partition) and
+// grouped by sub-HNSW. For each sub-HNSW, under its group's lock:
+//   1. READ the live descriptors of the sub and of its group partner (common/dhnsw_layout.hpp);
+//   2. fetch the sub with the overflow it uses (one READ range) and deserialize it; an odd
+//      version means a writer died inside a commit: the copy is sanitized and repaired;
+//   3. insert the vectors into the local copy (Faiss), refuse an id the sub already holds;
+//   4. commit (compute/dhnsw/commit.hpp): version := odd; the appends and dirty neighbour
+//      ranges in one doorbell batch of WRITEs; the descriptor's live fields; version := even.
+// The insert is acknowledged after step 4 completed. Readers check the version around their
+// fetch (compute/dhnsw/pipeline.cpp), so they never use a torn copy.
+//
+// The group lock is a word in the group's slot-0 live descriptor, taken with COMPARE_SWAP
+// (lock_word: owner, ticket). A waiter that sees the same word for a whole lease takes the lock
+// over, so a computenode killed while holding it blocks the group for about one lease.
+// A holder is assumed not to stall longer than a lease between its own checks.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "common/fabric/transport.hpp"
+#include "compute/dhnsw/pipeline.hpp"
+#include "compute/run_context.hpp"
+
+namespace dmhnsw::dhnsw {
+
+struct InsertTuning {
+  uint32_t lease_ms = 2000;        // a lock word unchanged this long is taken over
+  uint32_t meta_ef_search = 64;    // efSearch of the routing search in the meta-HNSW
+  uint32_t max_write_ops = 64;     // WRITEs per doorbell
+};
+
+struct InsertStats {
+  uint64_t inserted = 0, commits = 0, writes = 0, doorbells = 0, bytes_written = 0, bytes_fetched = 0;
+  uint64_t appended_bytes = 0, overwritten_bytes = 0, overflow_records = 0;
+  uint64_t lock_waits = 0, lock_takeovers = 0, repairs = 0, sanitized_entries = 0;
+  std::vector<double> commit_us;  // per commit: lock taken to version published
+  nlohmann::json to_json(double seconds) const;
+};
+
+/// Inserts into a d-HNSW index over one endpoint (not thread-safe; one per thread).
+class Inserter {
+ public:
+  Inserter(fabric::Cluster& c, fabric::Endpoint& ep, const Index& index, uint32_t cn_id, InsertTuning t = {});
+  /// Inserts n vectors (n x dim) with global ids `ids`; every one is acknowledged (committed and
+  /// published) when this returns. Throws std::invalid_argument on a duplicate id (naming it),
+  /// CommitDoesNotFit when a group's overflow gap is full, FabricError on a dead memnode.
+  void insert(const float* x, const int64_t* ids, size_t n);
+  const InsertStats& stats() const { return st_; }
+
+ private:
+  void insert_into(uint32_t sub, const float* x, const int64_t* ids, size_t n);
+  uint64_t lock_group(const SubDesc& slot0);
+  void unlock_group(const SubDesc& slot0, uint64_t mine);
+  RemotePtr live_ptr(uint32_t sub, size_t field = 0) const;
+  void post_writes(uint16_t memnode, const std::vector<std::pair<uint64_t, const std::vector<char>*>>& w);
+
+  fabric::Cluster& c_;
+  fabric::Endpoint& ep_;
+  const Index& index_;
+  uint32_t cn_id_;
+  InsertTuning t_;
+  uint64_t ticket_ = 0;
+  InsertStats st_;
+};
+
+struct InsertOptions {
+  std::string data;
+  size_t begin = 0, end = 0;  // rows [begin, end) (end 0: all); this computenode takes i % num_cns == cn_id
+  int64_t id_offset = 0;      // a row's id is id_offset + row
+  uint32_t batch = 1000;      // vectors routed and committed together
+  InsertTuning tuning;
+};
+
+/// `computenode --mode dhnsw insert`: this computenode's share of the rows, in batches.
+nlohmann::json run_insert(const compute::RunContext& rc, const InsertOptions& o);
+void print_insert(const nlohmann::json& r);
+
+}  // namespace dmhnsw::dhnsw

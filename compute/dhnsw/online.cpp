@@ -1,0 +1,134 @@
+#include "compute/dhnsw/online.hpp"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <stdexcept>
+
+#include "common/dataset.hpp"
+#include "common/region.hpp"
+#include "common/units.hpp"
+
+namespace dmhnsw::dhnsw {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+constexpr uint64_t kChunk = 4u << 20;   // bytes per WRITE
+constexpr size_t kPerDoorbell = 8;      // WRITEs per post
+
+std::string mn_name(const fabric::Cluster& c, uint16_t m) {
+  return "memnode " + std::to_string(m) + " (" + c.memnodes().at(m).address + ")";
+}
+
+RegionHeader read_header(fabric::Cluster& c, fabric::Endpoint& ep, uint16_t m) {
+  RegionHeader h;
+  ep.read(RemotePtr(m, 0), &h, sizeof h);
+  validate_region_header(h, mn_name(c, m));
+  return h;
+}
+
+}  // namespace
+
+nlohmann::json write_index(fabric::Cluster& c, fabric::Endpoint& ep, const BuiltIndex& built) {
+  const size_t n = c.memnodes().size();
+  if (built.regions.size() != n)
+    throw std::invalid_argument("dhnsw build: the index was laid out for " + std::to_string(built.regions.size()) +
+                                " memnode(s), the cluster has " + std::to_string(n));
+  for (uint16_t m = 0; m < n; ++m) {
+    const RegionHeader h = read_header(c, ep, m);
+    if (h.mode != static_cast<uint8_t>(Mode::None))
+      throw std::runtime_error(mn_name(c, m) + " already holds a " +
+                               std::string(fabric::mode_name(static_cast<Mode>(h.mode))) +
+                               " index; start it without --load to build a new one");
+    if (h.region_size < built.region_bytes[m])
+      throw std::runtime_error(mn_name(c, m) + ": its region of " + format_bytes(h.region_size) +
+                               " cannot hold its part of the index: " + std::to_string(built.region_bytes[m]) +
+                               " bytes needed (" + format_bytes(built.region_bytes[m]) +
+                               "); start it with a larger --region");
+  }
+  // One computenode formats: the claim is a COMPARE_SWAP on a mode word of memnode 0.
+  const uint64_t claim = mode_word_offset(dhnsw_word::kBuildClaim);
+  const uint64_t mine = lock_word(0, static_cast<uint64_t>(Clock::now().time_since_epoch().count()));
+  if (const uint64_t old = ep.compare_swap(RemotePtr(0, claim), 0, mine); old != 0)
+    throw std::runtime_error("memnode 0: computenode " + std::to_string(lock_owner(old)) +
+                             " is already building an index there");
+
+  fabric::Buffer buf = ep.alloc(kChunk * kPerDoorbell);
+  uint64_t bytes = 0, writes = 0, doorbells = 0;
+  const auto t0 = Clock::now();
+  auto flush = [&](std::vector<fabric::Op>& ops) {
+    if (ops.empty()) return;
+    if (ep.post(ops) != fabric::Status::Ok)
+      throw fabric::FabricError("dhnsw build: posting WRITEs to " + mn_name(c, ops.front().remote.node()) + " failed");
+    ++doorbells;
+    writes += ops.size();
+    ep.wait_all(ops.size());
+    ops.clear();
+  };
+  for (uint16_t m = 0; m < n; ++m) {  // groups and metadata block first
+    const std::vector<char>& r = built.regions[m];
+    std::vector<fabric::Op> ops;
+    for (uint64_t at = kMetadataOffset; at < r.size(); at += kChunk) {
+      const uint64_t len = std::min<uint64_t>(kChunk, r.size() - at);
+      char* slot = buf.data() + ops.size() * kChunk;
+      std::memcpy(slot, r.data() + at, len);
+      ops.push_back(fabric::Op::write(RemotePtr(m, at), slot, len, ops.size()));
+      bytes += len;
+      if (ops.size() == kPerDoorbell) flush(ops);
+    }
+    flush(ops);
+  }
+  for (uint16_t m = 0; m < n; ++m) {  // then the headers, memnode 0's (with the claim word) last
+    const uint16_t who = static_cast<uint16_t>(n - 1 - m);
+    RegionHeader h;
+    std::memcpy(&h, built.regions[who].data(), sizeof h);
+    h.region_size = c.memnodes()[who].region_size;  // the region's own size: the room past the scratch stays free
+    validate_region_header(h, mn_name(c, who) + " new region header");
+    std::memcpy(buf.data(), &h, sizeof h);
+    ep.write(RemotePtr(who, 0), buf.data(), sizeof h);
+    bytes += sizeof h;
+    ++writes;
+    ++doorbells;
+  }
+  const double s = std::chrono::duration<double>(Clock::now() - t0).count();
+  return {{"bytes", bytes}, {"writes", writes}, {"doorbells", doorbells}, {"seconds", s},
+          {"mb_per_s", s > 0 ? static_cast<double>(bytes) / s / 1e6 : 0.0}};
+}
+
+nlohmann::json run_online_build(const compute::RunContext& rc, const OnlineBuildOptions& o) {
+  if (rc.cn_id != 0) {
+    std::printf("dhnsw build: computenode 0 builds the index; nothing to do here\n");
+    return {{"tool", "computenode dhnsw build"}, {"cn_id", rc.cn_id}, {"skipped", true}};
+  }
+  fabric::Cluster& c = *rc.cluster;
+  LoadOptions load;
+  if (o.max_vectors != 0) load.max_rows = o.max_vectors;
+  FloatMatrix data;
+  try {
+    data = load_vectors_as_float(o.data, load);
+  } catch (const std::exception& e) {
+    throw std::runtime_error(std::string("--data: ") + e.what());
+  }
+  if (!data.contiguous()) data = data.copy();
+  BuildOptions bo = o.build;
+  bo.memnodes = static_cast<uint32_t>(c.memnodes().size());
+  auto ep = c.make_endpoint((kChunk * kPerDoorbell) + (8u << 20));
+  // Fail early, before minutes of building, on a memnode that holds an index already.
+  for (uint16_t m = 0; m < c.memnodes().size(); ++m)
+    if (read_header(c, *ep, m).mode != static_cast<uint8_t>(Mode::None))
+      throw std::runtime_error(mn_name(c, m) + " already holds an index; start it without --load to build a new one");
+  spdlog::info("dhnsw build: {}: {} x {}, building on this computenode", o.data, data.n(), data.d());
+  const BuiltIndex built = build_index(data.data(), data.n(), static_cast<uint32_t>(data.d()), o.metric, bo);
+  spdlog::info("dhnsw build: {} partitions built in {:.2f} s; writing {} memnode region(s)", built.options.partitions,
+               built.seconds_partition + built.seconds_build_subs + built.seconds_layout, built.regions.size());
+  nlohmann::json r = built.report();
+  r["tool"] = "computenode dhnsw build";
+  r["data"] = o.data;
+  r["write"] = write_index(c, *ep, built);
+  return r;
+}
+
+}  // namespace dmhnsw::dhnsw
