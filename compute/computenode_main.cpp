@@ -115,6 +115,10 @@ int main(int argc, char** argv) {
   insert->add_option("--batch", dio.batch, "dhnsw: vectors routed and committed together")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
+  std::string share;
+  insert->add_option("--share", share,
+                     "dhnsw: I/K: insert rows i with i % K == I (default: cn-id/num-cns), so that K inserting "
+                     "computenodes split the rows while others query");
   insert->add_option("--lease-ms", dio.tuning.lease_ms,
                      "dhnsw: a group lock word unchanged this long is taken over (its holder is presumed dead)")
       ->capture_default_str()
@@ -272,6 +276,20 @@ int main(int argc, char** argv) {
         return 0;
       }
       dio.data = bo.data;
+      dio.share_index = cn_id;
+      dio.share_count = num_cns;
+      if (!share.empty()) {
+        const auto slash = share.find('/');
+        try {
+          if (slash == std::string::npos) throw std::invalid_argument("no /");
+          dio.share_index = static_cast<uint32_t>(std::stoul(share.substr(0, slash)));
+          dio.share_count = static_cast<uint32_t>(std::stoul(share.substr(slash + 1)));
+        } catch (const std::exception&) {
+          throw std::invalid_argument("--share '" + share + "': want I/K, e.g. 0/2");
+        }
+        if (dio.share_count == 0 || dio.share_index >= dio.share_count)
+          throw std::invalid_argument("--share '" + share + "': I must be below K");
+      }
       dio.begin = bo.begin;
       dio.end = bo.end;
       auto r = dhnsw::run_insert({cluster.get(), cn_id, num_cns, provider}, dio);

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <random>
@@ -58,6 +59,7 @@ Inserter::Inserter(fabric::Cluster& c, fabric::Endpoint& ep, const Index& index,
     : c_(c), ep_(ep), index_(index), cn_id_(cn_id), t_(t) {
   if (!index_.meta) throw std::invalid_argument("dhnsw insert: the index has no meta-HNSW");
   ticket_ = std::random_device{}();
+  if (const char* p = std::getenv("DMHNSW_TEST_PAUSE_IN_COMMIT_MS")) pause_in_commit_ms_ = std::atoi(p);
 }
 
 RemotePtr Inserter::live_ptr(uint32_t sub, size_t field) const {
@@ -208,6 +210,11 @@ void Inserter::insert_into(uint32_t sub, const float* x, const int64_t* ids, siz
   std::vector<std::pair<uint64_t, const std::vector<char>*>> w;
   for (const RegionWrite& rw : cm.writes) w.emplace_back(rw.offset, &rw.bytes);
   post_writes(d.memnode, w);
+  if (pause_in_commit_ms_ > 0) {  // fault injection for the tests: a writer dying here leaves an odd version
+    std::printf("dhnsw insert: paused inside the commit of sub-HNSW %u\n", sub);
+    std::fflush(stdout);
+    std::this_thread::sleep_for(std::chrono::milliseconds(pause_in_commit_ms_));
+  }
   const std::vector<char> live(reinterpret_cast<const char*>(&cm.desc) + kLiveFieldsBegin,
                                reinterpret_cast<const char*>(&cm.desc) + kLiveFieldsEnd);
   post_writes(d.memnode, {{live_desc_offset(index_.header, sub) + kLiveFieldsBegin, &live}});
@@ -277,7 +284,8 @@ nlohmann::json run_insert(const compute::RunContext& rc, const InsertOptions& o)
   if (o.begin >= end)
     throw std::invalid_argument("--begin " + std::to_string(o.begin) + " is past the data's " + std::to_string(end) + " rows");
   std::vector<size_t> mine;
-  for (size_t i = o.begin + rc.cn_id; i < end; i += rc.num_cns) mine.push_back(i);
+  for (size_t i = o.begin; i < end; ++i)
+    if (i % o.share_count == o.share_index) mine.push_back(i);
   Inserter ins(c, *ep, index, rc.cn_id, o.tuning);
   const auto t0 = Clock::now();
   auto last = t0;
@@ -309,7 +317,8 @@ nlohmann::json run_insert(const compute::RunContext& rc, const InsertOptions& o)
   r["num_cns"] = rc.num_cns;
   r["provider"] = rc.provider;
   r["data"] = o.data;
-  r["rows"] = {{"begin", o.begin}, {"end", end}, {"mine", mine.size()}, {"id_offset", o.id_offset}};
+  r["rows"] = {{"begin", o.begin}, {"end", end}, {"mine", mine.size()}, {"id_offset", o.id_offset},
+               {"share", std::to_string(o.share_index) + "/" + std::to_string(o.share_count)}};
   r["batch"] = B;
   r["insert"] = ins.stats().to_json(s);
   r["batch_ms"] = {{"p50", percentile(batch_ms, 0.5)}, {"p99", percentile(batch_ms, 0.99)}};

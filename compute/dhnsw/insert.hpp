@@ -66,12 +66,14 @@ class Inserter {
   uint32_t cn_id_;
   InsertTuning t_;
   uint64_t ticket_ = 0;
+  int pause_in_commit_ms_ = 0;  // DMHNSW_TEST_PAUSE_IN_COMMIT_MS: tests kill a writer inside a commit
   InsertStats st_;
 };
 
 struct InsertOptions {
   std::string data;
-  size_t begin = 0, end = 0;  // rows [begin, end) (end 0: all); this computenode takes i % num_cns == cn_id
+  size_t begin = 0, end = 0;  // rows [begin, end) (end 0: all); this computenode takes i % share_count == share_index
+  uint32_t share_index = 0, share_count = 1;
   int64_t id_offset = 0;      // a row's id is id_offset + row
   uint32_t batch = 1000;      // vectors routed and committed together
   InsertTuning tuning;

@@ -179,13 +179,27 @@ struct Engine::Impl {
     for (size_t i = 0; i < subs.size(); ++i)
       ops.push_back(fabric::Op::read(RemotePtr(index.subs.at(subs[i]).memnode, live_desc_offset(index.header, subs[i])),
                                      b.data() + i * sizeof(SubDesc), sizeof(SubDesc), i));
-    if (ep.post(ops) != fabric::Status::Ok)
-      throw fabric::FabricError("reading the live descriptors of " + std::to_string(subs.size()) +
-                                " sub-HNSW(s) failed: " + sub_name(subs.front()));
-    ep.wait_all(ops.size());
-    st.reads += ops.size();
-    st.bytes += ops.size() * sizeof(SubDesc);
-    ++st.doorbells;
+    if (fabric::Status s = ep.post(ops); s != fabric::Status::Ok) {  // nothing posted: name a sub on a dead memnode
+      size_t bad = 0;
+      while (bad + 1 < subs.size() && c.alive(ops[bad].remote.node())) ++bad;
+      fabric::Completion cpl;
+      cpl.tag = bad;
+      cpl.status = s;
+      cpl.node = ops[bad].remote.node();
+      throw fabric::FabricError("reading the live descriptor of " + sub_name(subs[bad]) + " failed: " + ep.describe(cpl));
+    }
+    fabric::Completion cs[16];
+    for (size_t left = ops.size(); left > 0;) {
+      const size_t got = ep.poll(cs);
+      for (size_t j = 0; j < got; ++j)
+        if (cs[j].status != fabric::Status::Ok)
+          throw fabric::FabricError("reading the live descriptor of " + sub_name(subs.at(cs[j].tag)) +
+                                    " failed: " + ep.describe(cs[j]));
+      left -= got;
+      if (got == 0) std::this_thread::yield();
+    }
+    st.version_reads += ops.size();
+    ++st.version_doorbells;
     for (size_t i = 0; i < subs.size(); ++i) {
       std::memcpy(&out[i], b.data() + i * sizeof(SubDesc), sizeof(SubDesc));
       const SubDesc& st0 = index.subs.at(subs[i]);
@@ -339,6 +353,7 @@ struct Engine::Impl {
         }
         odd = odd || (again[j].version & 1) != 0;
         it.desc = again[j];
+        ++job->st.refetches;
         next.push_back(pending[j]);
       }
       pending.swap(next);

@@ -54,6 +54,9 @@ struct EngineOptions {
 struct BatchStats {
   uint32_t queries = 0;
   uint64_t needed = 0, fetched = 0, cache_hits = 0, bytes = 0, reads = 0, doorbells = 0;
+  // Seqlock checks (live descriptor READs around the fetches) and fetches repeated because a
+  // commit moved the version; not counted in reads/doorbells/bytes above.
+  uint64_t version_reads = 0, version_doorbells = 0, refetches = 0;
   double seconds = 0;  // from the batch's close to its last query's answer
   double meta_s = 0, fetch_s = 0, deserialize_s = 0, search_s = 0;
 };

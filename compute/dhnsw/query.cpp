@@ -97,7 +97,8 @@ json run_query(const RunContext& rc, const QueryOptions& o) {
     json batches = json::array();
     for (const auto& b : rs.batches)
       batches.push_back({b.queries, b.needed, b.fetched, b.cache_hits, b.bytes, b.reads, b.doorbells, b.seconds,
-                         b.meta_s, b.fetch_s, b.deserialize_s, b.search_s});
+                         b.meta_s, b.fetch_s, b.deserialize_s, b.search_s, b.version_reads, b.version_doorbells,
+                         b.refetches});
     json mine = {{"cn_id", self}, {"queries", measured.size()}, {"seconds", rs.seconds}, {"recall1_sum", r1},
                  {"recall_sum", rk}, {"meta_s", rs.meta_s}, {"fetch_s", rs.fetch_s},
                  {"deserialize_s", rs.deserialize_s}, {"search_s", rs.search_s},
@@ -108,6 +109,7 @@ json run_query(const RunContext& rc, const QueryOptions& o) {
 
     // ---- computenode 0 merges
     uint64_t queries = 0, nb = 0, needed = 0, fetched = 0, hits = 0, bytes = 0, reads = 0, doorbells = 0;
+    uint64_t vreads = 0, vdoorbells = 0, refetches = 0;
     double max_secs = 0, r1s = 0, rks = 0, meta = 0, fetch = 0, deser = 0, search = 0, per_q_wall = 0;
     std::vector<float> lat;  // per-query latency amortised over its batch
     json per_cn = json::array();
@@ -134,6 +136,9 @@ json run_query(const RunContext& rc, const QueryOptions& o) {
         bytes += b[4].get<uint64_t>();
         reads += b[5].get<uint64_t>();
         doorbells += b[6].get<uint64_t>();
+        vreads += b[12].get<uint64_t>();
+        vdoorbells += b[13].get<uint64_t>();
+        refetches += b[14].get<uint64_t>();
         if (bq > 0) lat.push_back(static_cast<float>(b[7].get<double>() * 1e6 / static_cast<double>(bq)));
       }
       json pc = {{"cn_id", j["cn_id"]}, {"queries", q}, {"seconds", s},
@@ -155,12 +160,16 @@ json run_query(const RunContext& rc, const QueryOptions& o) {
                 {"latency_us", {{"p50", shine::percentile(lat, 0.5)}, {"p99", shine::percentile(lat, 0.99)}, {"mean", lat_mean}}},
                 {"per_query", {{"bytes", static_cast<double>(bytes) / nq}, {"reads", static_cast<double>(reads) / nq},
                                {"doorbells", static_cast<double>(doorbells) / nq},
-                               {"fetches", static_cast<double>(fetched) / nq}}},
+                               {"fetches", static_cast<double>(fetched) / nq},
+                               {"version_reads", static_cast<double>(vreads) / nq},
+                               {"version_doorbells", static_cast<double>(vdoorbells) / nq}}},
                 {"batches", {{"count", nb}, {"queries", nq / nbd}, {"needed", static_cast<double>(needed) / nbd},
                              {"fetched", static_cast<double>(fetched) / nbd},
                              {"cache_hits", static_cast<double>(hits) / nbd},
                              {"bytes", static_cast<double>(bytes) / nbd}, {"reads", static_cast<double>(reads) / nbd},
-                             {"doorbells", static_cast<double>(doorbells) / nbd}}},
+                             {"doorbells", static_cast<double>(doorbells) / nbd},
+                             {"version_doorbells", static_cast<double>(vdoorbells) / nbd},
+                             {"refetches", static_cast<double>(refetches) / nbd}}},
                 {"stages_us", {{"meta", meta * us}, {"fetch", fetch * us}, {"deserialize", deser * us},
                                {"search", search * us}, {"sum", (meta + fetch + deser + search) * us},
                                {"pipelined_total", per_q_wall * us}}},

@@ -1,0 +1,180 @@
+// d-HNSW's dynamic half across real processes: `computenode --mode dhnsw build` writes the
+// index into empty memnodes over the fabric, two computenodes insert the last 20 % of the data
+// while a third queries, and every inserted vector is then found; a writer killed inside a
+// commit holds its group for one lease, after which another computenode repairs it and goes on.
+#include <catch2/catch.hpp>
+
+#include <cstdio>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+#include "proc.hpp"
+
+using namespace dmhnsw::testing;
+using Catch::Contains;
+using std::chrono::seconds;
+
+namespace {
+
+constexpr int kBuilt = 2400;  // of SmallData's 3000 rows; the rest are inserted
+
+std::vector<std::string> dhnsw_cn(const std::string& provider, const std::string& memnodes, int id, int k,
+                                  std::vector<std::string> rest) {
+  return computenode_args("dhnsw", provider, memnodes, id, k, rest);
+}
+
+/// Rows [begin, end) of an .fvecs file as a new .fvecs file.
+void copy_rows(const std::string& from, const std::string& to, int begin, int end, int dim) {
+  std::ifstream in(from, std::ios::binary);
+  std::ofstream out(to, std::ios::binary);
+  const size_t row = 4 + 4 * static_cast<size_t>(dim);
+  std::vector<char> buf(row);
+  in.seekg(static_cast<std::streamoff>(row) * begin);
+  for (int i = begin; i < end; ++i) {
+    in.read(buf.data(), static_cast<std::streamsize>(row));
+    out.write(buf.data(), static_cast<std::streamsize>(row));
+  }
+  if (!in || !out) throw std::runtime_error("copy_rows " + from + " -> " + to + " failed");
+}
+
+/// A workload whose queries are rows [begin, end) of the base and whose ground truth is over
+/// the whole base: each query's nearest neighbour is itself.
+std::string self_workload(const SmallData& d, const TempDir& dir, int begin, int end) {
+  const std::string q = dir.file("self.fvecs"), gt = dir.file("self.ivecs"), wl = dir.file("self.wl");
+  copy_rows(d.base, q, begin, end, 24);
+  for (auto argv : std::vector<std::vector<std::string>>{
+           {bin("groundtruth"), "--base", d.base, "--queries", q, "--k", "10", "--metric", "l2", "--out", gt},
+           {bin("workload"), "--queries", q, "--groundtruth", gt, "--dist", "uniform", "--count",
+            std::to_string(end - begin), "--warmup", "0", "--seed", "1", "--out", wl}}) {
+    auto r = run(argv, dir, "self-workload", seconds(120));
+    if (r.code != 0) throw std::runtime_error("self workload: " + r.output);
+  }
+  return wl;
+}
+
+nlohmann::json query(const std::string& provider, const std::string& mns, const TempDir& dir, const std::string& wl,
+                     const std::string& name, std::vector<std::string> extra = {}) {
+  std::vector<std::string> a{"query", "--workload", wl, "--k", "10", "--batch", "64", "--probe", "3", "--ef-search",
+                             "64", "--report", dir.file(name + ".json")};
+  a.insert(a.end(), extra.begin(), extra.end());
+  auto r = run(dhnsw_cn(provider, mns, 0, 1, a), dir, name, seconds(300));
+  INFO(r.output);
+  REQUIRE(r.code == 0);
+  CHECK_THAT(r.output, !Contains("sanitized copy"));
+  return load_json(dir.file(name + ".json"))["runs"][0];
+}
+
+std::vector<std::string> build_args(const SmallData& d, int rows, double internal_gap, double overflow_gap) {
+  return {"build", "--data", d.base, "--max-elements", std::to_string(rows), "--partitions", "8", "--m", "16",
+          "--ef-construction", "80", "--internal-gap", std::to_string(internal_gap), "--overflow-gap",
+          std::to_string(overflow_gap)};
+}
+
+}  // namespace
+
+TEST_CASE("dhnsw inserts: online build then two computenodes insert 20 % while one queries and every insert is found",
+          "[integration][dhnsw][insert]") {
+  SmallData d;
+  for (std::string provider : {"shm", "tcp"}) {
+    DYNAMIC_SECTION(provider) {
+      TempDir dir;
+      Memnode m0(dir, 0, provider), m1(dir, 1, provider);
+      const std::string mns = m0.address + "," + m1.address;
+      auto b = run(dhnsw_cn(provider, mns, 0, 1, build_args(d, kBuilt, 0.05, 0.5)), dir, "build", seconds(300));
+      INFO(b.output);
+      REQUIRE(b.code == 0);
+      CHECK_THAT(b.output, Contains("2400 vectors in 8 partitions"));
+      const double before = query(provider, mns, dir, d.wl, "before")["recall"].get<double>();
+
+      // A querier that keeps answering (queries arrive at 150/s: about 3 s) while two computenodes insert.
+      Proc q(dhnsw_cn(provider, mns, 0, 1,
+                      {"query", "--workload", d.wl, "--k", "10", "--batch", "16", "--probe", "3", "--ef-search", "64",
+                       "--arrival-qps", "150", "--max-wait-us", "20000"}),
+             dir.file("during.log"));
+      wait_for_output(q, "d-HNSW index", seconds(30));
+      std::vector<std::unique_ptr<Proc>> ins;
+      for (int i = 0; i < 2; ++i)
+        ins.push_back(std::make_unique<Proc>(
+            dhnsw_cn(provider, mns, 1 + i, 3,
+                     {"insert", "--data", d.base, "--begin", std::to_string(kBuilt), "--share",
+                      std::to_string(i) + "/2", "--batch", "20", "--report", dir.file("ins.json")}),
+            dir.file("ins" + std::to_string(i) + ".log")));
+      uint64_t inserted = 0, commits = 0;
+      for (int i = 0; i < 2; ++i) {
+        const int code = ins[static_cast<size_t>(i)]->wait(seconds(300));
+        INFO(ins[static_cast<size_t>(i)]->output());
+        REQUIRE(code == 0);
+        const auto r = load_json(dir.file("ins.json.cn" + std::to_string(1 + i)));
+        inserted += r["insert"]["inserted"].get<uint64_t>();
+        commits += r["insert"]["commits"].get<uint64_t>();
+        CHECK(r["insert"]["overwritten_bytes"].get<uint64_t>() > 0);
+        CHECK(r["insert"]["repairs"] == 0);
+      }
+      CHECK(inserted == 600);
+      CHECK(commits >= 8);
+      const int qc = q.wait(seconds(300));
+      INFO(q.output());
+      CHECK(qc == 0);  // the querier never failed a query
+      CHECK_THAT(q.output(), !Contains("sanitized copy"));
+
+      // Every inserted vector, queried by itself, is its own nearest neighbour.
+      const auto self = query(provider, mns, dir, self_workload(d, dir, kBuilt, 3000), "self");
+      CHECK(self["recall_at_1"].get<double>() >= 0.99);
+      const double after = query(provider, mns, dir, d.wl, "after")["recall"].get<double>();
+      CHECK(after > before + 0.05);  // the ground truth covers all 3000 rows
+
+      // Within 0.02 of a fresh build of all 3000 rows with the same parameters.
+      TempDir fresh_dir;
+      Memnode f0(fresh_dir, 0, provider), f1(fresh_dir, 1, provider);
+      const std::string fresh_mns = f0.address + "," + f1.address;
+      auto fb = run(dhnsw_cn(provider, fresh_mns, 0, 1, build_args(d, 3000, 0.05, 0.5)), fresh_dir, "fresh",
+                    seconds(300));
+      REQUIRE(fb.code == 0);
+      const double fresh = query(provider, fresh_mns, fresh_dir, d.wl, "fresh")["recall"].get<double>();
+      CHECK(after >= fresh - 0.02);
+    }
+  }
+}
+
+TEST_CASE("dhnsw inserts: a writer killed inside a commit blocks its group for one lease and the next one repairs it",
+          "[integration][dhnsw][insert]") {
+  SmallData d;
+  TempDir dir;
+  Memnode m0(dir, 0, "shm"), m1(dir, 1, "shm");
+  const std::string mns = m0.address + "," + m1.address;
+  auto b = run(dhnsw_cn("shm", mns, 0, 1, build_args(d, kBuilt, 0.05, 0.5)), dir, "build", seconds(300));
+  REQUIRE(b.code == 0);
+  // The victim stops after its commit's WRITEs, before it publishes the descriptor.
+  Proc victim(dhnsw_cn("shm", mns, 1, 2, {"insert", "--data", d.base, "--begin", "2400", "--end", "2700", "--batch",
+                                          "300"}),
+              dir.file("victim.log"), {"DMHNSW_TEST_PAUSE_IN_COMMIT_MS=60000"});
+  REQUIRE(wait_for_output(victim, "paused inside the commit", seconds(60)));
+  victim.signal(SIGKILL);
+  victim.wait(seconds(10));
+
+  // A query meanwhile answers from a sanitized copy of the torn sub-HNSW, without failing.
+  auto torn = run(dhnsw_cn("shm", mns, 0, 1, {"query", "--workload", d.wl, "--k", "10", "--batch", "400", "--probe",
+                                              "8", "--ef-search", "64"}),
+                  dir, "torn-query", seconds(120));
+  INFO(torn.output);
+  CHECK(torn.code == 0);
+  CHECK_THAT(torn.output, Contains("sanitized copy"));
+
+  // The next writer takes the lock over after the lease and repairs the group.
+  auto t0 = std::chrono::steady_clock::now();
+  auto next = run(dhnsw_cn("shm", mns, 0, 1, {"insert", "--data", d.base, "--begin", "2400", "--batch", "600",
+                                              "--lease-ms", "500", "--report", dir.file("next.json")}),
+                  dir, "next", seconds(120));
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  INFO(next.output);
+  REQUIRE(next.code == 0);
+  const auto r = load_json(dir.file("next.json"));
+  CHECK(r["insert"]["inserted"] == 600);
+  CHECK(r["insert"]["lock_takeovers"].get<uint64_t>() >= 1);
+  CHECK(r["insert"]["repairs"].get<uint64_t>() >= 1);
+  CHECK(secs < 30);
+  // Consistent again: every vector it inserted is found, from clean (unsanitized) copies.
+  const auto self = query("shm", mns, dir, self_workload(d, dir, kBuilt, 3000), "self");
+  CHECK(self["recall_at_1"].get<double>() >= 0.99);
+}
