@@ -40,11 +40,11 @@ uint64_t with_gap(uint64_t used, double gap) {
 }
 
 /// Region offset of a MetaHeader field.
-constexpr uint64_t hoff(size_t field) { return kMetadataOffset + field; }
+uint64_t hoff(const MetaHeader& h, size_t field) { return h.metadata_offset + field; }
 
 /// Region offset of field `field` of sub i.
 uint64_t soff(const MetaHeader& h, size_t i, size_t field) {
-  return kMetadataOffset + h.sub_table_offset + i * sizeof(SubDesc) + field;
+  return h.metadata_offset + h.sub_table_offset + i * sizeof(SubDesc) + field;
 }
 uint64_t aoff(const MetaHeader& h, size_t i, uint32_t a, size_t field) {
   return soff(h, i, offsetof(SubDesc, arrays) + a * sizeof(ArraySlot) + field);
@@ -53,37 +53,41 @@ uint64_t aoff(const MetaHeader& h, size_t i, uint32_t a, size_t field) {
 /// Header checks that need nothing but the header.
 void check_header_fields(const MetaHeader& h, uint64_t region_size, const std::string& what) {
   if (std::memcmp(h.magic, kMetaMagic, sizeof h.magic) != 0)
-    fail(what, hoff(offsetof(MetaHeader, magic)), "bad magic (not a d-HNSW metadata block)");
+    fail(what, hoff(h, offsetof(MetaHeader, magic)), "bad magic (not a d-HNSW metadata block)");
   if (h.version != kMetaFormatVersion)
-    fail(what, hoff(offsetof(MetaHeader, version)),
+    fail(what, hoff(h, offsetof(MetaHeader, version)),
          "format version " + num(h.version) + ", this build reads version " + num(kMetaFormatVersion));
   if (h.dim == 0 || h.dim > kMaxDimension)
-    fail(what, hoff(offsetof(MetaHeader, dim)), "dimension " + num(h.dim) + " outside [1, " + num(kMaxDimension) + "]");
-  if (h.metric > 1) fail(what, hoff(offsetof(MetaHeader, metric)), "unknown metric code " + num(h.metric));
+    fail(what, hoff(h, offsetof(MetaHeader, dim)), "dimension " + num(h.dim) + " outside [1, " + num(kMaxDimension) + "]");
+  if (h.metric > 1) fail(what, hoff(h, offsetof(MetaHeader, metric)), "unknown metric code " + num(h.metric));
   if (h.num_memnodes == 0 || h.num_memnodes > 0xFFFF)
-    fail(what, hoff(offsetof(MetaHeader, num_memnodes)), "memnode count " + num(h.num_memnodes) + " outside [1, 65535]");
-  if (h.m < 2) fail(what, hoff(offsetof(MetaHeader, m)), "HNSW M " + num(h.m) + " below 2");
-  if (h.ef_construction == 0) fail(what, hoff(offsetof(MetaHeader, ef_construction)), "efConstruction 0");
-  if (h.meta_m < 2) fail(what, hoff(offsetof(MetaHeader, meta_m)), "meta-HNSW M " + num(h.meta_m) + " below 2");
+    fail(what, hoff(h, offsetof(MetaHeader, num_memnodes)), "memnode count " + num(h.num_memnodes) + " outside [1, 65535]");
+  if (h.m < 2) fail(what, hoff(h, offsetof(MetaHeader, m)), "HNSW M " + num(h.m) + " below 2");
+  if (h.ef_construction == 0) fail(what, hoff(h, offsetof(MetaHeader, ef_construction)), "efConstruction 0");
+  if (h.meta_m < 2) fail(what, hoff(h, offsetof(MetaHeader, meta_m)), "meta-HNSW M " + num(h.meta_m) + " below 2");
+  if (h.metadata_offset < kMetadataOffset || h.metadata_offset % 4096 != 0 || h.metadata_offset > region_size)
+    fail(what, kMetadataOffset + offsetof(MetaHeader, metadata_offset),
+         "metadata block offset " + num(h.metadata_offset) + " is not a 4096-aligned offset in [" +
+             num(kMetadataOffset) + ", region size " + num(region_size) + "]");
   if (h.block_bytes < sizeof(MetaHeader) || h.block_bytes % kAlign != 0 ||
-      sat_add(kMetadataOffset, h.block_bytes) > region_size)
-    fail(what, hoff(offsetof(MetaHeader, block_bytes)),
+      sat_add(h.metadata_offset, h.block_bytes) > region_size)
+    fail(what, hoff(h, offsetof(MetaHeader, block_bytes)),
          "block size " + num(h.block_bytes) + " is not a multiple of " + num(kAlign) + " in [" +
-             num(sizeof(MetaHeader)) + ", region size " + num(region_size) + " - " + num(kMetadataOffset) + "]");
+             num(sizeof(MetaHeader)) + ", region size " + num(region_size) + " - " + num(h.metadata_offset) + "]");
   const uint64_t table_bytes = uint64_t{h.num_subs} * sizeof(SubDesc);
   if (h.sub_table_offset < sizeof(MetaHeader) || h.sub_table_offset % 8 != 0 ||
       sat_add(h.sub_table_offset, table_bytes) > h.block_bytes)
-    fail(what, hoff(offsetof(MetaHeader, sub_table_offset)),
+    fail(what, hoff(h, offsetof(MetaHeader, sub_table_offset)),
          "sub table [" + num(h.sub_table_offset) + ", +" + num(table_bytes) + ") (" + num(h.num_subs) +
              " subs) outside the block of " + num(h.block_bytes) + " bytes");
   const uint64_t mi_end = sat_add(h.meta_index_offset, h.meta_index_bytes);
   if (h.meta_index_offset < sizeof(MetaHeader) || mi_end > h.block_bytes)
-    fail(what, hoff(offsetof(MetaHeader, meta_index_offset)),
+    fail(what, hoff(h, offsetof(MetaHeader, meta_index_offset)),
          "meta-HNSW [" + num(h.meta_index_offset) + ", +" + num(h.meta_index_bytes) + ") outside the block of " +
              num(h.block_bytes) + " bytes");
   if (h.meta_index_bytes > 0 && h.meta_index_offset < h.sub_table_offset + table_bytes &&
       h.sub_table_offset < mi_end)
-    fail(what, hoff(offsetof(MetaHeader, meta_index_offset)),
+    fail(what, hoff(h, offsetof(MetaHeader, meta_index_offset)),
          "meta-HNSW [" + num(h.meta_index_offset) + ", " + num(mi_end) + ") overlaps the sub table [" +
              num(h.sub_table_offset) + ", " + num(h.sub_table_offset + table_bytes) + ")");
 }
@@ -139,7 +143,10 @@ uint64_t metadata_block_bytes(uint32_t num_subs, uint64_t meta_index_bytes) {
 }
 
 RegionPlan plan_region(std::span<const SubShape> subs, uint32_t num_memnodes, uint64_t meta_index_bytes,
-                       const LayoutParams& p) {
+                       const LayoutParams& p, uint64_t base) {
+  if (base < kMetadataOffset || base % 4096 != 0)
+    throw std::invalid_argument("plan_region: base " + std::to_string(base) + " is not 4096-aligned at or after " +
+                                std::to_string(kMetadataOffset));
   if (num_memnodes == 0 || num_memnodes > 0xFFFF)
     throw std::invalid_argument("plan_region: memnode count " + std::to_string(num_memnodes) +
                                 " outside [1, 65535]");
@@ -147,9 +154,9 @@ RegionPlan plan_region(std::span<const SubShape> subs, uint32_t num_memnodes, ui
   check_gap(p.internal_gap, "internal");
   check_gap(p.overflow_gap, "overflow");
   RegionPlan plan;
-  plan.metadata_offset = kMetadataOffset;
+  plan.metadata_offset = base;
   plan.metadata_bytes = metadata_block_bytes(static_cast<uint32_t>(subs.size()), meta_index_bytes);
-  const uint64_t first_group = align_up(kMetadataOffset + plan.metadata_bytes, kAlign);
+  const uint64_t first_group = align_up(base + plan.metadata_bytes, kAlign);
   std::vector<uint64_t> cursor(num_memnodes, first_group);
 
   plan.subs.resize(subs.size());
@@ -197,7 +204,7 @@ RegionPlan plan_region(std::span<const SubShape> subs, uint32_t num_memnodes, ui
   plan.region_bytes.resize(num_memnodes);
   plan.data_end.resize(num_memnodes);
   for (uint32_t m = 0; m < num_memnodes; ++m) {
-    plan.data_end[m] = align_up(std::max(cursor[m], kMetadataOffset + plan.metadata_bytes), kPage);
+    plan.data_end[m] = align_up(std::max(cursor[m], base + plan.metadata_bytes), kPage);
     plan.region_bytes[m] = plan.data_end[m] + kScratchBytes;
   }
   return plan;
@@ -224,9 +231,9 @@ void validate_metadata(const MetaHeader& h, std::span<const SubDesc> subs, uint6
                        const std::string& what) {
   check_header_fields(h, region_size, what);
   if (subs.size() != h.num_subs)
-    fail(what, hoff(offsetof(MetaHeader, num_subs)),
+    fail(what, hoff(h, offsetof(MetaHeader, num_subs)),
          "the header says " + num(h.num_subs) + " subs, the table holds " + num(subs.size()));
-  const uint64_t meta_end = kMetadataOffset + h.block_bytes;
+  const uint64_t meta_end = h.metadata_offset + h.block_bytes;
 
   // (memnode, start, end, sub) of every group, to check that groups do not overlap.
   std::vector<std::tuple<uint32_t, uint64_t, uint64_t, size_t>> extents;
@@ -324,7 +331,7 @@ void validate_metadata(const MetaHeader& h, std::span<const SubDesc> subs, uint6
 }
 
 uint64_t live_desc_offset(const MetaHeader& h, uint32_t id) {
-  return kMetadataOffset + h.sub_table_offset + uint64_t{id} * sizeof(SubDesc);
+  return h.metadata_offset + h.sub_table_offset + uint64_t{id} * sizeof(SubDesc);
 }
 
 SubDesc static_part(const SubDesc& d) {
@@ -394,11 +401,11 @@ Metadata decode_metadata(const char* block, size_t len, uint64_t region_size, ui
   md.header = check_meta_header(block, len, region_size, what);
   const MetaHeader& h = md.header;
   if (len < h.block_bytes)
-    fail(what, kMetadataOffset + len,
+    fail(what, h.metadata_offset + len,
          "truncated: " + num(len) + " bytes read, the block is " + num(h.block_bytes) + " bytes");
   const uint64_t sum = metadata_checksum(block, h.block_bytes);
   if (sum != h.checksum)
-    fail(what, hoff(offsetof(MetaHeader, checksum)),
+    fail(what, hoff(h, offsetof(MetaHeader, checksum)),
          "checksum mismatch (stored " + num(h.checksum) + ", computed " + num(sum) + "): the block is corrupted");
   md.subs.resize(h.num_subs);
   if (h.num_subs > 0)

@@ -86,7 +86,8 @@ struct MetaHeader {
   uint64_t epoch;             // build epoch (rebuilds bump it)
   uint64_t internal_gap_ppm;  // internal gap share, parts per million of each array
   uint64_t overflow_gap_ppm;  // shared gap share, parts per million of the group's two blocks
-  uint64_t reserved1[2];
+  uint64_t metadata_offset;   // region offset of this block, the same on every memnode (epochs move it)
+  uint64_t reserved1;
   uint64_t checksum;          // metadata_checksum(): checksum64 (common/checksum.hpp) of the block with this field 0
 };
 static_assert(std::is_trivially_copyable_v<MetaHeader> && std::is_standard_layout_v<MetaHeader>);
@@ -102,6 +103,7 @@ static_assert(offsetof(MetaHeader, sub_table_offset) == 56);
 static_assert(offsetof(MetaHeader, meta_index_offset) == 64);
 static_assert(offsetof(MetaHeader, meta_index_bytes) == 72);
 static_assert(offsetof(MetaHeader, epoch) == 80);
+static_assert(offsetof(MetaHeader, metadata_offset) == 104);
 static_assert(offsetof(MetaHeader, checksum) == 120);
 
 /// One array of a sub-HNSW: [offset, offset + used) holds elements, [offset + used,
@@ -222,8 +224,10 @@ struct RegionPlan {
   uint64_t metadata_offset = 0;        // region offset of the metadata block (every memnode)
   uint64_t metadata_bytes = 0;
 };
+/// `base`: region offset of the metadata block (4096-aligned, at least kMetadataOffset); an
+/// online rebuild lays the next epoch out in a free part of the regions.
 RegionPlan plan_region(std::span<const SubShape> subs, uint32_t num_memnodes, uint64_t meta_index_bytes,
-                       const LayoutParams& p);
+                       const LayoutParams& p, uint64_t base = kMetadataOffset);
 
 /// Region bytes [offset, offset + length) to READ to get sub `d` with the overflow it uses.
 std::pair<uint64_t, uint64_t> fetch_range(const SubDesc& d);

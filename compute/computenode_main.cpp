@@ -10,6 +10,7 @@
 #include "common/fabric/fabric_cluster.hpp"
 #include "common/region.hpp"
 #include "common/units.hpp"
+#include "compute/dhnsw/epoch.hpp"
 #include "compute/dhnsw/insert.hpp"
 #include "compute/dhnsw/online.hpp"
 #include "compute/dhnsw/query.hpp"
@@ -126,6 +127,16 @@ int main(int argc, char** argv) {
   insert->add_option("--begin", bo.begin, "first row to insert")->capture_default_str();
   insert->add_option("--end", bo.end, "one past the last row (0 = all)")->capture_default_str();
 
+  auto* rebuild = app.add_subcommand("rebuild", "dhnsw: an online rebuild now (paper section 4.5): re-partition "
+                                                "and rebuild into a shadow area while others insert and query, publish "
+                                                "the next epoch, merge the insert buffer");
+  dhnsw::RebuildOptions dro;
+  rebuild->add_option("--lease-ms", dro.lease_ms, "a master word unchanged this long is taken over")
+      ->capture_default_str()
+      ->check(CLI::Range(100u, 600000u));
+  rebuild->add_option("--threads", dro.threads, "build threads (0: every core)")->capture_default_str();
+  rebuild->add_option("--report", build_report, "write the rebuild report (JSON) here");
+
   shine::QueryOptions qo;
   auto* query = app.add_subcommand("query", "run a workload (tools/workload) against the index; computenode 0 "
                                             "gathers every computenode's numbers and writes the merged report");
@@ -232,7 +243,7 @@ int main(int argc, char** argv) {
     co.stall_timeout_ms = stall_ms;
     auto cluster = fabric::connect_cluster(co);
     spdlog::info("connected to {} memnode(s) over {}", cluster->memnodes().size(), provider);
-    if (!*build && !*insert && !*query) print_headers(*cluster);
+    if (!*build && !*insert && !*query && !*rebuild) print_headers(*cluster);
     // Runs that write a report measure the memnodes' CPU over the run (memnode_cpu).
     std::unique_ptr<compute::MemnodeCpuMeter> cpu;
     if (!build_report.empty() || !query_report.empty()) cpu = std::make_unique<compute::MemnodeCpuMeter>(*cluster);
@@ -251,6 +262,21 @@ int main(int argc, char** argv) {
     };
     shine::RunContext rc{cluster.get(), cn_id, num_cns, provider};
     auto rm = read_mode == "batch" ? shine::ReadMode::Batch : shine::ReadMode::PerRead;
+    if (*rebuild) {
+      if (mode != "dhnsw") throw std::invalid_argument("rebuild: only --mode dhnsw has epochs");
+      auto ep = cluster->make_endpoint(64u << 20);
+      auto r = dhnsw::run_rebuild(*cluster, *ep, cn_id, dro);
+      if (r.contains("skipped")) {
+        std::printf("dhnsw rebuild: another computenode is the rebuild master; nothing done\n");
+      } else {
+        std::printf("dhnsw rebuild: epoch %llu live, %llu vectors, %llu buffered inserts merged, %.2f s\n",
+                    static_cast<unsigned long long>(r.value("epoch", uint64_t{0})),
+                    static_cast<unsigned long long>(r.value("vectors", uint64_t{0})),
+                    static_cast<unsigned long long>(r.value("merged", uint64_t{0})), r.value("seconds_total", 0.0));
+      }
+      write_report(build_report, r);
+      return 0;
+    }
     if (mode == "dhnsw" && (*build || *insert)) {
       std::string path = build_report;
       if (!path.empty() && num_cns > 1) path += ".cn" + std::to_string(cn_id);  // one file per process

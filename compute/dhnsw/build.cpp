@@ -69,7 +69,8 @@ uint32_t resolve_partitions(uint32_t partitions, size_t n) {
   return static_cast<uint32_t>(std::clamp<double>(r, 1.0, std::min<double>(static_cast<double>(n), 1 << 20)));
 }
 
-BuiltIndex build_index(const float* data, size_t n, uint32_t dim, Metric metric, const BuildOptions& opts) {
+BuiltIndex build_index(const float* data, size_t n, uint32_t dim, Metric metric, const BuildOptions& opts,
+                       const int64_t* labels) {
   need(data != nullptr && n >= 1, "build: no vectors");
   need(dim >= 1 && dim <= 65536, "build: dimension " + std::to_string(dim) + " outside [1, 65536]");
   need(opts.m >= 2 && opts.m <= 4096, "--m: " + std::to_string(opts.m) + " outside [2, 4096]");
@@ -152,7 +153,7 @@ BuiltIndex build_index(const float* data, size_t n, uint32_t dim, Metric metric,
   meta.reset();
   std::vector<SubShape> shapes(P);
   for (uint32_t p = 0; p < P; ++p) shapes[p] = shape_of(*subs[p]);
-  RegionPlan plan = plan_region(shapes, opts.memnodes, meta_bytes.size(), opts.layout);
+  RegionPlan plan = plan_region(shapes, opts.memnodes, meta_bytes.size(), opts.layout, opts.base_offset);
   for (uint32_t p = 0; p < P; ++p) {
     plan.subs[p].entry_point = subs[p]->hnsw.entry_point;
     plan.subs[p].max_level = subs[p]->hnsw.max_level;
@@ -167,7 +168,8 @@ BuiltIndex build_index(const float* data, size_t n, uint32_t dim, Metric metric,
   h.ef_construction = opts.ef_construction;
   h.meta_m = opts.meta_m;
   h.num_vectors = n;
-  h.epoch = 1;
+  h.epoch = opts.epoch;
+  h.metadata_offset = plan.metadata_offset;
   h.internal_gap_ppm = static_cast<uint64_t>(std::llround(opts.layout.internal_gap * 1e6));
   h.overflow_gap_ppm = static_cast<uint64_t>(std::llround(opts.layout.overflow_gap * 1e6));
   const std::vector<char> block = encode_metadata(h, plan.subs, meta_bytes.data(), meta_bytes.size());
@@ -176,9 +178,26 @@ BuiltIndex build_index(const float* data, size_t n, uint32_t dim, Metric metric,
   out.subs = plan.subs;
 
   out.regions.resize(opts.memnodes);
+  const bool whole = opts.image;  // else a rebuild: [base, data end) only
+  Control control{};
+  if (whole) {  // the insert buffer after memnode 0's groups, before its scratch area
+    uint64_t area_end = 0;
+    for (uint64_t e : plan.data_end) area_end = std::max(area_end, e);
+    const uint64_t buf_off = plan.data_end[0];
+    const uint64_t buf_bytes = align_up(opts.insert_buffer_bytes, 4096);
+    control = make_control(opts.epoch, plan.metadata_offset, area_end, buf_bytes > 0 ? buf_off : 0, buf_bytes, dim);
+    plan.data_end[0] += buf_bytes;
+    plan.region_bytes[0] += buf_bytes;
+  }
+  out.region_base = whole ? 0 : opts.base_offset;
+  const uint64_t rb = out.region_base;
   for (uint32_t m = 0; m < opts.memnodes; ++m) {
     std::vector<char>& r = out.regions[m];
-    r.assign(plan.data_end[m], 0);
+    r.assign(plan.data_end[m] - rb, 0);
+    if (!whole) {
+      std::memcpy(r.data() + (plan.metadata_offset - rb), block.data(), block.size());
+      continue;
+    }
     RegionHeader rh = make_region_header(static_cast<uint16_t>(m), plan.region_bytes[m]);
     rh.mode = static_cast<uint8_t>(fabric::Mode::Dhnsw);
     rh.metric = h.metric;
@@ -194,17 +213,21 @@ BuiltIndex build_index(const float* data, size_t n, uint32_t dim, Metric metric,
     rh.mode_words[dhnsw_word::kDataEnd] = plan.data_end[m];
     validate_region_header(rh, "build: memnode " + std::to_string(m) + " region header");
     std::memcpy(r.data(), &rh, sizeof rh);
+    if (m == 0) std::memcpy(r.data() + kControlOffset, &control, sizeof control);
     std::memcpy(r.data() + kMetadataOffset, block.data(), block.size());
   }
   run_pool(P, threads, [&](size_t p) {
     const SubDesc& d = plan.subs[p];
-    serialize_sub(*subs[p], members[p].data(), d, out.regions[d.memnode].data() + d.block_offset);
+    std::vector<int64_t> lab(members[p]);
+    if (labels != nullptr)
+      for (auto& x : lab) x = labels[x];
+    serialize_sub(*subs[p], lab.data(), d, out.regions[d.memnode].data() + (d.block_offset - rb));
     subs[p].reset();
   });
   out.region_bytes = plan.region_bytes;
   for (uint32_t m = 0; m < opts.memnodes; ++m) {
     const std::vector<char>& r = out.regions[m];
-    decode_metadata(r.data() + kMetadataOffset, r.size() - kMetadataOffset, out.region_bytes[m], m,
+    decode_metadata(r.data() + (plan.metadata_offset - rb), r.size() - (plan.metadata_offset - rb), out.region_bytes[m], m,
                     "build: memnode " + std::to_string(m) + " region");
   }
   out.seconds_layout = since(t0);
@@ -254,8 +277,8 @@ nlohmann::json BuiltIndex::report() const {
     if (d.slot == 0) gaps += d.overflow_bytes;
   }
   std::vector<uint64_t> data_end;
-  for (const auto& r : regions) data_end.push_back(r.size());
-  j["layout"] = {{"metadata_offset", kMetadataOffset},
+  for (const auto& r : regions) data_end.push_back(r.size() + region_base);
+  j["layout"] = {{"metadata_offset", header.metadata_offset},
                  {"data_end", data_end},
                  {"scratch_bytes", kScratchBytes},
                  {"metadata_bytes", header.block_bytes},

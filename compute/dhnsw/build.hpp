@@ -10,6 +10,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/dhnsw_control.hpp"
 #include "common/dhnsw_layout.hpp"
 #include "common/distance.hpp"
 #include "memory/image.hpp"
@@ -38,6 +39,16 @@ struct BuildOptions {
   /// Worker threads building sub-HNSWs, each sub-HNSW single-threaded (so the build is
   /// deterministic: the same data and options give the same regions). 0: hardware threads.
   uint32_t threads = 0;
+  /// Region offset of the metadata block: kMetadataOffset for a first build; an online rebuild
+  /// lays the next epoch out higher (or lower) in the regions.
+  uint64_t base_offset = kMetadataOffset;
+  /// true: region images (header page, control block, insert buffer, [0, data end)); false:
+  /// only [base_offset, data end) of each region, what a rebuild writes.
+  bool image = true;
+  uint64_t epoch = 1;              // MetaHeader::epoch and the region headers' epoch
+  /// The shared insert buffer used while a rebuild runs (common/dhnsw_control.hpp), on memnode
+  /// 0 after its groups; a first build only.
+  uint64_t insert_buffer_bytes = 16ull << 20;
 };
 
 /// The partitions resolved from BuildOptions::partitions for n vectors.
@@ -51,7 +62,10 @@ struct BuiltIndex {
   /// count, epoch, region_size = region_bytes[m], data_offset = kMetadataOffset, scratch of
   /// kScratchBytes at data end, mode words dhnsw_word::kMetadataOffset, kMetadataSize,
   /// kDataEnd), the metadata block, the groups. The scratch area after it is not held (zero).
+  /// With BuildOptions::base_offset above kMetadataOffset, regions[m] holds bytes
+  /// [region_base, data end) only (no header page): what a rebuild WRITEs.
   std::vector<std::vector<char>> regions;
+  uint64_t region_base = 0;
   std::vector<uint64_t> region_bytes;  // per memnode: the whole region (data end + scratch)
   std::vector<uint64_t> partition_sizes;
   double partition_max_over_mean = 0;
@@ -65,10 +79,12 @@ struct BuiltIndex {
   nlohmann::json report() const;
 };
 
-/// Builds the whole index over `n` vectors of `dim` floats (row-major; global id = row).
+/// Builds the whole index over `n` vectors of `dim` floats (row-major; global id = row, or
+/// labels[row] when `labels` is given).
 /// Throws std::invalid_argument on bad options (naming the option) and std::runtime_error if
 /// the result does not validate.
-BuiltIndex build_index(const float* data, size_t n, uint32_t dim, Metric metric, const BuildOptions& opts);
+BuiltIndex build_index(const float* data, size_t n, uint32_t dim, Metric metric, const BuildOptions& opts,
+                       const int64_t* labels = nullptr);
 
 /// Image file of memnode `id` of `memnodes`: `out` when memnodes == 1, else `out` + "." + id.
 std::string image_path(const std::string& out, uint32_t id, uint32_t memnodes);

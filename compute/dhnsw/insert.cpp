@@ -14,6 +14,7 @@
 
 #include "common/dataset.hpp"
 #include "compute/dhnsw/commit.hpp"
+#include "compute/dhnsw/epoch.hpp"
 
 namespace dmhnsw::dhnsw {
 
@@ -51,41 +52,35 @@ nlohmann::json InsertStats::to_json(double seconds) const {
           {"lock_takeovers", lock_takeovers},
           {"repairs", repairs},
           {"sanitized_entries", sanitized_entries},
+          {"buffered", buffered},
+          {"rebuilds", rebuilds},
+          {"epoch_moves", epoch_moves},
+          {"duplicates_skipped", duplicates_skipped},
+          {"rebuild_reports", rebuild_reports},
           {"commit_us", {{"p50", percentile(commit_us, 0.5)}, {"p99", percentile(commit_us, 0.99)},
                          {"max", commit_us.empty() ? 0.0 : *std::max_element(commit_us.begin(), commit_us.end())}}}};
 }
 
-Inserter::Inserter(fabric::Cluster& c, fabric::Endpoint& ep, const Index& index, uint32_t cn_id, InsertTuning t)
-    : c_(c), ep_(ep), index_(index), cn_id_(cn_id), t_(t) {
-  if (!index_.meta) throw std::invalid_argument("dhnsw insert: the index has no meta-HNSW");
-  ticket_ = std::random_device{}();
-  if (const char* p = std::getenv("DMHNSW_TEST_PAUSE_IN_COMMIT_MS")) pause_in_commit_ms_ = std::atoi(p);
-}
-
-RemotePtr Inserter::live_ptr(uint32_t sub, size_t field) const {
-  const SubDesc& d = index_.subs.at(sub);
-  return RemotePtr(d.memnode, live_desc_offset(index_.header, sub) + field);
-}
-
-uint64_t Inserter::lock_group(const SubDesc& slot0) {
-  const RemotePtr p = live_ptr(slot0.id, offsetof(SubDesc, lock));
-  const uint64_t mine = lock_word(cn_id_, ++ticket_);
+uint64_t lock_group(fabric::Endpoint& ep, const Index& idx, uint32_t slot0, uint32_t cn_id, uint32_t lease_ms,
+                    uint64_t& ticket, uint64_t* waits, uint64_t* takeovers) {
+  const RemotePtr p(idx.subs.at(slot0).memnode, live_desc_offset(idx.header, slot0) + offsetof(SubDesc, lock));
+  const uint64_t mine = lock_word(cn_id, ++ticket);
   uint64_t seen = 0;
   auto since = Clock::now();
   auto nap = std::chrono::microseconds(20);
   for (;;) {
-    const uint64_t old = ep_.compare_swap(p, 0, mine);
+    const uint64_t old = ep.compare_swap(p, 0, mine);
     if (old == 0) return mine;
     const auto now = Clock::now();
     if (old != seen) {
       seen = old;
       since = now;
-      ++st_.lock_waits;
-    } else if (now - since > std::chrono::milliseconds(t_.lease_ms)) {
-      if (ep_.compare_swap(p, old, mine) == old) {
-        ++st_.lock_takeovers;
-        spdlog::warn("dhnsw insert: took over the lock of the group of sub-HNSW {} from computenode {} (unchanged "
-                     "for {} ms)", slot0.id, lock_owner(old), t_.lease_ms);
+      if (waits) ++*waits;
+    } else if (now - since > std::chrono::milliseconds(lease_ms)) {
+      if (ep.compare_swap(p, old, mine) == old) {
+        if (takeovers) ++*takeovers;
+        spdlog::warn("dhnsw: took over the lock of the group of sub-HNSW {} from computenode {} (unchanged for {} ms)",
+                     slot0, lock_owner(old), lease_ms);
         return mine;
       }
     }
@@ -94,11 +89,23 @@ uint64_t Inserter::lock_group(const SubDesc& slot0) {
   }
 }
 
-void Inserter::unlock_group(const SubDesc& slot0, uint64_t mine) {
-  const uint64_t old = ep_.compare_swap(live_ptr(slot0.id, offsetof(SubDesc, lock)), mine, 0);
+void unlock_group(fabric::Endpoint& ep, const Index& idx, uint32_t slot0, uint64_t mine) {
+  const RemotePtr p(idx.subs.at(slot0).memnode, live_desc_offset(idx.header, slot0) + offsetof(SubDesc, lock));
+  const uint64_t old = ep.compare_swap(p, mine, 0);
   if (old != mine)
-    spdlog::warn("dhnsw insert: the lock of the group of sub-HNSW {} was taken over while held (now {:#x})", slot0.id,
-                 old);
+    spdlog::warn("dhnsw: the lock of the group of sub-HNSW {} was taken over while held (now {:#x})", slot0, old);
+}
+
+Inserter::Inserter(fabric::Cluster& c, fabric::Endpoint& ep, uint32_t cn_id, InsertTuning t)
+    : c_(c), ep_(ep), cn_id_(cn_id), t_(t) {
+  ticket_ = std::random_device{}();
+  if (const char* p = std::getenv("DMHNSW_TEST_PAUSE_IN_COMMIT_MS")) pause_in_commit_ms_ = std::atoi(p);
+  reload();
+}
+
+void Inserter::reload() {
+  index_ = std::make_unique<Index>(load_index(c_, ep_));
+  if (!index_->meta) throw std::invalid_argument("dhnsw insert: the index has no meta-HNSW");
 }
 
 void Inserter::post_writes(uint16_t memnode, const std::vector<std::pair<uint64_t, const std::vector<char>*>>& w) {
@@ -128,24 +135,32 @@ void Inserter::post_writes(uint16_t memnode, const std::vector<std::pair<uint64_
   flush();
 }
 
-void Inserter::insert_into(uint32_t sub, const float* x, const int64_t* ids, size_t n) {
+Inserter::Outcome Inserter::insert_into(uint32_t sub, const float* x, const int64_t* ids, size_t n) {
+  const Index& index_ = *this->index_;
   const SubDesc& sd = index_.subs.at(sub);
   const uint32_t g0 = sd.slot == 0 ? sub : sd.partner;
-  const SubDesc& slot0 = index_.subs.at(g0);
   const auto t0 = Clock::now();
-  const uint64_t mine = lock_group(slot0);
+  const uint64_t mine = lock_group(ep_, index_, g0, cn_id_, t_.lease_ms, ticket_, &st_.lock_waits, &st_.lock_takeovers);
   struct Unlock {
-    Inserter* self;
-    const SubDesc& s0;
+    fabric::Endpoint& ep;
+    const Index& idx;
+    uint32_t g0;
     uint64_t mine;
     ~Unlock() {
       try {
-        self->unlock_group(s0, mine);
+        unlock_group(ep, idx, g0, mine);
       } catch (const std::exception& e) {
         spdlog::warn("dhnsw insert: releasing a group lock: {}", e.what());
       }
     }
-  } unlock{this, slot0, mine};
+  } unlock{ep_, index_, g0, mine};
+  auto live_ptr = [&](uint32_t id, size_t field = 0) {
+    return RemotePtr(index_.subs.at(id).memnode, live_desc_offset(index_.header, id) + field);
+  };
+  // Under the lock: is this still the live epoch, and is no rebuild snapshotting it?
+  const Control ctl = read_control(ep_);
+  if (ctl.epoch != index_.header.epoch) return Outcome::EpochMoved;
+  if (ctl.phase == kBuilding && !merge_) return Outcome::UseBuffer;
 
   // 1. Live descriptors: the sub's and its partner's (for the shared gap).
   const uint32_t partner = sd.partner;
@@ -186,15 +201,26 @@ void Inserter::insert_into(uint32_t sub, const float* x, const int64_t* ids, siz
   fb.reset();
 
   // 3. Local insert.
+  std::vector<float> kept_x;
+  std::vector<int64_t> kept_ids;
   {
     std::unordered_set<int64_t> have(s.labels.begin(), s.labels.end());
-    for (size_t i = 0; i < n; ++i)
-      if (!have.insert(ids[i]).second)
-        throw std::invalid_argument("dhnsw insert: id " + std::to_string(ids[i]) +
-                                    " is already in the index (sub-HNSW " + num(sub) + ")");
+    for (size_t i = 0; i < n; ++i) {
+      if (!have.insert(ids[i]).second) {
+        if (!merge_)
+          throw std::invalid_argument("dhnsw insert: id " + std::to_string(ids[i]) +
+                                      " is already in the index (sub-HNSW " + num(sub) + ")");
+        ++st_.duplicates_skipped;  // merged before a rebuild was cut short
+        continue;
+      }
+      kept_x.insert(kept_x.end(), x + i * index_.header.dim, x + (i + 1) * index_.header.dim);
+      kept_ids.push_back(ids[i]);
+    }
   }
-  s.index->add(static_cast<faiss::Index::idx_t>(n), x);
-  s.labels.insert(s.labels.end(), ids, ids + n);
+  if (kept_ids.empty()) return Outcome::Done;
+  n = kept_ids.size();
+  s.index->add(static_cast<faiss::Index::idx_t>(n), kept_x.data());
+  s.labels.insert(s.labels.end(), kept_ids.begin(), kept_ids.end());
 
   // 4. Commit.
   const UpdateCommit cm = prepare_commit(d, segs, old_nb, s, partner != kNoPartner ? &pd : nullptr, index_.header.dim);
@@ -226,11 +252,11 @@ void Inserter::insert_into(uint32_t sub, const float* x, const int64_t* ids, siz
   st_.overwritten_bytes += cm.overwritten_bytes;
   st_.overflow_records += cm.overflow_records;
   st_.commit_us.push_back(secs(t0, Clock::now()) * 1e6);
+  return Outcome::Done;
 }
 
 void Inserter::insert(const float* x, const int64_t* ids, size_t n) {
   if (n == 0) return;
-  const uint32_t dim = index_.header.dim;
   {
     std::unordered_set<int64_t> seen;
     for (size_t i = 0; i < n; ++i) {
@@ -239,28 +265,102 @@ void Inserter::insert(const float* x, const int64_t* ids, size_t n) {
         throw std::invalid_argument("dhnsw insert: id " + std::to_string(ids[i]) + " appears twice in one batch");
     }
   }
-  // Route: each vector to its nearest partition (the meta-HNSW's top 1).
-  std::vector<float> D(n);
-  std::vector<faiss::Index::idx_t> I(n);
-  index_.meta->hnsw.efSearch = static_cast<int>(t_.meta_ef_search);
-  index_.meta->search(static_cast<faiss::Index::idx_t>(n), x, 1, D.data(), I.data());
-  std::map<uint32_t, std::vector<size_t>> by_sub;
-  for (size_t i = 0; i < n; ++i) {
-    if (I[i] < 0 || I[i] >= static_cast<faiss::Index::idx_t>(index_.header.num_subs))
-      throw std::runtime_error("dhnsw insert: the meta-HNSW routed a vector to partition " + std::to_string(I[i]));
-    by_sub[static_cast<uint32_t>(I[i])].push_back(i);
-  }
-  std::vector<float> xs;
+  std::vector<size_t> pending(n);
+  for (size_t i = 0; i < n; ++i) pending[i] = i;
+  std::vector<float> xs, D;
   std::vector<int64_t> is;
-  for (const auto& [sub, rows] : by_sub) {
-    xs.resize(rows.size() * dim);
-    is.resize(rows.size());
-    for (size_t j = 0; j < rows.size(); ++j) {
-      std::memcpy(xs.data() + j * dim, x + rows[j] * dim, sizeof(float) * dim);
-      is[j] = ids[rows[j]];
+  std::vector<faiss::Index::idx_t> I;
+  while (!pending.empty()) {
+    const uint32_t dim = index_->header.dim;
+    // Route: each vector to its nearest partition (the meta-HNSW's top 1).
+    xs.resize(pending.size() * dim);
+    for (size_t j = 0; j < pending.size(); ++j) std::memcpy(xs.data() + j * dim, x + pending[j] * dim, 4ull * dim);
+    D.resize(pending.size());
+    I.resize(pending.size());
+    index_->meta->hnsw.efSearch = static_cast<int>(t_.meta_ef_search);
+    index_->meta->search(static_cast<faiss::Index::idx_t>(pending.size()), xs.data(), 1, D.data(), I.data());
+    std::map<uint32_t, std::vector<size_t>> by_sub;
+    for (size_t j = 0; j < pending.size(); ++j) {
+      if (I[j] < 0 || I[j] >= static_cast<faiss::Index::idx_t>(index_->header.num_subs))
+        throw std::runtime_error("dhnsw insert: the meta-HNSW routed a vector to partition " + std::to_string(I[j]));
+      by_sub[static_cast<uint32_t>(I[j])].push_back(pending[j]);
     }
-    insert_into(sub, xs.data(), is.data(), rows.size());
+    std::vector<char> done(n, 0);
+    bool reroute = false;
+    for (const auto& [sub, rows] : by_sub) {
+      xs.resize(rows.size() * dim);
+      is.resize(rows.size());
+      for (size_t j = 0; j < rows.size(); ++j) {
+        std::memcpy(xs.data() + j * dim, x + rows[j] * dim, 4ull * dim);
+        is[j] = ids[rows[j]];
+      }
+      Outcome r;
+      try {
+        r = insert_into(sub, xs.data(), is.data(), rows.size());
+      } catch (const CommitDoesNotFit& e) {
+        if (merge_) throw;
+        // The group's shared gap is full: rebuild (as master, or wait for the one who is).
+        spdlog::info("dhnsw insert: {}: starting an online rebuild", e.what());
+        RebuildOptions ro;
+        ro.lease_ms = std::max<uint32_t>(t_.lease_ms, 2000);
+        ro.wait_for_master = false;  // another master works: its inserts go to the buffer meanwhile
+        nlohmann::json rr = run_rebuild(c_, ep_, cn_id_, ro);
+        if (rr.contains("skipped"))
+          std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        else {
+          ++st_.rebuilds;
+          st_.rebuild_reports.push_back(rr);
+        }
+        reload();
+        reroute = true;
+        break;
+      }
+      if (r == Outcome::Done) {
+        for (size_t row : rows) done[row] = 1;
+      } else if (r == Outcome::EpochMoved) {
+        ++st_.epoch_moves;
+        reload();
+        reroute = true;
+        break;
+      } else {  // a rebuild runs: into the insert buffer
+        const Control ctl = read_control(ep_);
+        for (size_t j = 0; j < rows.size(); ++j) {
+          const AppendResult a = buffer_append(ep_, ctl, xs.data() + j * dim, dim, is[j]);
+          if (a == AppendResult::Ok) {
+            done[rows[j]] = 1;
+            ++st_.buffered;
+            ++st_.inserted;
+          } else {
+            if (a == AppendResult::Full) {
+              // The buffer is full: the master may be dead. Watch its word (taking over a dead
+              // one's rebuild), else wait for the live one to publish.
+              spdlog::warn("dhnsw insert: the insert buffer's bucket is full while a rebuild runs; waiting for it");
+              RebuildOptions ro;
+              ro.lease_ms = std::max<uint32_t>(t_.lease_ms, 2000);
+              nlohmann::json rr = run_rebuild(c_, ep_, cn_id_, ro);
+              if (!rr.contains("skipped")) {
+                ++st_.rebuilds;
+                st_.rebuild_reports.push_back(rr);
+              }
+              reload();
+            }
+            reroute = true;
+          }
+        }
+        if (reroute) break;
+      }
+    }
+    (void)reroute;
+    std::vector<size_t> next;
+    for (size_t i : pending)
+      if (!done[i]) next.push_back(i);
+    pending.swap(next);
   }
+  // This computenode's acknowledgement of the epoch it uses (and a sign of life).
+  fabric::Buffer w = ep_.alloc(8);
+  const uint64_t ack = ack_word(index_->header.epoch, ++beat_);
+  std::memcpy(w.data(), &ack, 8);
+  ep_.write(RemotePtr(0, control_field(offsetof(Control, acks) + 8 * (cn_id_ % kMaxAckSlots))), w.data(), 8);
 }
 
 nlohmann::json run_insert(const compute::RunContext& rc, const InsertOptions& o) {
@@ -273,20 +373,23 @@ nlohmann::json run_insert(const compute::RunContext& rc, const InsertOptions& o)
   }
   if (!data.contiguous()) data = data.copy();
   auto ep = c.make_endpoint(64u << 20);
-  const Index index = load_index(c, *ep);
+  std::unique_ptr<Index> probe = std::make_unique<Index>(load_index(c, *ep));
+  const Index& index = *probe;
   if (data.d() != index.header.dim)
     throw std::invalid_argument("--data " + o.data + " has dimension " + std::to_string(data.d()) +
                                 ", the d-HNSW index on the memnodes " + std::to_string(index.header.dim));
   uint64_t max_fetch = 0;
   for (const auto& s : index.subs) max_fetch = std::max(max_fetch, s.block_bytes + s.overflow_bytes);
-  if (max_fetch + (16u << 20) > (64u << 20)) ep = c.make_endpoint(max_fetch + (16u << 20));
+  // Room for a fetch, and for a rebuild's 32 MiB of WRITEs in flight.
+  if (max_fetch + (40u << 20) > (64u << 20)) ep = c.make_endpoint(max_fetch + (40u << 20));
   const size_t end = o.end == 0 ? data.n() : std::min(o.end, data.n());
   if (o.begin >= end)
     throw std::invalid_argument("--begin " + std::to_string(o.begin) + " is past the data's " + std::to_string(end) + " rows");
   std::vector<size_t> mine;
   for (size_t i = o.begin; i < end; ++i)
     if (i % o.share_count == o.share_index) mine.push_back(i);
-  Inserter ins(c, *ep, index, rc.cn_id, o.tuning);
+  probe.reset();
+  Inserter ins(c, *ep, rc.cn_id, o.tuning);
   const auto t0 = Clock::now();
   auto last = t0;
   std::vector<float> xs;
@@ -311,6 +414,7 @@ nlohmann::json run_insert(const compute::RunContext& rc, const InsertOptions& o)
     }
   }
   const double s = secs(t0, Clock::now());
+  leave_epochs(*ep, rc.cn_id);
   nlohmann::json r;
   r["tool"] = "computenode dhnsw insert";
   r["cn_id"] = rc.cn_id;

@@ -18,6 +18,7 @@
 // over, so a computenode killed while holding it blocks the group for about one lease.
 // A holder is assumed not to stall longer than a lease between its own checks.
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -39,33 +40,48 @@ struct InsertStats {
   uint64_t inserted = 0, commits = 0, writes = 0, doorbells = 0, bytes_written = 0, bytes_fetched = 0;
   uint64_t appended_bytes = 0, overwritten_bytes = 0, overflow_records = 0;
   uint64_t lock_waits = 0, lock_takeovers = 0, repairs = 0, sanitized_entries = 0;
+  uint64_t buffered = 0, rebuilds = 0, epoch_moves = 0, duplicates_skipped = 0;
+  std::vector<nlohmann::json> rebuild_reports;  // of the rebuilds this computenode ran as master
   std::vector<double> commit_us;  // per commit: lock taken to version published
   nlohmann::json to_json(double seconds) const;
 };
 
-/// Inserts into a d-HNSW index over one endpoint (not thread-safe; one per thread).
+/// The group lock of the group whose slot-0 sub is `slot0` (lock word in its live descriptor):
+/// COMPARE_SWAP 0 -> lock_word(cn_id, ++ticket), taken over when unchanged for `lease_ms`.
+/// Returns the word it holds; counts waits and takeovers when given.
+uint64_t lock_group(fabric::Endpoint& ep, const Index& idx, uint32_t slot0, uint32_t cn_id, uint32_t lease_ms,
+                    uint64_t& ticket, uint64_t* waits, uint64_t* takeovers);
+void unlock_group(fabric::Endpoint& ep, const Index& idx, uint32_t slot0, uint64_t mine);
+
+/// Inserts into a d-HNSW index over one endpoint (not thread-safe; one per thread). Follows the
+/// epochs (compute/dhnsw/epoch.hpp): in place while no rebuild runs, into the insert buffer
+/// while one does, and it becomes the rebuild master when a group's shared gap is full.
 class Inserter {
  public:
-  Inserter(fabric::Cluster& c, fabric::Endpoint& ep, const Index& index, uint32_t cn_id, InsertTuning t = {});
+  Inserter(fabric::Cluster& c, fabric::Endpoint& ep, uint32_t cn_id, InsertTuning t = {});
   /// Inserts n vectors (n x dim) with global ids `ids`; every one is acknowledged (committed and
-  /// published) when this returns. Throws std::invalid_argument on a duplicate id (naming it),
-  /// CommitDoesNotFit when a group's overflow gap is full, FabricError on a dead memnode.
+  /// published, or committed in the insert buffer) when this returns. Throws
+  /// std::invalid_argument on a duplicate id (naming it), FabricError on a dead memnode.
   void insert(const float* x, const int64_t* ids, size_t n);
   const InsertStats& stats() const { return st_; }
+  const Index& index() const { return *index_; }
+  /// The rebuild master's merge of the buffer: ids already in their sub-HNSW are skipped (a
+  /// merge that was cut short is done again), and a full gap is thrown (CommitDoesNotFit).
+  void set_merge_mode(bool on) { merge_ = on; }
 
  private:
-  void insert_into(uint32_t sub, const float* x, const int64_t* ids, size_t n);
-  uint64_t lock_group(const SubDesc& slot0);
-  void unlock_group(const SubDesc& slot0, uint64_t mine);
-  RemotePtr live_ptr(uint32_t sub, size_t field = 0) const;
+  enum class Outcome { Done, EpochMoved, UseBuffer };
+  Outcome insert_into(uint32_t sub, const float* x, const int64_t* ids, size_t n);
+  void reload();
   void post_writes(uint16_t memnode, const std::vector<std::pair<uint64_t, const std::vector<char>*>>& w);
 
   fabric::Cluster& c_;
   fabric::Endpoint& ep_;
-  const Index& index_;
+  std::unique_ptr<Index> index_;
   uint32_t cn_id_;
   InsertTuning t_;
-  uint64_t ticket_ = 0;
+  uint64_t ticket_ = 0, beat_ = 0;
+  bool merge_ = false;
   int pause_in_commit_ms_ = 0;  // DMHNSW_TEST_PAUSE_IN_COMMIT_MS: tests kill a writer inside a commit
   InsertStats st_;
 };

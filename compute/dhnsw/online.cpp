@@ -32,6 +32,30 @@ RegionHeader read_header(fabric::Cluster& c, fabric::Endpoint& ep, uint16_t m) {
 
 }  // namespace
 
+void write_bytes(fabric::Endpoint& ep, uint16_t memnode, uint64_t offset, const char* data, uint64_t len,
+                 WriteStats& st) {
+  fabric::Buffer buf = ep.alloc(kChunk * kPerDoorbell);
+  std::vector<fabric::Op> ops;
+  auto flush = [&] {
+    if (ops.empty()) return;
+    if (ep.post(ops) != fabric::Status::Ok)
+      throw fabric::FabricError("dhnsw: posting WRITEs to memnode " + std::to_string(memnode) + " failed");
+    ++st.doorbells;
+    st.writes += ops.size();
+    ep.wait_all(ops.size());
+    ops.clear();
+  };
+  for (uint64_t at = 0; at < len; at += kChunk) {
+    const uint64_t n = std::min<uint64_t>(kChunk, len - at);
+    char* slot = buf.data() + ops.size() * kChunk;
+    std::memcpy(slot, data + at, n);
+    ops.push_back(fabric::Op::write(RemotePtr(memnode, offset + at), slot, n, ops.size()));
+    st.bytes += n;
+    if (ops.size() == kPerDoorbell) flush();
+  }
+  flush();
+}
+
 nlohmann::json write_index(fabric::Cluster& c, fabric::Endpoint& ep, const BuiltIndex& built) {
   const size_t n = c.memnodes().size();
   if (built.regions.size() != n)
@@ -56,31 +80,15 @@ nlohmann::json write_index(fabric::Cluster& c, fabric::Endpoint& ep, const Built
     throw std::runtime_error("memnode 0: computenode " + std::to_string(lock_owner(old)) +
                              " is already building an index there");
 
-  fabric::Buffer buf = ep.alloc(kChunk * kPerDoorbell);
-  uint64_t bytes = 0, writes = 0, doorbells = 0;
+  WriteStats ws;
   const auto t0 = Clock::now();
-  auto flush = [&](std::vector<fabric::Op>& ops) {
-    if (ops.empty()) return;
-    if (ep.post(ops) != fabric::Status::Ok)
-      throw fabric::FabricError("dhnsw build: posting WRITEs to " + mn_name(c, ops.front().remote.node()) + " failed");
-    ++doorbells;
-    writes += ops.size();
-    ep.wait_all(ops.size());
-    ops.clear();
-  };
-  for (uint16_t m = 0; m < n; ++m) {  // groups and metadata block first
-    const std::vector<char>& r = built.regions[m];
-    std::vector<fabric::Op> ops;
-    for (uint64_t at = kMetadataOffset; at < r.size(); at += kChunk) {
-      const uint64_t len = std::min<uint64_t>(kChunk, r.size() - at);
-      char* slot = buf.data() + ops.size() * kChunk;
-      std::memcpy(slot, r.data() + at, len);
-      ops.push_back(fabric::Op::write(RemotePtr(m, at), slot, len, ops.size()));
-      bytes += len;
-      if (ops.size() == kPerDoorbell) flush(ops);
-    }
-    flush(ops);
-  }
+  for (uint16_t m = 0; m < n; ++m)  // the rest of the header page (memnode 0: the control block), groups, metadata
+    write_bytes(ep, m, sizeof(RegionHeader), built.regions[m].data() + sizeof(RegionHeader),
+                built.regions[m].size() - sizeof(RegionHeader), ws);
+  fabric::Buffer buf = ep.alloc(sizeof(RegionHeader));
+  uint64_t& bytes = ws.bytes;
+  uint64_t& writes = ws.writes;
+  uint64_t& doorbells = ws.doorbells;
   for (uint16_t m = 0; m < n; ++m) {  // then the headers, memnode 0's (with the claim word) last
     const uint16_t who = static_cast<uint16_t>(n - 1 - m);
     RegionHeader h;

@@ -21,6 +21,14 @@ struct OnlineBuildOptions {
   Metric metric = Metric::L2;
 };
 
+struct WriteStats {
+  uint64_t bytes = 0, writes = 0, doorbells = 0;
+};
+/// WRITEs [data, data + len) to region offset `offset` of `memnode`: 4 MiB per WRITE, eight per
+/// doorbell, each doorbell's WRITEs completed before the next.
+void write_bytes(fabric::Endpoint& ep, uint16_t memnode, uint64_t offset, const char* data, uint64_t len,
+                 WriteStats& st);
+
 /// Writes `built` into the cluster's regions (memnode m gets built.regions[m]; its header keeps
 /// the region's real size). Refuses a memnode that already holds an index or whose region is
 /// too small (naming it and the bytes needed). Returns the bytes, WRITEs and doorbells used.

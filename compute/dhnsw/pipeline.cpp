@@ -20,6 +20,8 @@
 #include <thread>
 
 #include "common/region.hpp"
+#include "common/distance.hpp"
+#include "compute/dhnsw/epoch.hpp"
 #include "compute/dhnsw/planner.hpp"
 #include "compute/dhnsw/subindex.hpp"
 
@@ -80,6 +82,7 @@ struct Job {
   BatchPlan plan;
   std::map<uint32_t, std::shared_ptr<const SubIndex>> hits;  // cached entries, pinned at plan time
   std::map<uint32_t, SubDesc> live;  // live descriptors of the batch's sub-HNSWs, read at plan time
+  std::shared_ptr<const Index> index;  // the epoch the batch was planned with
   Clock::time_point closed;
   size_t remaining = 0;  // entries not searched yet (search stage only)
   BatchStats st;         // each stage writes its own fields before handing an item on
@@ -101,7 +104,14 @@ struct Item {
 Index load_index(fabric::Cluster& c, fabric::Endpoint& ep) {
   if (c.memnodes().empty()) throw std::runtime_error("dhnsw: no memnode");
   Index idx;
-  RegionHeader h0 = header_from_blob(c.memnodes()[0].header, "memnode 0");
+  // The headers as they are now (a rebuild moves the metadata block), not as served at connect.
+  auto live_header = [&](uint16_t m) {
+    RegionHeader h;
+    ep.read(RemotePtr(m, 0), &h, sizeof h);
+    validate_region_header(h, "memnode " + std::to_string(m) + " (" + c.memnodes()[m].address + ")");
+    return h;
+  };
+  RegionHeader h0 = live_header(0);
   if (h0.mode != static_cast<uint8_t>(Mode::Dhnsw))
     throw std::runtime_error("memnode 0 holds no d-HNSW index (region mode " +
                              std::string(fabric::mode_name(static_cast<Mode>(h0.mode))) +
@@ -123,7 +133,7 @@ Index load_index(fabric::Cluster& c, fabric::Endpoint& ep) {
     throw std::runtime_error("the d-HNSW index spans " + std::to_string(h.num_memnodes) + " memnode(s), --memnodes names " +
                              std::to_string(c.memnodes().size()));
   for (const auto& mn : c.memnodes()) {  // every group against the region of the memnode holding it
-    RegionHeader r = header_from_blob(mn.header, "memnode " + std::to_string(mn.id));
+    RegionHeader r = live_header(mn.id);
     if (r.mode != static_cast<uint8_t>(Mode::Dhnsw) || r.dim != h.dim)
       throw std::runtime_error("memnode " + std::to_string(mn.id) + " (" + mn.address +
                                ") does not hold the same d-HNSW index as memnode 0");
@@ -137,7 +147,8 @@ Index load_index(fabric::Cluster& c, fabric::Endpoint& ep) {
 // ---------------------------------------------------------------------------------------------
 struct Engine::Impl {
   fabric::Cluster& c;
-  const Index& index;
+  std::shared_ptr<const Index> cur;  // replaced when the epoch moves; a batch keeps the one it was planned with
+  uint64_t beat = 0;
   EngineOptions o;
   LruCache<SubIndex> cache;
   uint64_t max_fetch = 0, buf_bytes = 0;
@@ -146,7 +157,7 @@ struct Engine::Impl {
   int omp_threads = 1;
 
   Impl(fabric::Cluster& cl, const Index& ix, const EngineOptions& opts, size_t cap)
-      : c(cl), index(ix), o(opts), cache(cap) {
+      : c(cl), cur(std::shared_ptr<const Index>{}, &ix), o(opts), cache(cap) {
     const int cores = std::max(1, omp_get_num_procs());
     // Every core, also when pipelined: the fetch stage naps while its READs are in flight and
     // the deserialize stage is short, so leaving them a core of their own measured slower.
@@ -159,11 +170,11 @@ struct Engine::Impl {
       mallopt(M_TRIM_THRESHOLD, 1 << 30);
     });
     // A sub grows into its share of the shared gap: at most block + the whole gap.
-    for (const auto& s : index.subs) max_fetch = std::max(max_fetch, s.block_bytes + s.overflow_bytes);
+    for (const auto& s : cur->subs) max_fetch = std::max(max_fetch, s.block_bytes + s.overflow_bytes);
     buf_bytes = std::bit_ceil(std::max<uint64_t>(max_fetch, 4096));
   }
 
-  std::string sub_name(uint32_t id) const {
+  static std::string sub_name(const Index& index, uint32_t id) {
     const SubDesc& d = index.subs.at(id);
     return "sub-HNSW " + std::to_string(id) + " (partition " + std::to_string(id) + ", memnode " +
            std::to_string(d.memnode) + " offset " + std::to_string(fetch_range(d).first) + ")";
@@ -171,7 +182,8 @@ struct Engine::Impl {
 
   /// Closes a batch: meta-HNSW search for every query, then the load plan.
   /// READs the live descriptors of `subs` (one doorbell); counts into `st`.
-  std::vector<SubDesc> read_live(const std::vector<uint32_t>& subs, fabric::Endpoint& ep, BatchStats& st) {
+  std::vector<SubDesc> read_live(const Index& index, const std::vector<uint32_t>& subs, fabric::Endpoint& ep,
+                                 BatchStats& st) {
     std::vector<SubDesc> out(subs.size());
     if (subs.empty()) return out;
     fabric::Buffer b = ep.alloc(subs.size() * sizeof(SubDesc));
@@ -186,14 +198,14 @@ struct Engine::Impl {
       cpl.tag = bad;
       cpl.status = s;
       cpl.node = ops[bad].remote.node();
-      throw fabric::FabricError("reading the live descriptor of " + sub_name(subs[bad]) + " failed: " + ep.describe(cpl));
+      throw fabric::FabricError("reading the live descriptor of " + sub_name(index, subs[bad]) + " failed: " + ep.describe(cpl));
     }
     fabric::Completion cs[16];
     for (size_t left = ops.size(); left > 0;) {
       const size_t got = ep.poll(cs);
       for (size_t j = 0; j < got; ++j)
         if (cs[j].status != fabric::Status::Ok)
-          throw fabric::FabricError("reading the live descriptor of " + sub_name(subs.at(cs[j].tag)) +
+          throw fabric::FabricError("reading the live descriptor of " + sub_name(index, subs.at(cs[j].tag)) +
                                     " failed: " + ep.describe(cs[j]));
       left -= got;
       if (got == 0) std::this_thread::yield();
@@ -204,14 +216,87 @@ struct Engine::Impl {
       std::memcpy(&out[i], b.data() + i * sizeof(SubDesc), sizeof(SubDesc));
       const SubDesc& st0 = index.subs.at(subs[i]);
       if (out[i].id != subs[i] || out[i].block_offset != st0.block_offset || out[i].overflow_used > st0.overflow_bytes)
-        throw std::runtime_error("the live descriptor of " + sub_name(subs[i]) +
+        throw std::runtime_error("the live descriptor of " + sub_name(index, subs[i]) +
                                  " does not match the metadata block (was the index rebuilt?)");
     }
     return out;
   }
 
-  std::shared_ptr<Job> open_batch(const float* queries, size_t first, uint32_t n, fabric::Endpoint& ep) {
+  /// The control block (memnode 0): a new epoch replaces `cur` (the cache goes with the old
+  /// one); this computenode acknowledges the epoch it plans with.
+  Control refresh(fabric::Endpoint& ep) {
+    Control ctl;
+    try {
+      ctl = read_control(ep);
+    } catch (const fabric::FabricError& e) {
+      throw fabric::FabricError(std::string("reading the d-HNSW control block (epoch, insert buffer) of memnode 0 "
+                                            "failed: ") + e.what());
+    }
+    if (ctl.epoch != cur->header.epoch && ctl.epoch != 0) {
+      auto next = std::make_shared<Index>(load_index(c, ep));
+      spdlog::info("dhnsw: epoch {} -> {}: metadata refreshed, {} cached sub-HNSW(s) dropped", cur->header.epoch,
+                   next->header.epoch, cache.size());
+      cur = std::move(next);
+      cache.clear();
+      for (const auto& s : cur->subs) max_fetch = std::max(max_fetch, s.block_bytes + s.overflow_bytes);
+      buf_bytes = std::bit_ceil(std::max<uint64_t>(max_fetch, 4096));
+    }
+    if (o.ack_slot >= 0) {
+      fabric::Buffer w = ep.alloc(8);
+      const uint64_t a = ack_word(cur->header.epoch, ++beat);
+      std::memcpy(w.data(), &a, 8);
+      ep.write(RemotePtr(0, control_field(offsetof(Control, acks) + 8 * (static_cast<uint64_t>(o.ack_slot) % kMaxAckSlots))),
+               w.data(), 8);
+    }
+    return ctl;
+  }
+
+  /// While a rebuild runs, the insert buffer holds acknowledged inserts: each query compares
+  /// itself with the entries of the buckets it probes, and its answer starts with the best.
+  void search_buffer(const Control& ctl, const Index& index, const float* queries, size_t first, uint32_t n,
+                     std::vector<Answer>& answers, fabric::Endpoint& ep, BatchStats& st) {
+    bool any = false;
+    for (uint32_t b = 0; b < ctl.buckets; ++b)
+      any = any || (bucket_state(ctl.bucket_words[b]) != kBucketIdle && bucket_count(ctl.bucket_words[b]) > 0);
+    if (!any) return;
+    const uint32_t dim = index.header.dim;
+    std::vector<std::vector<uint32_t>> probes(n);
+    std::vector<char> want(ctl.buckets, 0);
+    for (uint32_t q = 0; q < n; ++q) {
+      probes[q] = probe_buckets(ctl, queries + (first + q) * dim, dim);
+      for (uint32_t b : probes[q]) want[b] = 1;
+    }
+    std::map<uint32_t, std::vector<BufferedVector>> by_bucket;
+    for (uint32_t b = 0; b < ctl.buckets; ++b)
+      if (want[b]) by_bucket[b] = buffer_read(ep, ctl, dim, {b});
+    const bool ip = index.inner_product();
+    const DistanceComputer dist(ip ? Metric::IP : Metric::L2, dim);
+    for (uint32_t q = 0; q < n; ++q) {
+      const float* x = queries + (first + q) * dim;
+      Answer& a = answers[first + q];
+      for (uint32_t b : probes[q])
+        for (const auto& e : by_bucket[b]) {
+          // Faiss's scale: squared L2, or the inner product itself (larger is better).
+          a.emplace_back(ip ? 1.0f - dist(x, e.v.data()) : dist(x, e.v.data()), e.id);
+          ++st.buffered_scanned;
+        }
+      auto better = [ip](const std::pair<float, int64_t>& u, const std::pair<float, int64_t>& v) {
+        if (u.first != v.first) return ip ? u.first > v.first : u.first < v.first;
+        return u.second < v.second;
+      };
+      std::sort(a.begin(), a.end(), better);
+      if (a.size() > o.k) a.resize(o.k);
+    }
+  }
+
+  std::shared_ptr<Job> open_batch(const float* queries, size_t first, uint32_t n, fabric::Endpoint& ep,
+                                  std::vector<Answer>& answers) {
     auto job = std::make_shared<Job>();
+    const Control ctl = refresh(ep);
+    job->index = cur;
+    const Index& index = *cur;
+    job->st.epoch = index.header.epoch;
+    if (ctl.phase != kIdle) search_buffer(ctl, index, queries, first, n, answers, ep, job->st);
     job->first = first;
     job->n = n;
     job->closed = Clock::now();
@@ -235,7 +320,7 @@ struct Engine::Impl {
       for (const auto& q : probes) subs.insert(subs.end(), q.begin(), q.end());
       std::sort(subs.begin(), subs.end());
       subs.erase(std::unique(subs.begin(), subs.end()), subs.end());
-      const std::vector<SubDesc> live = read_live(subs, ep, job->st);
+      const std::vector<SubDesc> live = read_live(index, subs, ep, job->st);
       for (size_t i = 0; i < subs.size(); ++i) job->live[subs[i]] = live[i];
     }
     job->plan = plan_batch(probes, o.regroup, [&](uint32_t s) {
@@ -243,7 +328,7 @@ struct Engine::Impl {
       auto hit = cache.get(s);
       if (!hit) return false;
       const SubDesc& d = job->live.at(s);
-      if ((d.version & 1) != 0 || hit->version != d.version) return false;
+      if ((d.version & 1) != 0 || hit->version != d.version || hit->epoch != index.header.epoch) return false;
       job->hits[s] = std::move(hit);
       return true;
     });
@@ -260,6 +345,7 @@ struct Engine::Impl {
   template <class Emit>
   void fetch_group(const std::shared_ptr<Job>& job, const std::vector<uint32_t>& entries, fabric::Endpoint& ep,
                    Emit&& emit) {
+    const Index& index = *job->index;
     auto t0 = Clock::now();
     std::vector<Item> items(entries.size());
     for (size_t i = 0; i < entries.size(); ++i) {
@@ -270,7 +356,7 @@ struct Engine::Impl {
     }
     auto fail = [&](const fabric::Completion& cpl) {
       uint32_t sub = job->plan.entries[entries.at(cpl.tag)].sub;
-      throw fabric::FabricError("fetching " + sub_name(sub) + " failed: " + ep.describe(cpl));
+      throw fabric::FabricError("fetching " + sub_name(index, sub) + " failed: " + ep.describe(cpl));
     };
     // A sub-HNSW READ takes hundreds of microseconds or more: after a short spin the fetch
     // stage naps between polls, leaving the core to the search and deserialize stages (and,
@@ -319,7 +405,7 @@ struct Engine::Impl {
       for (size_t i : pending) {
         auto [off, len] = fetch_range(items[i].desc);
         if (len > buf_bytes)
-          throw std::runtime_error(sub_name(items[i].desc.id) + ": live fetch range of " + std::to_string(len) +
+          throw std::runtime_error(sub_name(index, items[i].desc.id) + ": live fetch range of " + std::to_string(len) +
                                    " bytes is beyond its block and gap");
         items[i].len = len;
         for (uint64_t at = 0; at < len; at += o.max_read_bytes) {
@@ -340,7 +426,7 @@ struct Engine::Impl {
       job->st.reads += ops.size();
       std::vector<uint32_t> subs;
       for (size_t i : pending) subs.push_back(items[i].desc.id);
-      const std::vector<SubDesc> again = read_live(subs, ep, job->st);
+      const std::vector<SubDesc> again = read_live(index, subs, ep, job->st);
       std::vector<size_t> next;
       bool odd = false;
       for (size_t j = 0; j < pending.size(); ++j) {
@@ -366,10 +452,11 @@ struct Engine::Impl {
   void deserialize(Item& it) {
     auto t0 = Clock::now();
     const uint32_t sub = it.job->plan.entries[it.entry].sub;
-    auto s = std::make_shared<SubIndex>(deserialize_sub(it.buf.data(), it.len, it.desc, index.header, sub_name(sub), it.torn));
+    const Index& index = *it.job->index;
+    auto s = std::make_shared<SubIndex>(deserialize_sub(it.buf.data(), it.len, it.desc, index.header, sub_name(index, sub), it.torn));
     if (it.torn)
       spdlog::warn("{}: no consistent copy after repeated fetches (a commit left in flight, version {}); searched "
-                   "a sanitized copy ({} neighbour entries dropped)", sub_name(sub), it.desc.version, s->sanitized);
+                   "a sanitized copy ({} neighbour entries dropped)", sub_name(index, sub), it.desc.version, s->sanitized);
     it.sub = std::move(s);
     if (o.regroup && !it.torn) cache.put(sub, it.sub);
     it.job->st.deserialize_s += secs(t0, Clock::now());
@@ -380,6 +467,7 @@ struct Engine::Impl {
   bool search(Item& it, const float* queries, std::vector<Answer>& answers) {
     auto t0 = Clock::now();
     Job& job = *it.job;
+    const Index& index = *job.index;
     const PlanEntry& e = job.plan.entries[it.entry];
     const SubIndex& s = *it.sub;
     const uint32_t dim = index.header.dim, nq = static_cast<uint32_t>(e.queries.size());
@@ -448,7 +536,8 @@ RunStats Engine::run(const float* queries, size_t n, std::vector<Answer>& answer
   const uint64_t evictions0 = im.cache.evictions();
   const uint32_t G = o_.doorbell ? o_.doorbell_subs : 1;
   // One endpoint, used by the fetch stage only; every buffer goes back to it before it dies.
-  auto ep = im.c.make_endpoint(std::max<size_t>(im.buf_bytes * (G + o_.queue_depth + 3), 16u << 20));
+  // Twice what the buffers need now: a rebuild may make sub-HNSWs larger during the run.
+  auto ep = im.c.make_endpoint(std::max<size_t>(2 * im.buf_bytes * (G + o_.queue_depth + 3), 16u << 20));
   const auto t_start = Clock::now();
 
   // Batches close when B queries arrived or max_wait_us after their first one did.
@@ -494,7 +583,7 @@ RunStats Engine::run(const float* queries, size_t n, std::vector<Answer>& answer
   if (!o_.pipeline) {
     for (size_t first = 0; first < n;) {
       uint32_t bn = next_batch(first);
-      auto job = im.open_batch(queries, first, bn, *ep);
+      auto job = im.open_batch(queries, first, bn, *ep, answers);
       for (uint32_t e = 0; e < job->plan.entries.size(); ++e)
         if (job->plan.entries[e].cached) {
           Item it{job, e, {}, 0, job->hits.at(job->plan.entries[e].sub)};
@@ -533,7 +622,7 @@ RunStats Engine::run(const float* queries, size_t n, std::vector<Answer>& answer
       try {
         for (size_t first = 0; first < n && !abort.load();) {
           uint32_t bn = next_batch(first);
-          auto job = im.open_batch(queries, first, bn, *ep);
+          auto job = im.open_batch(queries, first, bn, *ep, answers);
           if (job->plan.entries.empty()) {  // nothing to search: done at once
             Item it{job, 0, {}, 0, nullptr};
             job->remaining = 1;

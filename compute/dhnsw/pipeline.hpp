@@ -49,6 +49,7 @@ struct EngineOptions {
   bool regroup = true;              // false: each query fetches its own partitions (no cache)
   bool doorbell = true;             // false: one READ per post, each waited for
   bool pipeline = true;             // false: the stages of a batch run in sequence on one thread
+  int64_t ack_slot = -1;            // computenode id: acknowledge epochs in the control block (-1: no)
 };
 
 struct BatchStats {
@@ -57,6 +58,8 @@ struct BatchStats {
   // Seqlock checks (live descriptor READs around the fetches) and fetches repeated because a
   // commit moved the version; not counted in reads/doorbells/bytes above.
   uint64_t version_reads = 0, version_doorbells = 0, refetches = 0;
+  uint64_t buffered_scanned = 0;  // insert-buffer entries compared while a rebuild runs
+  uint64_t epoch = 0;             // the epoch the batch was planned with
   double seconds = 0;  // from the batch's close to its last query's answer
   double meta_s = 0, fetch_s = 0, deserialize_s = 0, search_s = 0;
 };

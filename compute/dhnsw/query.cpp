@@ -1,5 +1,7 @@
 #include "compute/dhnsw/query.hpp"
 
+#include "compute/dhnsw/epoch.hpp"
+
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
@@ -47,6 +49,7 @@ json run_query(const RunContext& rc, const QueryOptions& o) {
   const std::vector<float> xw = gather(warm), xm = gather(measured);
 
   EngineOptions eo = o.engine;
+  eo.ack_slot = rc.cn_id;
   eo.ef_search = o.ef_search.front();
   Engine engine(c, index, eo);
   spdlog::info("d-HNSW index: {} sub-HNSWs over {} memnode(s), {} vectors, dim {}, metadata {} KiB; batch {}, probe {}, "
@@ -176,6 +179,7 @@ json run_query(const RunContext& rc, const QueryOptions& o) {
                 {"per_cn", per_cn}};
     report["runs"].push_back(run);
   }
+  leave_epochs(*control, rc.cn_id);
   if (o.on_report) o.on_report(report);
   return report;
 }

@@ -273,6 +273,7 @@ SubIndex deserialize_sub(const char* fetched, size_t len, const SubDesc& d, cons
   SubIndex out;
   out.id = d.id;
   out.version = d.version;
+  out.epoch = h.epoch;
   out.index = std::make_unique<faiss::IndexHNSWFlat>(static_cast<int>(h.dim), static_cast<int>(h.m), metric);
   faiss::IndexHNSWFlat& idx = *out.index;
   delete idx.storage;  // owned (own_fields): the same flat layout, with the SIMD distance kernel

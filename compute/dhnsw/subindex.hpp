@@ -32,6 +32,7 @@ void serialize_sub(const faiss::IndexHNSWFlat& idx, const int64_t* labels, const
 struct SubIndex {
   uint32_t id = 0;
   uint64_t version = 0;  // SubDesc::version it was read at
+  uint64_t epoch = 0;    // MetaHeader::epoch of the index it belongs to
   std::unique_ptr<faiss::IndexHNSWFlat> index;
   std::vector<int64_t> labels;  // global id of each local Faiss id
   uint64_t sanitized = 0;       // neighbour entries dropped by deserialize_sub(sanitize)

@@ -33,6 +33,7 @@ Planned make_plan(const std::vector<SubShape>& shapes, uint32_t memnodes, uint64
   }
   std::vector<char> meta(meta_bytes, 'x');
   MetaHeader h{};
+  h.metadata_offset = kMetadataOffset;
   h.dim = shapes.empty() ? 8 : shapes[0].dim;
   h.num_memnodes = memnodes;
   h.m = 16;
@@ -338,6 +339,7 @@ TEST_CASE("layout: metadata block encode/decode round trip and checksum", "[dhns
   std::vector<char> meta(333);
   for (size_t i = 0; i < meta.size(); ++i) meta[i] = static_cast<char>(i * 7);
   MetaHeader h{};
+  h.metadata_offset = kMetadataOffset;
   h.dim = 8;
   h.num_memnodes = 2;
   h.m = 16;

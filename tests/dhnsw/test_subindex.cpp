@@ -61,6 +61,7 @@ Source make_source(size_t n, int m, uint64_t seed, int64_t label_base,
 
 MetaHeader header_for(const RegionPlan& plan, uint32_t m, uint8_t metric, uint32_t memnodes = 1) {
   MetaHeader h{};
+  h.metadata_offset = kMetadataOffset;
   h.dim = kDim;
   h.metric = metric;
   h.num_memnodes = memnodes;

@@ -53,11 +53,11 @@ std::string self_workload(const SmallData& d, const TempDir& dir, int begin, int
   return wl;
 }
 
+/// A query run's first report entry; `probe` partitions per query at efSearch `ef`.
 nlohmann::json query(const std::string& provider, const std::string& mns, const TempDir& dir, const std::string& wl,
-                     const std::string& name, std::vector<std::string> extra = {}) {
-  std::vector<std::string> a{"query", "--workload", wl, "--k", "10", "--batch", "64", "--probe", "3", "--ef-search",
-                             "64", "--report", dir.file(name + ".json")};
-  a.insert(a.end(), extra.begin(), extra.end());
+                     const std::string& name, const std::string& probe = "3", const std::string& ef = "64") {
+  std::vector<std::string> a{"query", "--workload", wl, "--k", "10", "--batch", "64", "--probe", probe, "--ef-search",
+                             ef, "--report", dir.file(name + ".json")};
   auto r = run(dhnsw_cn(provider, mns, 0, 1, a), dir, name, seconds(300));
   INFO(r.output);
   REQUIRE(r.code == 0);
@@ -177,4 +177,90 @@ TEST_CASE("dhnsw inserts: a writer killed inside a commit blocks its group for o
   // Consistent again: every vector it inserted is found, from clean (unsanitized) copies.
   const auto self = query("shm", mns, dir, self_workload(d, dir, kBuilt, 3000), "self");
   CHECK(self["recall_at_1"].get<double>() >= 0.99);
+}
+
+TEST_CASE("dhnsw inserts: tiny gaps force online rebuilds while two computenodes insert and one queries",
+          "[integration][dhnsw][insert][rebuild]") {
+  SmallData d;
+  TempDir dir;
+  Memnode m0(dir, 0, "shm"), m1(dir, 1, "shm");
+  const std::string mns = m0.address + "," + m1.address;
+  REQUIRE(run(dhnsw_cn("shm", mns, 0, 1, build_args(d, kBuilt, 0.02, 0.02)), dir, "build", seconds(300)).code == 0);
+  Proc q(dhnsw_cn("shm", mns, 0, 1,
+                  {"query", "--workload", d.wl, "--k", "10", "--batch", "16", "--probe", "3", "--ef-search", "64",
+                   "--arrival-qps", "150", "--max-wait-us", "20000"}),
+         dir.file("during.log"));
+  wait_for_output(q, "d-HNSW index", seconds(30));
+  std::vector<std::unique_ptr<Proc>> ins;
+  for (int i = 0; i < 2; ++i)
+    ins.push_back(std::make_unique<Proc>(
+        dhnsw_cn("shm", mns, 1 + i, 3,
+                 {"insert", "--data", d.base, "--begin", std::to_string(kBuilt), "--share", std::to_string(i) + "/2",
+                  "--batch", "20", "--report", dir.file("ins.json")}),
+        dir.file("ins" + std::to_string(i) + ".log")));
+  uint64_t inserted = 0, rebuilds = 0, buffered = 0;
+  for (int i = 0; i < 2; ++i) {
+    const int code = ins[static_cast<size_t>(i)]->wait(seconds(300));
+    INFO(ins[static_cast<size_t>(i)]->output());
+    REQUIRE(code == 0);
+    const auto r = load_json(dir.file("ins.json.cn" + std::to_string(1 + i)))["insert"];
+    inserted += r["inserted"].get<uint64_t>();
+    rebuilds += r["rebuilds"].get<uint64_t>();
+    buffered += r["buffered"].get<uint64_t>();
+  }
+  CHECK(inserted == 600);
+  CHECK(rebuilds >= 1);
+  INFO("inserts that went to the buffer while a rebuild ran: " << buffered);
+  const int qc = q.wait(seconds(300));
+  INFO(q.output());
+  CHECK(qc == 0);  // queries never stopped answering across the epochs
+  CHECK_THAT(q.output(), Contains("metadata refreshed"));
+  // Nothing lost: searching every partition exhaustively finds every inserted vector (the
+  // rebuilds re-partitioned them with balanced k-means, so 3 of 8 partitions may miss a few).
+  const std::string self = self_workload(d, dir, kBuilt, 3000);
+  CHECK(query("shm", mns, dir, self, "all", "8", "400")["recall_at_1"].get<double>() == 1.0);
+}
+
+TEST_CASE("dhnsw inserts: a rebuild master killed before or after publishing loses no acknowledged insert",
+          "[integration][dhnsw][insert][rebuild]") {
+  SmallData d;
+  for (std::string when : {"before", "after"}) {
+    DYNAMIC_SECTION(when << " publishing") {
+      TempDir dir;
+      Memnode m0(dir, 0, "shm"), m1(dir, 1, "shm");
+      const std::string mns = m0.address + "," + m1.address;
+      REQUIRE(run(dhnsw_cn("shm", mns, 0, 1, build_args(d, kBuilt, 0.05, 0.5)), dir, "build", seconds(300)).code == 0);
+      Proc master(dhnsw_cn("shm", mns, 3, 4, {"rebuild", "--lease-ms", "500"}), dir.file("master.log"),
+                  {"DMHNSW_TEST_PAUSE_REBUILD=" + when});
+      REQUIRE(wait_for_output(master, "paused " + when + " publishing", seconds(60)));
+      // Meanwhile 300 inserts are acknowledged: into the buffer (before) or in place (after).
+      auto a = run(dhnsw_cn("shm", mns, 1, 4, {"insert", "--data", d.base, "--begin", "2400", "--end", "2700",
+                                               "--share", "0/1", "--report", dir.file("a.json")}),
+                   dir, "insert-a", seconds(120));
+      INFO(a.output);
+      REQUIRE(a.code == 0);
+      if (when == "before") CHECK(load_json(dir.file("a.json.cn1"))["insert"]["buffered"] == 300);
+      master.signal(SIGKILL);
+      master.wait(seconds(10));
+      // Queries go on, and find what was acknowledged (from the buffer where it is there).
+      const std::string self_a = self_workload(d, dir, 2400, 2700);
+      CHECK(query("shm", mns, dir, self_a, "self-a")["recall_at_1"].get<double>() >= 0.99);
+      // The next rebuild takes the master word over after the lease and finishes the work.
+      auto next = run(dhnsw_cn("shm", mns, 0, 4, {"rebuild", "--lease-ms", "500", "--report", dir.file("next.json")}),
+                      dir, "rebuild", seconds(120));
+      INFO(next.output);
+      REQUIRE(next.code == 0);
+      const auto r = load_json(dir.file("next.json"));
+      CHECK_FALSE(r.contains("skipped"));
+      // The buffered inserts go into the next epoch (its snapshot, or the merge after it).
+      CHECK(r.value("from_buffer", uint64_t{0}) + r["merged"].get<uint64_t>() == (when == "before" ? 300u : 0u));
+      auto b = run(dhnsw_cn("shm", mns, 2, 4, {"insert", "--data", d.base, "--begin", "2700", "--share", "0/1"}), dir,
+                   "insert-b", seconds(120));
+      INFO(b.output);
+      REQUIRE(b.code == 0);
+      const std::string self_all = self_workload(d, dir, 2400, 3000);
+      CHECK(query("shm", mns, dir, self_all, "all", "8", "400")["recall_at_1"]
+                .get<double>() == 1.0);
+    }
+  }
 }

@@ -1,0 +1,72 @@
+#pragma once
+// d-HNSW's epoch-based online rebuild (paper section 4.5, Figure 10) and the shared insert
+// buffer it needs (common/dhnsw_control.hpp has the remote layout and the protocol's states).
+//
+// The rebuild master (the inserter whose commit did not fit, or `computenode --mode dhnsw
+// rebuild`):
+//   1. takes the master word; sets the buffer's buckets active and the phase to kBuilding, so
+//      that every insert from now on goes to the buffer (inserters read the phase under their
+//      group lock, and the master reads each group under its lock: nothing is missed);
+//   2. reads every sub-HNSW, re-partitions all vectors (balanced k-means) and builds the
+//      sub-HNSWs and the meta-HNSW into a shadow area of the regions (a free range at the same
+//      offset on every memnode: after the live epoch, or before it);
+//   3. publishes: the memnodes' region headers (memnode 0 last), then the control block's epoch
+//      and phase kPublished;
+//   4. freezes the buffer's buckets, merges their entries into the new epoch with in-place
+//      inserts, empties the buffer (phase kIdle);
+//   5. frees the old area once every live computenode acknowledged the new epoch (at once if
+//      they did, else the next rebuild waits for it before it needs the room).
+// A master killed before 3 leaves the old epoch serving and the buffer intact: the next master
+// starts over. Killed after 3, the next master only merges (4) and frees (5).
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "common/dhnsw_control.hpp"
+#include "common/fabric/transport.hpp"
+#include "compute/dhnsw/pipeline.hpp"
+
+namespace dmhnsw::dhnsw {
+
+Control read_control(fabric::Endpoint& ep);
+
+/// One buffered insert as read back.
+struct BufferedVector {
+  int64_t id = 0;
+  std::vector<float> v;
+};
+
+enum class AppendResult { Ok, NotActive, Full };
+/// Appends one vector to its bucket of the insert buffer (FETCH_ADD a slot, WRITE the entry,
+/// WRITE its commit word). NotActive: the bucket was not taking inserts (the caller inserts in
+/// place instead); Full: its bucket has no free slot.
+AppendResult buffer_append(fabric::Endpoint& ep, const Control& c, const float* x, uint32_t dim, int64_t id);
+
+/// The committed entries of the given buckets (all when `buckets` is empty), per the control
+/// block `c` (its bucket words and generation).
+std::vector<BufferedVector> buffer_read(fabric::Endpoint& ep, const Control& c, uint32_t dim,
+                                        const std::vector<uint32_t>& buckets = {});
+
+/// The buckets a query probes: its own and those one hyperplane away.
+std::vector<uint32_t> probe_buckets(const Control& c, const float* q, uint32_t dim);
+
+struct RebuildOptions {
+  uint32_t lease_ms = 5000;  // a master word unchanged this long is taken over
+  uint32_t threads = 0;      // build threads (0: every core)
+  uint32_t ack_timeout_ms = 10000;  // an ack slot unchanged this long is not waited for
+  /// Another master's word: watch it (taking it over when it stays unchanged for a lease)
+  /// instead of returning "skipped" at once.
+  bool wait_for_master = true;
+};
+
+/// Clears computenode `cn_id`'s ack slot: it leaves, nobody waits for it (best effort).
+void leave_epochs(fabric::Endpoint& ep, uint32_t cn_id);
+
+/// Runs a rebuild as master (or finishes a published one). Returns its report, or a report with
+/// "skipped" when another computenode is the master (the caller waits for the epoch to move).
+nlohmann::json run_rebuild(fabric::Cluster& c, fabric::Endpoint& ep, uint32_t cn_id, const RebuildOptions& o);
+
+}  // namespace dmhnsw::dhnsw
