@@ -255,6 +255,32 @@ Inserter::Outcome Inserter::insert_into(uint32_t sub, const float* x, const int6
   return Outcome::Done;
 }
 
+Inserter::Outcome Inserter::commit_rows(uint32_t sub, const float* x, const int64_t* ids, const std::vector<size_t>& rows,
+                                         std::vector<char>& done) {
+  const uint32_t dim = index_->header.dim;
+  std::vector<float> xs(rows.size() * dim);
+  std::vector<int64_t> is(rows.size());
+  for (size_t j = 0; j < rows.size(); ++j) {
+    std::memcpy(xs.data() + j * dim, x + rows[j] * dim, 4ull * dim);
+    is[j] = ids[rows[j]];
+  }
+  try {
+    const Outcome r = insert_into(sub, xs.data(), is.data(), rows.size());
+    if (r == Outcome::Done)
+      for (size_t row : rows) done[row] = 1;
+    return r;
+  } catch (const CommitDoesNotFit&) {
+    if (rows.size() == 1) throw;
+  }
+  // Too much for the gap at once: fill it with smaller commits; a rebuild starts when even one
+  // vector does not fit.
+  const std::vector<size_t> a(rows.begin(), rows.begin() + static_cast<std::ptrdiff_t>(rows.size() / 2));
+  const std::vector<size_t> b(rows.begin() + static_cast<std::ptrdiff_t>(rows.size() / 2), rows.end());
+  const Outcome r = commit_rows(sub, x, ids, a, done);
+  if (r != Outcome::Done) return r;
+  return commit_rows(sub, x, ids, b, done);
+}
+
 void Inserter::insert(const float* x, const int64_t* ids, size_t n) {
   if (n == 0) return;
   {
@@ -268,7 +294,6 @@ void Inserter::insert(const float* x, const int64_t* ids, size_t n) {
   std::vector<size_t> pending(n);
   for (size_t i = 0; i < n; ++i) pending[i] = i;
   std::vector<float> xs, D;
-  std::vector<int64_t> is;
   std::vector<faiss::Index::idx_t> I;
   while (!pending.empty()) {
     const uint32_t dim = index_->header.dim;
@@ -288,15 +313,9 @@ void Inserter::insert(const float* x, const int64_t* ids, size_t n) {
     std::vector<char> done(n, 0);
     bool reroute = false;
     for (const auto& [sub, rows] : by_sub) {
-      xs.resize(rows.size() * dim);
-      is.resize(rows.size());
-      for (size_t j = 0; j < rows.size(); ++j) {
-        std::memcpy(xs.data() + j * dim, x + rows[j] * dim, 4ull * dim);
-        is[j] = ids[rows[j]];
-      }
       Outcome r;
       try {
-        r = insert_into(sub, xs.data(), is.data(), rows.size());
+        r = commit_rows(sub, x, ids, rows, done);
       } catch (const CommitDoesNotFit& e) {
         if (merge_) throw;
         // The group's shared gap is full: rebuild (as master, or wait for the one who is).
@@ -316,7 +335,6 @@ void Inserter::insert(const float* x, const int64_t* ids, size_t n) {
         break;
       }
       if (r == Outcome::Done) {
-        for (size_t row : rows) done[row] = 1;
       } else if (r == Outcome::EpochMoved) {
         ++st_.epoch_moves;
         reload();
@@ -325,7 +343,8 @@ void Inserter::insert(const float* x, const int64_t* ids, size_t n) {
       } else {  // a rebuild runs: into the insert buffer
         const Control ctl = read_control(ep_);
         for (size_t j = 0; j < rows.size(); ++j) {
-          const AppendResult a = buffer_append(ep_, ctl, xs.data() + j * dim, dim, is[j]);
+          if (done[rows[j]]) continue;
+          const AppendResult a = buffer_append(ep_, ctl, x + rows[j] * dim, dim, ids[rows[j]]);
           if (a == AppendResult::Ok) {
             done[rows[j]] = 1;
             ++st_.buffered;

@@ -72,6 +72,10 @@ class Inserter {
  private:
   enum class Outcome { Done, EpochMoved, UseBuffer };
   Outcome insert_into(uint32_t sub, const float* x, const int64_t* ids, size_t n);
+  /// insert_into for `rows` of (x, ids), halved while the group's gap cannot take them at once;
+  /// marks the committed rows in `done`.
+  Outcome commit_rows(uint32_t sub, const float* x, const int64_t* ids, const std::vector<size_t>& rows,
+                      std::vector<char>& done);
   void reload();
   void post_writes(uint16_t memnode, const std::vector<std::pair<uint64_t, const std::vector<char>*>>& w);
 
