@@ -12,6 +12,7 @@
 #include "common/units.hpp"
 #include "compute/dhnsw/epoch.hpp"
 #include "compute/dhnsw/insert.hpp"
+#include "compute/dhnsw/mixed.hpp"
 #include "compute/dhnsw/online.hpp"
 #include "compute/dhnsw/query.hpp"
 #include "compute/memnode_cpu.hpp"
@@ -145,7 +146,7 @@ int main(int argc, char** argv) {
   query->add_option("--ef-search", ef_list, "efSearch, or a comma list to run one after the other")->capture_default_str();
   query->add_option("--threads", qo.threads, "worker threads")->capture_default_str();
   query->add_option("--coroutines", qo.coroutines, "queries in flight per thread (C++20 coroutines)")->capture_default_str();
-  query->add_option("--repeat-seconds", qo.repeat_seconds, "cycle through the measured part for at least this long")
+  query->add_option("--repeat-seconds", qo.repeat_seconds, "cycle through the measured part for at least this long (dhnsw --mix: run the mixed stream this long)")
       ->capture_default_str();
   query->add_option("--report", query_report, "write the query report (JSON) here (computenode 0: merged)");
   std::string cache_bytes;
@@ -217,6 +218,16 @@ int main(int argc, char** argv) {
       ->check(CLI::PositiveNumber);
   query->add_option("--search-threads", dq.engine.search_threads,
                     "dhnsw: threads of one sub-HNSW search (0: every core)")
+      ->capture_default_str();
+  std::string mix;
+  dhnsw::MixedOptions dmo;
+  query->add_option("--mix", mix,
+                    "dhnsw: insert:P: a share P of each batch's operations are inserts of --insert-data rows (this "
+                    "computenode's share), the rest searches; the report separates them, with a timeline");
+  query->add_option("--insert-data", dmo.insert_data, "dhnsw --mix: vectors to insert");
+  query->add_option("--insert-begin", dmo.insert_begin, "dhnsw --mix: first row to insert")->capture_default_str();
+  query->add_option("--insert-end", dmo.insert_end, "dhnsw --mix: one past the last row (0: all)")->capture_default_str();
+  query->add_option("--insert-id-offset", dmo.id_offset, "dhnsw --mix: a row's id is this plus its row number")
       ->capture_default_str();
   query->add_flag("--no-regroup", no_regroup, "dhnsw ablation: each query fetches its own partitions (no sharing, no cache)");
   query->add_flag("--no-doorbell", no_doorbell, "dhnsw ablation: one READ per post, each waited for");
@@ -352,6 +363,14 @@ int main(int argc, char** argv) {
         if (cn_id == 0) dhnsw::print_query(r);
         write_report(query_report, r);
       };
+      if (!mix.empty()) {
+        dmo.insert_share = dhnsw::parse_mix(mix);
+        dmo.seconds = qo.repeat_seconds;
+        auto r = dhnsw::run_mixed({cluster.get(), cn_id, num_cns, provider}, dq, dmo);
+        dhnsw::print_mixed(r);
+        write_report(num_cns > 1 && !query_report.empty() ? query_report + ".cn" + std::to_string(cn_id) : query_report, r);
+        return 0;
+      }
       dhnsw::run_query({cluster.get(), cn_id, num_cns, provider}, dq);
       return 0;
     }

@@ -106,6 +106,14 @@ Inserter::Inserter(fabric::Cluster& c, fabric::Endpoint& ep, uint32_t cn_id, Ins
 void Inserter::reload() {
   index_ = std::make_unique<Index>(load_index(c_, ep_));
   if (!index_->meta) throw std::invalid_argument("dhnsw insert: the index has no meta-HNSW");
+  ack();
+}
+
+void Inserter::ack() {
+  fabric::Buffer w = ep_.alloc(8);
+  const uint64_t a = ack_word(index_->header.epoch, ++beat_);
+  std::memcpy(w.data(), &a, 8);
+  ep_.write(RemotePtr(0, control_field(offsetof(Control, acks) + 8 * (cn_id_ % kMaxAckSlots))), w.data(), 8);
 }
 
 void Inserter::post_writes(uint16_t memnode, const std::vector<std::pair<uint64_t, const std::vector<char>*>>& w) {
@@ -375,11 +383,7 @@ void Inserter::insert(const float* x, const int64_t* ids, size_t n) {
       if (!done[i]) next.push_back(i);
     pending.swap(next);
   }
-  // This computenode's acknowledgement of the epoch it uses (and a sign of life).
-  fabric::Buffer w = ep_.alloc(8);
-  const uint64_t ack = ack_word(index_->header.epoch, ++beat_);
-  std::memcpy(w.data(), &ack, 8);
-  ep_.write(RemotePtr(0, control_field(offsetof(Control, acks) + 8 * (cn_id_ % kMaxAckSlots))), w.data(), 8);
+  ack();  // the epoch this computenode uses, and a sign of life
 }
 
 nlohmann::json run_insert(const compute::RunContext& rc, const InsertOptions& o) {

@@ -77,6 +77,7 @@ class Inserter {
   Outcome commit_rows(uint32_t sub, const float* x, const int64_t* ids, const std::vector<size_t>& rows,
                       std::vector<char>& done);
   void reload();
+  void ack();  // this computenode's acknowledgement word: the epoch it uses, a beat
   void post_writes(uint16_t memnode, const std::vector<std::pair<uint64_t, const std::vector<char>*>>& w);
 
   fabric::Cluster& c_;
