@@ -14,6 +14,7 @@
 #include <stdexcept>
 #include <thread>
 
+#include "common/distance.hpp"
 #include "common/region.hpp"
 #include "common/units.hpp"
 #include "compute/dhnsw/build.hpp"
@@ -396,6 +397,42 @@ std::vector<BufferedVector> buffer_read(fabric::Endpoint& ep, const Control& c, 
     }
   }
   return out;
+}
+
+uint64_t buffer_search(fabric::Endpoint& ep, const Control& ctl, uint32_t dim, bool ip, uint32_t k, const float* queries,
+                       size_t n, Answer* answers) {
+  bool any = false;
+  for (uint32_t b = 0; b < ctl.buckets; ++b)
+    any = any || (bucket_state(ctl.bucket_words[b]) != kBucketIdle && bucket_count(ctl.bucket_words[b]) > 0);
+  if (!any) return 0;
+  std::vector<std::vector<uint32_t>> probes(n);
+  std::vector<char> want(ctl.buckets, 0);
+  for (size_t q = 0; q < n; ++q) {
+    probes[q] = probe_buckets(ctl, queries + q * dim, dim);
+    for (uint32_t b : probes[q]) want[b] = 1;
+  }
+  std::map<uint32_t, std::vector<BufferedVector>> by_bucket;
+  for (uint32_t b = 0; b < ctl.buckets; ++b)
+    if (want[b]) by_bucket[b] = buffer_read(ep, ctl, dim, {b});
+  const DistanceComputer dist(ip ? Metric::IP : Metric::L2, dim);
+  auto better = [ip](const std::pair<float, int64_t>& u, const std::pair<float, int64_t>& v) {
+    if (u.first != v.first) return ip ? u.first > v.first : u.first < v.first;
+    return u.second < v.second;
+  };
+  uint64_t scanned = 0;
+  for (size_t q = 0; q < n; ++q) {
+    const float* x = queries + q * dim;
+    Answer& a = answers[q];
+    for (uint32_t b : probes[q])
+      for (const auto& e : by_bucket[b]) {
+        // Faiss's scale: squared L2, or the inner product itself (larger is better).
+        a.emplace_back(ip ? 1.0f - dist(x, e.v.data()) : dist(x, e.v.data()), e.id);
+        ++scanned;
+      }
+    std::sort(a.begin(), a.end(), better);
+    if (a.size() > k) a.resize(k);
+  }
+  return scanned;
 }
 
 std::vector<uint32_t> probe_buckets(const Control& c, const float* q, uint32_t dim) {

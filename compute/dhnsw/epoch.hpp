@@ -53,6 +53,12 @@ std::vector<BufferedVector> buffer_read(fabric::Endpoint& ep, const Control& c, 
 /// The buckets a query probes: its own and those one hyperplane away.
 std::vector<uint32_t> probe_buckets(const Control& c, const float* q, uint32_t dim);
 
+/// While a rebuild runs the buffer holds acknowledged inserts: each of the n queries (n x dim)
+/// is compared with the entries of the buckets it probes, and answers[q] starts with the best k
+/// of them (distances on Faiss's scale). Returns the entries compared.
+uint64_t buffer_search(fabric::Endpoint& ep, const Control& ctl, uint32_t dim, bool ip, uint32_t k, const float* queries,
+                       size_t n, Answer* answers);
+
 struct RebuildOptions {
   uint32_t lease_ms = 5000;  // a master word unchanged this long is taken over
   uint32_t threads = 0;      // build threads (0: every core)

@@ -20,8 +20,8 @@
 #include <thread>
 
 #include "common/region.hpp"
-#include "common/distance.hpp"
 #include "compute/dhnsw/epoch.hpp"
+#include "compute/dhnsw/channel.hpp"
 #include "compute/dhnsw/planner.hpp"
 #include "compute/dhnsw/subindex.hpp"
 
@@ -31,50 +31,6 @@ namespace {
 using Clock = std::chrono::steady_clock;
 double secs(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
 
-/// A bounded queue between two stages. close() wakes everyone: push then fails, pop drains
-/// what is left and then returns nothing.
-template <class T>
-class Channel {
- public:
-  explicit Channel(size_t cap) : cap_(std::max<size_t>(cap, 1)) {}
-  bool push(T v) {
-    std::unique_lock l(mu_);
-    cv_.wait(l, [&] { return closed_ || q_.size() < cap_; });
-    if (closed_) return false;
-    q_.push_back(std::move(v));
-    cv_.notify_all();
-    return true;
-  }
-  std::optional<T> pop() {
-    std::unique_lock l(mu_);
-    cv_.wait(l, [&] { return closed_ || !q_.empty(); });
-    if (q_.empty()) return std::nullopt;
-    T v = std::move(q_.front());
-    q_.pop_front();
-    cv_.notify_all();
-    return v;
-  }
-  void close() {
-    std::lock_guard g(mu_);
-    closed_ = true;
-    cv_.notify_all();
-  }
-  /// Closes and drops what is queued: only once no other thread uses the channel (items may
-  /// hold buffers of a pool that is not thread-safe).
-  void clear() {
-    std::lock_guard g(mu_);
-    closed_ = true;
-    q_.clear();
-    cv_.notify_all();
-  }
-
- private:
-  size_t cap_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<T> q_;
-  bool closed_ = false;
-};
 
 struct Job {
   size_t first = 0;  // index of the batch's first query in the run
@@ -99,50 +55,6 @@ struct Item {
 };
 
 }  // namespace
-
-// ---------------------------------------------------------------------------------------------
-Index load_index(fabric::Cluster& c, fabric::Endpoint& ep) {
-  if (c.memnodes().empty()) throw std::runtime_error("dhnsw: no memnode");
-  Index idx;
-  // The headers as they are now (a rebuild moves the metadata block), not as served at connect.
-  auto live_header = [&](uint16_t m) {
-    RegionHeader h;
-    ep.read(RemotePtr(m, 0), &h, sizeof h);
-    validate_region_header(h, "memnode " + std::to_string(m) + " (" + c.memnodes()[m].address + ")");
-    return h;
-  };
-  RegionHeader h0 = live_header(0);
-  if (h0.mode != static_cast<uint8_t>(Mode::Dhnsw))
-    throw std::runtime_error("memnode 0 holds no d-HNSW index (region mode " +
-                             std::string(fabric::mode_name(static_cast<Mode>(h0.mode))) +
-                             "): start it with --load IMAGE written by tools/dhnsw-build");
-  const uint64_t off = h0.mode_words[dhnsw_word::kMetadataOffset], len = h0.mode_words[dhnsw_word::kMetadataSize];
-  if (len < sizeof(MetaHeader) || off > h0.region_size || len > h0.region_size - off)
-    throw std::runtime_error("memnode 0: region header at offset " +
-                             std::to_string(mode_word_offset(dhnsw_word::kMetadataOffset)) +
-                             ": metadata block [" + std::to_string(off) + ", +" + std::to_string(len) +
-                             ") outside the region of " + std::to_string(h0.region_size) + " bytes");
-  std::vector<char> block(len);
-  ep.read(RemotePtr(0, off), block.data(), len);
-  const std::string what = "memnode 0 metadata block";
-  Metadata md = decode_metadata(block.data(), len, h0.region_size, 0, what);  // header, checksum, bounds
-  idx.header = md.header;
-  idx.subs = std::move(md.subs);
-  const MetaHeader& h = idx.header;
-  if (h.num_memnodes != c.memnodes().size())
-    throw std::runtime_error("the d-HNSW index spans " + std::to_string(h.num_memnodes) + " memnode(s), --memnodes names " +
-                             std::to_string(c.memnodes().size()));
-  for (const auto& mn : c.memnodes()) {  // every group against the region of the memnode holding it
-    RegionHeader r = live_header(mn.id);
-    if (r.mode != static_cast<uint8_t>(Mode::Dhnsw) || r.dim != h.dim)
-      throw std::runtime_error("memnode " + std::to_string(mn.id) + " (" + mn.address +
-                               ") does not hold the same d-HNSW index as memnode 0");
-    if (mn.id != 0) validate_metadata(h, idx.subs, r.region_size, mn.id, what);
-  }
-  idx.meta = deserialize_meta(md.meta_index.data(), md.meta_index.size(), what + " (meta-HNSW)");
-  idx.metadata_bytes = len;
-  return idx;
-}
 
 // ---------------------------------------------------------------------------------------------
 struct Engine::Impl {
@@ -251,44 +163,6 @@ struct Engine::Impl {
     return ctl;
   }
 
-  /// While a rebuild runs, the insert buffer holds acknowledged inserts: each query compares
-  /// itself with the entries of the buckets it probes, and its answer starts with the best.
-  void search_buffer(const Control& ctl, const Index& index, const float* queries, size_t first, uint32_t n,
-                     std::vector<Answer>& answers, fabric::Endpoint& ep, BatchStats& st) {
-    bool any = false;
-    for (uint32_t b = 0; b < ctl.buckets; ++b)
-      any = any || (bucket_state(ctl.bucket_words[b]) != kBucketIdle && bucket_count(ctl.bucket_words[b]) > 0);
-    if (!any) return;
-    const uint32_t dim = index.header.dim;
-    std::vector<std::vector<uint32_t>> probes(n);
-    std::vector<char> want(ctl.buckets, 0);
-    for (uint32_t q = 0; q < n; ++q) {
-      probes[q] = probe_buckets(ctl, queries + (first + q) * dim, dim);
-      for (uint32_t b : probes[q]) want[b] = 1;
-    }
-    std::map<uint32_t, std::vector<BufferedVector>> by_bucket;
-    for (uint32_t b = 0; b < ctl.buckets; ++b)
-      if (want[b]) by_bucket[b] = buffer_read(ep, ctl, dim, {b});
-    const bool ip = index.inner_product();
-    const DistanceComputer dist(ip ? Metric::IP : Metric::L2, dim);
-    for (uint32_t q = 0; q < n; ++q) {
-      const float* x = queries + (first + q) * dim;
-      Answer& a = answers[first + q];
-      for (uint32_t b : probes[q])
-        for (const auto& e : by_bucket[b]) {
-          // Faiss's scale: squared L2, or the inner product itself (larger is better).
-          a.emplace_back(ip ? 1.0f - dist(x, e.v.data()) : dist(x, e.v.data()), e.id);
-          ++st.buffered_scanned;
-        }
-      auto better = [ip](const std::pair<float, int64_t>& u, const std::pair<float, int64_t>& v) {
-        if (u.first != v.first) return ip ? u.first > v.first : u.first < v.first;
-        return u.second < v.second;
-      };
-      std::sort(a.begin(), a.end(), better);
-      if (a.size() > o.k) a.resize(o.k);
-    }
-  }
-
   std::shared_ptr<Job> open_batch(const float* queries, size_t first, uint32_t n, fabric::Endpoint& ep,
                                   std::vector<Answer>& answers) {
     auto job = std::make_shared<Job>();
@@ -296,7 +170,9 @@ struct Engine::Impl {
     job->index = cur;
     const Index& index = *cur;
     job->st.epoch = index.header.epoch;
-    if (ctl.phase != kIdle) search_buffer(ctl, index, queries, first, n, answers, ep, job->st);
+    if (ctl.phase != kIdle)
+      job->st.buffered_scanned += buffer_search(ep, ctl, index.header.dim, index.inner_product(), o.k,
+                                                queries + first * index.header.dim, n, answers.data() + first);
     job->first = first;
     job->n = n;
     job->closed = Clock::now();

@@ -33,11 +33,13 @@ ap.add_argument("--batch", type=int, default=1000)
 ap.add_argument("--probe", type=int, default=4)
 ap.add_argument("--shares", default="0,0.1,0.2,0.3,0.4,0.5")
 ap.add_argument("--out", default=str(HERE))
+ap.add_argument("--from", dest="from_dir", help="no runs: tabulate and plot the reports of an earlier run's work dir")
 args = ap.parse_args()
-work = Path(dmh.tempfile.mkdtemp(prefix="dhnsw-mixed-"))
+work = Path(args.from_dir) if args.from_dir else Path(dmh.tempfile.mkdtemp(prefix="dhnsw-mixed-"))
 wl = work / "q.wl"
-dmh.run([dmh.BIN / "workload", "--queries", WN / "query.fvecs", "--groundtruth", WN / "groundtruth.ivecs", "--dist",
-         "uniform", "--count", 1000, "--warmup", 0, "--seed", 1, "--out", wl])
+if not args.from_dir:
+    dmh.run([dmh.BIN / "workload", "--queries", WN / "query.fvecs", "--groundtruth", WN / "groundtruth.ivecs", "--dist",
+             "uniform", "--count", 1000, "--warmup", 0, "--seed", 1, "--out", wl])
 
 
 def cn(mn, cn_id, num, *rest):
@@ -58,44 +60,48 @@ def mixed(mn, cn_id, num, share, seconds, report):
 
 results = {"data": str(WN), "built": BUILT, "batch": args.batch, "probe": args.probe, "A": [], "B": {}}
 for share in [float(x) for x in args.shares.split(",")]:
-    with dmh.Memnodes(2, "shm", region="1GiB", workdir=work / f"a{share}") as mn:
-        build(mn, 0.10)
-        rep = work / f"a{share}.json"
-        dmh.run(mixed(mn, 0, 1, share, args.seconds, rep))
-        r = json.loads(rep.read_text())
-        results["A"].append({"insert_share": share, "batch_ms": r["batch_ms"], "search_qps": r["search"]["qps"],
-                             "recall": r["search"]["recall"], "inserts_per_s": r["insert"]["inserted"] / r["seconds"],
-                             "rebuilds": r["insert"]["rebuilds"], "ops_per_s": r["ops_per_s"],
-                             "per_insert": r["insert"]["per_insert"]})
-        dmh.log(f"A {share:.0%}: batch p50 {r['batch_ms']['p50']:.0f} ms, {r['ops_per_s']:.0f} ops/s")
+    rep = work / f"a{share}.json"
+    if not args.from_dir:
+        with dmh.Memnodes(2, "shm", region="1GiB", workdir=work / f"a{share}") as mn:
+            build(mn, 0.10)
+            dmh.run(mixed(mn, 0, 1, share, args.seconds, rep))
+    r = json.loads(rep.read_text())
+    results["A"].append({"insert_share": share, "batch_ms": r["batch_ms"], "search_qps": r["search"]["qps"],
+                         "recall": r["search"]["recall"], "inserts_per_s": r["insert"]["inserted"] / r["seconds"],
+                         "rebuilds": r["insert"]["rebuilds"], "ops_per_s": r["ops_per_s"],
+                         "per_insert": r["insert"]["per_insert"]})
+    dmh.log(f"A {share:.0%}: batch p50 {r['batch_ms']['p50']:.0f} ms, {r['ops_per_s']:.0f} ops/s")
 
-with dmh.Memnodes(2, "shm", region="2GiB", workdir=work / "b") as mn:
-    build(mn, 0.02)
-    procs = []
-    for i, share in enumerate([0.2, 0.0, 0.0]):
-        log = open(work / f"b{i}.log", "w")
-        procs.append(subprocess.Popen(mixed(mn, i, 3, share, args.window, work / "b.json"), stdout=log, stderr=log))
-    codes = [p.wait() for p in procs]
-    if any(codes):
-        raise SystemExit(f"B: a computenode failed ({codes}); see {work}/b*.log")
-    runs = [json.loads((work / f"b.json.cn{i}").read_text()) for i in range(3)]
-    # Operations per second of all three, per 2 s bin, and the epoch the master saw.
-    width = 2.0
-    bins = {}
-    for r in runs:
-        for t, ni, nq, _, _, epoch in r["timeline"]:
-            b = int(t // width)
-            x = bins.setdefault(b, {"ops": 0, "inserts": 0, "epoch": 0})
-            x["ops"] += ni + nq
-            x["inserts"] += ni
-            if r["cn_id"] == 0:
-                x["epoch"] = max(x["epoch"], epoch)
-    series = [{"t_s": b * width, "ops_per_s": v["ops"] / width, "inserts_per_s": v["inserts"] / width,
-               "epoch": v["epoch"]} for b, v in sorted(bins.items())]
-    results["B"] = {"series": series, "rebuilds": runs[0]["insert"]["rebuilds"],
-                    "rebuild_reports": runs[0]["insert"]["rebuild_reports"],
-                    "search_qps": [r["search"]["qps"] for r in runs], "recall": [r["search"]["recall"] for r in runs],
-                    "inserted": runs[0]["insert"]["inserted"], "buffered": runs[0]["insert"]["buffered"]}
+if not args.from_dir:
+    with dmh.Memnodes(2, "shm", region="2GiB", workdir=work / "b") as mn:
+        build(mn, 0.02)
+        procs = []
+        for i, share in enumerate([0.2, 0.0, 0.0]):
+            log = open(work / f"b{i}.log", "w")
+            procs.append(subprocess.Popen(mixed(mn, i, 3, share, args.window, work / "b.json"), stdout=log, stderr=log))
+        codes = [p.wait() for p in procs]
+        if any(codes):
+            raise SystemExit(f"B: a computenode failed ({codes}); see {work}/b*.log")
+runs = [json.loads((work / f"b.json.cn{i}").read_text()) for i in range(3)]
+# Operations per second of all three, per 2 s bin, and the newest epoch any of them used.
+width = 2.0
+bins = {}
+for r in runs:
+    for t, ni, nq, _, _, epoch in r["timeline"]:
+        b = int(t // width)
+        x = bins.setdefault(b, {"ops": 0, "inserts": 0, "epoch": 0})
+        x["ops"] += ni + nq
+        x["inserts"] += ni
+        x["epoch"] = max(x["epoch"], epoch)
+series, epoch = [], 1
+for b, v in sorted(bins.items()):
+    epoch = max(epoch, v["epoch"])
+    series.append({"t_s": b * width, "ops_per_s": v["ops"] / width, "inserts_per_s": v["inserts"] / width,
+                   "epoch": epoch})
+results["B"] = {"series": series, "rebuilds": runs[0]["insert"]["rebuilds"],
+                "rebuild_reports": runs[0]["insert"]["rebuild_reports"],
+                "search_qps": [r["search"]["qps"] for r in runs], "recall": [r["search"]["recall"] for r in runs],
+                "inserted": runs[0]["insert"]["inserted"], "buffered": runs[0]["insert"]["buffered"]}
 
 out = Path(args.out)
 (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
