@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "common/fabric/fabric_cluster.hpp"
+#include "common/fabric/wire.hpp"
 #include "common/region.hpp"
 #include "common/units.hpp"
 #include "compute/dhnsw/epoch.hpp"
@@ -65,6 +66,12 @@ int main(int argc, char** argv) {
       ->capture_default_str()
       ->check(CLI::Range(1000, 3600000));
   app.add_option("--log-level", log_level, "trace, debug, info, warn, error")->capture_default_str();
+  std::string wire = "none";
+  app.add_option("--wire", wire,
+                 "wire model on any provider: none, cxl, rdma-56g, rdma-100g or LAT_US,GBPS: each one-sided operation "
+                 "completes no sooner than latency + bytes / bandwidth after its post, the bandwidth shared per "
+                 "memnode; waiting sleeps (docs/wire-model.md)")
+      ->capture_default_str();
 
   auto* st = app.add_subcommand("selftest", "write, read, batched reads, fetch_adds, compare_swaps and messages "
                                             "against the scratch area of every memnode, checking every result");
@@ -252,15 +259,18 @@ int main(int argc, char** argv) {
     co.num_cns = num_cns;
     co.heartbeat_timeout_ms = heartbeat_ms;
     co.stall_timeout_ms = stall_ms;
-    auto cluster = fabric::connect_cluster(co);
+    const fabric::WireModel wm = fabric::parse_wire(wire);
+    auto cluster = fabric::with_wire(fabric::connect_cluster(co), wm);
     spdlog::info("connected to {} memnode(s) over {}", cluster->memnodes().size(), provider);
     if (!*build && !*insert && !*query && !*rebuild) print_headers(*cluster);
     // Runs that write a report measure the memnodes' CPU over the run (memnode_cpu).
     std::unique_ptr<compute::MemnodeCpuMeter> cpu;
     if (!build_report.empty() || !query_report.empty()) cpu = std::make_unique<compute::MemnodeCpuMeter>(*cluster);
-    auto write_report = [&cpu](const std::string& path, nlohmann::json r) {
+    auto write_report = [&cpu, &wm, &provider](const std::string& path, nlohmann::json r) {
       if (path.empty()) return;
       if (cpu) r["memnode_cpu"] = cpu->since_start();
+      r["wire"] = {{"model", fabric::describe(wm)}, {"latency_us", wm.latency_us}, {"gbytes_per_s", wm.gbytes_per_s}};
+      if (!r.contains("provider")) r["provider"] = provider;
       const std::string tmp = path + ".tmp." + std::to_string(::getpid());
       {
         std::ofstream out(tmp);

@@ -13,6 +13,7 @@
 #include <tuple>
 
 #include "common/fabric/fabric_cluster.hpp"
+#include "common/fabric/wire.hpp"
 #include "common/region.hpp"
 #include "common/units.hpp"
 #include "memory/admin.hpp"
@@ -119,6 +120,11 @@ int main(int argc, char** argv) {
   app.add_option("--iters", iters, "max serial operations per latency point")->capture_default_str();
   app.add_option("--max-size", max_size, "largest READ size of the latency sweep")->capture_default_str();
   app.add_option("--cn-id", cn_id, "computenode id used to connect")->capture_default_str();
+  std::string wire = "none";
+  app.add_option("--wire", wire,
+                 "wire model: none, cxl, rdma-56g, rdma-100g or LAT_US,GBPS: operations complete no sooner than "
+                 "latency + bytes / bandwidth after their post (docs/wire-model.md)")
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   spdlog::set_pattern("[%H:%M:%S.%e] [fabric-bench] [%l] %v");
   try {
@@ -127,7 +133,8 @@ int main(int argc, char** argv) {
     co.memnodes = split_commas(memnodes);
     co.token = fabric::load_token(token_file);
     co.cn_id = cn_id;
-    auto cluster = fabric::connect_cluster(co);
+    const fabric::WireModel wm = fabric::parse_wire(wire);
+    auto cluster = fabric::with_wire(fabric::connect_cluster(co), wm);
     const auto& mn = cluster->memnodes().front();
     RegionHeader h = header_from_blob(mn.header, "memnode " + mn.address);
     uint64_t top = std::min<uint64_t>(parse_bytes(max_size, "--max-size"), h.scratch_size);
@@ -139,9 +146,10 @@ int main(int argc, char** argv) {
     const auto run0 = Clock::now();
     nlohmann::json report;
     report["provider"] = provider;
+    report["wire"] = {{"model", fabric::describe(wm)}, {"latency_us", wm.latency_us}, {"gbytes_per_s", wm.gbytes_per_s}};
     report["memnode"] = mn.address;
-    std::printf("fabric-bench: provider %s, memnode %u (%s), scratch %s\n\n", provider.c_str(), mn.id,
-                mn.address.c_str(), format_bytes(h.scratch_size).c_str());
+    std::printf("fabric-bench: provider %s, wire %s, memnode %u (%s), scratch %s\n\n", provider.c_str(),
+                fabric::describe(wm).c_str(), mn.id, mn.address.c_str(), format_bytes(h.scratch_size).c_str());
 
     std::printf("%-12s %10s %10s %10s %8s %12s\n", "READ size", "p50 us", "p99 us", "min us", "iters", "GB/s at p50");
     for (uint64_t s = 64; s <= top; s *= 2) {

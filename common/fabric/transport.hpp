@@ -142,9 +142,13 @@ struct Message {
   std::vector<char> payload;
 };
 
+class WireEndpoint;  // common/fabric/wire.cpp: a decorator that hands out its inner endpoint's pool
+
 /// One endpoint with its completion queue and registered buffer pool. Not thread-safe:
 /// one per worker thread.
 class Endpoint {
+  friend class WireEndpoint;
+
  public:
   virtual ~Endpoint() = default;
 

@@ -131,3 +131,29 @@ TEST_CASE("dhnsw: a memnode killed mid-query makes the computenode fail within 5
   CHECK(secs < 5.0);
   CHECK_THAT(q.output(), Contains("memnode 1") && Contains("sub-HNSW"));
 }
+
+TEST_CASE("dhnsw: a wire model changes when operations complete, never the answers", "[integration][dhnsw][wire]") {
+  Built b;
+  TempDir dir;
+  Memnode m0(dir, 0, "shm", "127.0.0.1:0", {"--load", b.image(0)});
+  Memnode m1(dir, 1, "shm", "127.0.0.1:0", {"--load", b.image(1)});
+  std::string mns = m0.address + "," + m1.address;
+  auto query = [&](const std::string& wire) {
+    std::string rep = dir.file("wire-" + wire + ".json");
+    auto args = computenode_args("dhnsw", "shm", mns, 0, 1,
+                                 {"--wire", wire, "query", "--workload", b.d.wl, "--k", "10", "--batch", "50",
+                                  "--probe", "2", "--ef-search", "32", "--report", rep});
+    auto r = run(args, dir, "wire-" + wire, seconds(300));
+    INFO(r.output);
+    REQUIRE(r.code == 0);
+    return load_json(rep);
+  };
+  const auto none = query("none"), rdma = query("50,1");  // 50 us per operation, 1 GB/s
+  CHECK(rdma["wire"]["latency_us"] == 50.0);
+  CHECK_THAT(rdma["wire"]["model"].get<std::string>(), Contains("custom"));
+  CHECK(none["wire"]["model"] == "none");
+  CHECK(rdma["runs"][0]["recall"].get<double>() == Approx(none["runs"][0]["recall"].get<double>()).margin(1e-12));
+  CHECK(rdma["runs"][0]["recall_at_1"].get<double>() == Approx(none["runs"][0]["recall_at_1"].get<double>()).margin(1e-12));
+  // Every READ waits out the model: the fetch stage takes longer per query.
+  CHECK(rdma["runs"][0]["stages_us"]["fetch"].get<double>() > none["runs"][0]["stages_us"]["fetch"].get<double>());
+}
