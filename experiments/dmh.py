@@ -764,14 +764,15 @@ DHNSW_WORK = ROOT / "runs" / "dhnsw"  # shared: d-HNSW indexes (the experiments'
 
 def dhnsw_index_dir(name, work, partitions, m=16, ef_construction=100, memnodes=1, plain=False, seed=1):
     tail = (f"_mn{memnodes}" if memnodes != 1 else "") + ("_plain" if plain else "") + (f"_s{seed}" if seed != 1 else "")
-    return Path(work).resolve() / f"dhnsw_{name}_p{partitions}_m{m}_efc{ef_construction}{tail}"
+    # _f2: metadata format 2 (live descriptors, epochs); images of format 1 are refused by computenodes
+    return Path(work).resolve() / f"dhnsw_{name}_p{partitions}_m{m}_efc{ef_construction}{tail}_f2"
 
 
 def dhnsw_index(name, work, partitions, m=16, ef_construction=100, memnodes=1, plain=False, seed=1, threads=None):
     """The d-HNSW index of data set NAME (see dataset_files; the data come from SHINE_WORK) with
     P=PARTITIONS sub-HNSWs of HNSW M / efConstruction over MEMNODES memnodes, partitioned by the
     capacity-constrained k-means (PLAIN: plain k-means), built once by `dhnsw-build` into
-    WORK/dhnsw_<name>_p<P>_m<M>_efc<E>[_mn<N>][_plain]/ (index.img, or index.img.0 .. .<N-1>,
+    WORK/dhnsw_<name>_p<P>_m<M>_efc<E>[_mn<N>][_plain]_f2/ (index.img, or index.img.0 .. .<N-1>,
     and build.json) under a file lock; returns the image paths for Memnodes(load=...) /
     dhnsw_query. Reused when present."""
     d = dhnsw_index_dir(name, work, partitions, m, ef_construction, memnodes, plain, seed)
