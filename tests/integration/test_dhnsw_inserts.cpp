@@ -264,3 +264,29 @@ TEST_CASE("dhnsw inserts: a rebuild master killed before or after publishing los
     }
   }
 }
+
+TEST_CASE("dhnsw inserts: a duplicate id and a dimension mismatch are refused naming them", "[integration][dhnsw][insert]") {
+  SmallData d;
+  TempDir dir;
+  Memnode m0(dir, 0, "shm"), m1(dir, 1, "shm");
+  const std::string mns = m0.address + "," + m1.address;
+  REQUIRE(run(dhnsw_cn("shm", mns, 0, 1, build_args(d, kBuilt, 0.05, 0.5)), dir, "build", seconds(300)).code == 0);
+  auto again = run(dhnsw_cn("shm", mns, 0, 1, build_args(d, kBuilt, 0.05, 0.5)), dir, "build-again", seconds(60));
+  CHECK(again.code != 0);
+  CHECK_THAT(again.output, Contains("memnode 0") && Contains("already holds"));
+  auto first = run(dhnsw_cn("shm", mns, 0, 1, {"insert", "--data", d.base, "--begin", "2400", "--end", "2450"}), dir,
+                   "insert", seconds(60));
+  REQUIRE(first.code == 0);
+  auto dup = run(dhnsw_cn("shm", mns, 0, 1, {"insert", "--data", d.base, "--begin", "2440", "--end", "2441"}), dir,
+                 "insert-dup", seconds(60));
+  CHECK(dup.code != 0);
+  CHECK_THAT(dup.output, Contains("id 2440") && Contains("already in the index"));
+  const std::string other = dir.file("d16.fvecs");
+  REQUIRE(run({bin("datagen"), "--n", "100", "--d", "16", "--clusters", "2", "--seed", "1", "--queries", "1",
+               "--out-base", other, "--out-queries", dir.file("q16.fvecs")},
+              dir, "datagen16", seconds(60))
+              .code == 0);
+  auto mismatch = run(dhnsw_cn("shm", mns, 0, 1, {"insert", "--data", other}), dir, "insert-d16", seconds(60));
+  CHECK(mismatch.code != 0);
+  CHECK_THAT(mismatch.output, Contains(other) && Contains("dimension 16") && Contains("24"));
+}
