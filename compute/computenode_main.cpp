@@ -48,9 +48,9 @@ int main(int argc, char** argv) {
       ->capture_default_str()
       ->check(CLI::IsMember({"shine", "dhnsw"}));
   app.add_option("--memnodes", memnodes, "control addresses of every memnode, HOST:PORT[,HOST:PORT...]")->required();
-  app.add_option("--provider", provider, "fabric: shm (one host), tcp (any IP network), verbs (RDMA NICs, soft-RoCE)")
+  app.add_option("--provider", provider, "fabric: shm (one host), tcp (any IP network), verbs (RDMA NICs, soft-RoCE), cxl (one host: the memnodes' regions mapped, a shared memory device)")
       ->capture_default_str()
-      ->check(CLI::IsMember({"shm", "tcp", "verbs"}));
+      ->check(CLI::IsMember({"shm", "tcp", "verbs", "cxl"}));
   app.add_option("--token-file", token_file, "file holding the cluster token (else the DMHNSW_TOKEN variable)");
   app.add_option("--cn-id", cn_id, "this computenode's id, 0..num-cns-1")->capture_default_str();
   app.add_option("--num-cns", num_cns, "number of computenodes in the run")->capture_default_str()->check(CLI::PositiveNumber);

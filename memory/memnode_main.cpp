@@ -33,9 +33,11 @@ int main(int argc, char** argv) {
   bool hugepages = false;
   app.add_option("--listen", listen, "HOST:PORT of the TCP control port (port 0 picks a free one)")->capture_default_str();
   app.add_option("--id", id, "memory node id (0..N-1, unique in the cluster)")->capture_default_str()->check(CLI::Range(0, 65534));
-  app.add_option("--provider", provider, "fabric: shm (one host), tcp (any IP network), verbs (RDMA NICs, soft-RoCE)")
+  app.add_option("--provider", provider,
+                 "fabric: shm (one host), tcp (any IP network), verbs (RDMA NICs, soft-RoCE), cxl (one host: "
+                 "computenodes map the region, a shared memory object)")
       ->capture_default_str()
-      ->check(CLI::IsMember({"shm", "tcp", "verbs"}));
+      ->check(CLI::IsMember({"shm", "tcp", "verbs", "cxl"}));
   auto* region_opt = app.add_option("--region", region,
                                     "region size, e.g. 512MiB, 8GiB (with --load: default the image's region size)")
                          ->capture_default_str();
@@ -80,7 +82,7 @@ int main(int argc, char** argv) {
     } else {
       bytes = parse_bytes(region, "--region");
     }
-    memory::RegionMemory mem(bytes, hugepages, numa_node);
+    memory::RegionMemory mem(bytes, hugepages, numa_node, prov == fabric::Provider::Cxl);
     if (!load.empty()) {
       auto t0 = std::chrono::steady_clock::now();
       memory::ImageInfo info = memory::load_image(load, mem.data(), mem.size(), static_cast<uint16_t>(id));
@@ -99,7 +101,7 @@ int main(int argc, char** argv) {
     std::memcpy(&hdr, mem.data(), sizeof hdr);
 
     const unsigned lanes = rma_lanes >= 0 ? static_cast<unsigned>(rma_lanes) : prov == fabric::Provider::Shm ? 8u : 0u;
-    fabric::RegionServer server(prov, host, mem.data(), mem.size(), static_cast<uint16_t>(id), lanes);
+    fabric::RegionServer server(prov, host, mem.data(), mem.size(), static_cast<uint16_t>(id), lanes, mem.fd());
     // Messages are served in the progress thread: the query relay (routing between
     // computenodes), admin requests (store); anything else is echoed.
     memory::Relay relay(

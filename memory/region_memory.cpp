@@ -3,6 +3,7 @@
 #include <numa.h>
 #include <spdlog/spdlog.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
@@ -16,7 +17,8 @@ namespace {
 constexpr uint64_t kHugePage = 2u << 20;
 }
 
-RegionMemory::RegionMemory(uint64_t bytes, bool hugepages, int numa_node) : size_(bytes), numa_node_(numa_node) {
+RegionMemory::RegionMemory(uint64_t bytes, bool hugepages, int numa_node, bool shared)
+    : size_(bytes), numa_node_(numa_node) {
   if (numa_node >= 0) {
     if (numa_available() < 0)
       throw std::runtime_error("--numa-node " + std::to_string(numa_node) + ": this kernel has no NUMA support");
@@ -25,7 +27,26 @@ RegionMemory::RegionMemory(uint64_t bytes, bool hugepages, int numa_node) : size
                                std::to_string(numa_max_node()));
   }
   void* p = MAP_FAILED;
-  if (hugepages) {
+  if (shared) {
+    // A memory object computenodes on this host map (--provider cxl): on hugetlbfs if asked.
+    mapped_ = (bytes + (hugepages ? kHugePage : 4096) - 1) / (hugepages ? kHugePage : 4096) * (hugepages ? kHugePage : 4096);
+    fd_ = hugepages ? ::memfd_create("dmhnsw-region", MFD_CLOEXEC | MFD_HUGETLB) : -1;
+    if (hugepages && fd_ < 0)
+      spdlog::warn("--hugepages: no hugetlbfs memory object ({}); falling back to normal pages", std::strerror(errno));
+    huge_ = fd_ >= 0;
+    if (fd_ < 0) {
+      mapped_ = (bytes + 4095) / 4096 * 4096;
+      fd_ = ::memfd_create("dmhnsw-region", MFD_CLOEXEC);
+    }
+    if (fd_ < 0 || ::ftruncate(fd_, static_cast<off_t>(mapped_)) != 0)
+      throw std::runtime_error("--region " + format_bytes(bytes) + ": cannot create a shared memory object: " +
+                               std::strerror(errno));
+    p = ::mmap(nullptr, mapped_, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd_, 0);
+    if (p == MAP_FAILED)
+      throw std::runtime_error("--region " + format_bytes(bytes) + ": cannot map the shared memory object: " +
+                               std::strerror(errno));
+  }
+  if (p == MAP_FAILED && hugepages) {
     mapped_ = (bytes + kHugePage - 1) / kHugePage * kHugePage;
     p = ::mmap(nullptr, mapped_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_HUGETLB | MAP_POPULATE, -1,
                0);
@@ -53,6 +74,7 @@ RegionMemory::RegionMemory(uint64_t bytes, bool hugepages, int numa_node) : size
 
 RegionMemory::~RegionMemory() {
   if (data_ != nullptr) ::munmap(data_, mapped_);
+  if (fd_ >= 0) ::close(fd_);
 }
 
 std::string RegionMemory::describe() const {

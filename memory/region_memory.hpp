@@ -9,7 +9,8 @@ namespace dmhnsw::memory {
 class RegionMemory {
  public:
   /// `numa_node` < 0: no binding. Hugepages fall back to normal pages with a warning.
-  RegionMemory(uint64_t bytes, bool hugepages, int numa_node);
+  /// `shared`: a shared memory object (memfd) that other processes can map (--provider cxl).
+  RegionMemory(uint64_t bytes, bool hugepages, int numa_node, bool shared = false);
   ~RegionMemory();
   RegionMemory(const RegionMemory&) = delete;
   RegionMemory& operator=(const RegionMemory&) = delete;
@@ -18,6 +19,8 @@ class RegionMemory {
   uint64_t size() const { return size_; }
   bool on_hugepages() const { return huge_; }
   std::string describe() const;
+  /// The shared memory object's fd (-1 unless `shared`).
+  int fd() const { return fd_; }
 
  private:
   char* data_ = nullptr;
@@ -25,6 +28,7 @@ class RegionMemory {
   uint64_t mapped_ = 0;
   bool huge_ = false;
   int numa_node_ = -1;
+  int fd_ = -1;
 };
 
 }  // namespace dmhnsw::memory

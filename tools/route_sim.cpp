@@ -160,7 +160,7 @@ int main(int argc, char** argv) {
   double cache_ratio = 0.05, admit = 0.01;
   uint64_t kmeans_seed = 1, seed = 7;
   app.add_option("--memnodes", memnodes, "control addresses of every memnode, HOST:PORT[,HOST:PORT...]")->required();
-  app.add_option("--provider", provider, "shm | tcp | verbs")->capture_default_str()->check(CLI::IsMember({"shm", "tcp", "verbs"}));
+  app.add_option("--provider", provider, "shm | tcp | verbs | cxl")->capture_default_str()->check(CLI::IsMember({"shm", "tcp", "verbs", "cxl"}));
   app.add_option("--token-file", token_file, "file holding the cluster token (else the DMHNSW_TOKEN variable)");
   app.add_option("--workload", wl_path, "workload file from tools/workload (warm-up queries fill the caches)")->required();
   app.add_option("--num-cns", K, "K, simulated computenodes")->capture_default_str()->check(CLI::Range(1u, 64u));

@@ -16,7 +16,8 @@ Provider parse_provider(const std::string& name) {
   if (name == "shm") return Provider::Shm;
   if (name == "tcp") return Provider::Tcp;
   if (name == "verbs") return Provider::Verbs;
-  throw FabricError("--provider: unknown provider '" + name + "' (expected shm, tcp or verbs)");
+  if (name == "cxl") return Provider::Cxl;
+  throw FabricError("--provider: unknown provider '" + name + "' (expected shm, tcp, verbs or cxl)");
 }
 
 const char* provider_name(Provider p) {
@@ -24,6 +25,7 @@ const char* provider_name(Provider p) {
     case Provider::Shm: return "shm";
     case Provider::Tcp: return "tcp";
     case Provider::Verbs: return "verbs";
+    case Provider::Cxl: return "cxl";
     case Provider::Local: return "local";
   }
   return "?";

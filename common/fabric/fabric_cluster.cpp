@@ -453,6 +453,7 @@ bool FabricEndpoint::try_recv(Message& out) {
 
 std::shared_ptr<Cluster> connect_cluster(const ClusterOptions& opts) {
   if (opts.provider == Provider::Verbs) return connect_verbs_cluster(opts);
+  if (opts.provider == Provider::Cxl) return connect_cxl_cluster(opts);
   auto c = std::make_shared<FabricCluster>(opts);
   c->connect();
   return c;

@@ -42,6 +42,8 @@ std::shared_ptr<Cluster> connect_cluster(const ClusterOptions& opts);
 /// The same over rdma-core (common/fabric/verbs_cluster.cpp); connect_cluster calls it for
 /// Provider::Verbs.
 std::shared_ptr<Cluster> connect_verbs_cluster(const ClusterOptions& opts);
+/// The same for --provider cxl (common/fabric/cxl.hpp): maps every memnode's region.
+std::shared_ptr<Cluster> connect_cxl_cluster(const ClusterOptions& opts);
 
 class RegionBackend;  // one per provider family (region_backend.hpp)
 
@@ -55,8 +57,9 @@ class RegionServer {
   /// endpoint (which also carries messages); computenodes spread over them. With shm, every
   /// READ locks the target endpoint's command queue while the initiator copies the data, so
   /// computenodes sharing one endpoint wait for each other; a lane each removes that.
+  /// `region_fd`: with --provider cxl, the shared memory object the region is mapped from.
   RegionServer(Provider p, const std::string& listen_host, char* region, uint64_t size, uint16_t memnode_id,
-               unsigned rma_lanes = 0);
+               unsigned rma_lanes = 0, int region_fd = -1);
   ~RegionServer();
   RegionServer(const RegionServer&) = delete;
   RegionServer& operator=(const RegionServer&) = delete;

@@ -30,6 +30,7 @@ const char* lf_provider_name(Provider p) {
     case Provider::Tcp: return "tcp;ofi_rxm";
     case Provider::Verbs: break;  // rdma-core directly: verbs.hpp
     case Provider::Local: break;
+    case Provider::Cxl: break;  // shared memory mapped directly: cxl.hpp
   }
   throw FabricError(std::string("the ") + provider_name(p) + " provider has no libfabric domain");
 }

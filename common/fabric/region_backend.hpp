@@ -32,6 +32,7 @@ class RegionBackend {
 
 std::unique_ptr<RegionBackend> make_lf_region_server(Provider p, const std::string& listen_host, char* region,
                                                      uint64_t size, uint16_t memnode_id, unsigned rma_lanes);
+std::unique_ptr<RegionBackend> make_cxl_region_server(uint64_t size, uint16_t memnode_id, int region_fd);
 std::unique_ptr<RegionBackend> make_verbs_region_server(const std::string& listen_host, char* region, uint64_t size,
                                                         uint16_t memnode_id);
 

@@ -6,13 +6,16 @@
 namespace dmhnsw::fabric {
 
 RegionServer::RegionServer(Provider p, const std::string& listen_host, char* region, uint64_t size,
-                           uint16_t memnode_id, unsigned rma_lanes) {
+                           uint16_t memnode_id, unsigned rma_lanes, int region_fd) {
   if (rma_lanes > kMaxRmaLanes)
     throw std::invalid_argument("--rma-lanes " + std::to_string(rma_lanes) + ": at most " +
                                 std::to_string(kMaxRmaLanes));
   // verbs: the NIC serves one-sided operations itself; there are no lanes to spread over.
-  impl_ = p == Provider::Verbs ? make_verbs_region_server(listen_host, region, size, memnode_id)
-                               : make_lf_region_server(p, listen_host, region, size, memnode_id, rma_lanes);
+  if (p == Provider::Cxl)  // computenodes map the region: no thread here serves their operations
+    impl_ = make_cxl_region_server(size, memnode_id, region_fd);
+  else
+    impl_ = p == Provider::Verbs ? make_verbs_region_server(listen_host, region, size, memnode_id)
+                                 : make_lf_region_server(p, listen_host, region, size, memnode_id, rma_lanes);
 }
 
 RegionServer::~RegionServer() = default;

@@ -24,9 +24,9 @@ class FabricError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-enum class Provider : uint8_t { Shm = 1, Tcp = 2, Verbs = 3, Local = 4 };
-Provider parse_provider(const std::string& name);  // "shm" | "tcp" | "verbs"; throws naming --provider
-const char* provider_name(Provider p);             // "shm", "tcp", "verbs", "local"
+enum class Provider : uint8_t { Shm = 1, Tcp = 2, Verbs = 3, Local = 4, Cxl = 5 };
+Provider parse_provider(const std::string& name);  // "shm" | "tcp" | "verbs" | "cxl"; throws naming --provider
+const char* provider_name(Provider p);             // "shm", "tcp", "verbs", "cxl", "local"
 
 enum class OpKind : uint8_t { Read = 0, Write = 1, FetchAdd = 2, CompareSwap = 3 };
 const char* op_name(OpKind k);

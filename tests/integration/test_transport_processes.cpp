@@ -40,8 +40,8 @@ uint64_t read_word(const std::string& provider, const std::string& address, uint
 
 }  // namespace
 
-TEST_CASE("selftest passes against real memnodes on shm and tcp", "[integration]") {
-  for (std::string provider : {"shm", "tcp"}) {
+TEST_CASE("selftest passes against real memnodes on shm tcp and cxl", "[integration]") {
+  for (std::string provider : {"shm", "tcp", "cxl"}) {
     DYNAMIC_SECTION(provider) {
       TempDir dir;
       Memnode m0(dir, 0, provider), m1(dir, 1, provider);
@@ -58,7 +58,7 @@ TEST_CASE("two computenode processes x 10000 fetch_adds and CAS increments give 
   // With RMA lanes the two computenodes reach the same words through different endpoints of
   // the memnode (computenode c takes lanes c, c + K, ...): the sums show the atomics stay atomic.
   const std::vector<std::pair<std::string, std::string>> configs{
-      {"shm", ""}, {"shm", "0"}, {"shm", "3"}, {"tcp", ""}, {"tcp", "2"}};
+      {"shm", ""}, {"shm", "0"}, {"shm", "3"}, {"tcp", ""}, {"tcp", "2"}, {"cxl", ""}};
   for (const auto& [provider, lanes] : configs) {
     DYNAMIC_SECTION(provider << " --rma-lanes " << (lanes.empty() ? "default" : lanes)) {
       TempDir dir;
@@ -132,7 +132,7 @@ TEST_CASE("a provider mismatch is refused naming both providers", "[integration]
 }
 
 TEST_CASE("a memnode killed with SIGKILL fails the computenode within 5 s naming it", "[integration]") {
-  for (std::string provider : {"shm", "tcp"}) {
+  for (std::string provider : {"shm", "tcp", "cxl"}) {
     DYNAMIC_SECTION(provider) {
       TempDir dir;
       Memnode m0(dir, 0, provider), m1(dir, 1, provider);
@@ -156,7 +156,7 @@ TEST_CASE("a memnode killed with SIGKILL fails the computenode within 5 s naming
   }
 }
 
-TEST_CASE("tcp between two network namespaces", "[integration][netns]") {
+TEST_CASE("tcp between two network namespaces (and cxl refused across them)", "[integration][netns]") {
   if (::geteuid() != 0 || std::system("command -v ip >/dev/null 2>&1") != 0) {
     WARN("SKIPPED: network namespaces need root and iproute2");
     return;
@@ -196,6 +196,17 @@ TEST_CASE("tcp between two network namespaces", "[integration][netns]") {
   CHECK(r.code == 0);
   CHECK_THAT(r.output, Contains("all checks passed"));
   CHECK_THAT(m.proc->output(), Contains("accepted computenode 0 at 10.77.0.2"));
+
+  // cxl across "hosts": the control port answers, the memory cannot be shared; the error says so.
+  TempDir dir2;
+  Memnode mc(dir2, 0, "cxl", "10.77.0.1:0", {"--token-file", dir.file("token")}, {"ip", "netns", "exec", a});
+  std::vector<std::string> argv2{"ip", "netns", "exec", b};
+  auto cc = computenode("cxl", mc.address, {"--token-file", dir.file("token"), "selftest"});
+  argv2.insert(argv2.end(), cc.begin(), cc.end());
+  auto rc = run(argv2, dir, "cn-cxl", seconds(60));
+  INFO(rc.output);
+  CHECK(rc.code != 0);
+  CHECK_THAT(rc.output, Contains("memnode 0") && Contains("needs the computenode on the memnode's host"));
 }
 
 TEST_CASE("verbs provider without an RDMA device: both binaries fail at start and name shm and tcp", "[integration]") {
