@@ -11,11 +11,11 @@
 # memnodes serving the images), runs the same workload on 2 computenodes and prints both
 # modes side by side.
 #
-#   tools/demo.sh [--provider shm|tcp]
+#   tools/demo.sh [--provider cxl|shm|tcp]   (cxl: the regions mapped, as a shared memory device)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
-PROVIDER=shm
+PROVIDER=cxl
 while [[ $# -gt 0 ]]; do
   case $1 in
     --provider) PROVIDER=$2; shift 2 ;;

@@ -3,10 +3,12 @@
 // atomic instructions on the mapping; completions keep the semantics of the other providers.
 #include <spdlog/spdlog.h>
 #include <sys/mman.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <deque>
 #include <random>
@@ -174,9 +176,32 @@ int CxlEndpoint::sock(uint16_t node) {
 Status CxlEndpoint::send(uint16_t node, const void* data, size_t len) {
   if (node >= socks_.size()) return Status::UnknownNode;
   if (!c_->alive(node)) return Status::PeerDead;
+  if (len > cxl::kMaxFrame) return Status::OutOfBounds;
   const int s = sock(node);
   const uint32_t n = static_cast<uint32_t>(len);
-  if (!cxl::write_all(s, &n, 4) || !cxl::write_all(s, data, len)) return Status::PeerDead;
+  std::vector<char> f(reinterpret_cast<const char*>(&n), reinterpret_cast<const char*>(&n) + 4);
+  f.insert(f.end(), static_cast<const char*>(data), static_cast<const char*>(data) + len);
+  // While the memnode's socket is full, take in what it sends us (it may be writing to us in
+  // turn), so neither side waits for the other.
+  size_t at = 0;
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (at < f.size()) {
+    const ssize_t w = ::send(s, f.data() + at, f.size() - at, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (w > 0) {
+      at += static_cast<size_t>(w);
+      continue;
+    }
+    if (w < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) return Status::PeerDead;
+    if (!c_->alive(node) || std::chrono::steady_clock::now() > give_up) return Status::PeerDead;
+    char buf[65536];
+    for (;;) {
+      const ssize_t r = ::recv(s, buf, sizeof buf, MSG_DONTWAIT);
+      if (r <= 0) break;
+      inbufs_[node].insert(inbufs_[node].end(), buf, buf + r);
+    }
+    pollfd pf{s, static_cast<short>(POLLOUT | POLLIN), 0};
+    ::poll(&pf, 1, 10);
+  }
   ++counters_.msgs_sent;
   return Status::Ok;
 }

@@ -161,7 +161,15 @@ class CxlRegionServer final : public RegionBackend {
   void send_to(uint64_t sender, const void* data, size_t len) override {
     std::lock_guard g(mu_);
     auto it = conns_.find(sender);
-    if (it != conns_.end()) frame(it->second.fd, data, len);
+    if (it == conns_.end()) return;
+    if (it->second.out.size() + len > kMaxQueued) {
+      spdlog::warn("cxl: computenode {} reads none of its messages ({} bytes queued); closing its socket",
+                   it->second.cn, it->second.out.size());
+      ::close(it->second.fd);
+      conns_.erase(it);
+      return;
+    }
+    frame(it->second, data, len);
   }
   void set_tick(std::function<void()> tick, int period_ms) override {
     tick_ = std::move(tick);
@@ -182,14 +190,23 @@ class CxlRegionServer final : public RegionBackend {
       {
         std::lock_guard g(mu_);
         for (auto& [id, c] : conns_) {
-          pfs.push_back({c.fd, POLLIN, 0});
+          pfs.push_back({c.fd, static_cast<short>(POLLIN | (c.out.empty() ? 0 : POLLOUT)), 0});
           ids.push_back(id);
         }
       }
       ::poll(pfs.data(), pfs.size(), std::max(10, tick_ms_));
       if (pfs[0].revents & POLLIN) accept_new();
-      for (size_t i = 1; i < pfs.size(); ++i)
+      for (size_t i = 1; i < pfs.size(); ++i) {
+        if (pfs[i].revents & POLLOUT) {
+          std::lock_guard g(mu_);
+          auto it = conns_.find(ids[i - 1]);
+          if (it != conns_.end() && !flush(it->second)) {
+            ::close(it->second.fd);
+            conns_.erase(it);
+          }
+        }
         if (pfs[i].revents & (POLLIN | POLLHUP | POLLERR)) on_readable(ids[i - 1]);
+      }
       if (tick_ && std::chrono::steady_clock::now() - last_tick >= std::chrono::milliseconds(tick_ms_)) {
         last_tick = std::chrono::steady_clock::now();
         tick_();
@@ -203,11 +220,29 @@ class CxlRegionServer final : public RegionBackend {
     bool hello_done = false;
     uint32_t cn = 0;
     std::vector<char> in;
+    std::vector<char> out;  // frames not written yet: the loop writes them when the socket takes them
   };
+  static constexpr size_t kMaxQueued = 256u << 20;  // a client that reads nothing is dropped past this
 
-  static void frame(int fd, const void* data, size_t len) {
+  /// Queues a frame and writes what the socket takes now (never blocks: a slow or silent
+  /// computenode delays nobody). Caller holds mu_.
+  void frame(Conn& c, const void* data, size_t len) {
     const uint32_t n = static_cast<uint32_t>(len);
-    cxl::write_all(fd, &n, 4) && cxl::write_all(fd, data, len);
+    c.out.insert(c.out.end(), reinterpret_cast<const char*>(&n), reinterpret_cast<const char*>(&n) + 4);
+    c.out.insert(c.out.end(), static_cast<const char*>(data), static_cast<const char*>(data) + len);
+    flush(c);
+  }
+  static bool flush(Conn& c) {
+    size_t at = 0;
+    while (at < c.out.size()) {
+      const ssize_t w = ::send(c.fd, c.out.data() + at, c.out.size() - at, MSG_NOSIGNAL | MSG_DONTWAIT);
+      if (w < 0 && errno == EINTR) continue;
+      if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
+      if (w <= 0) return false;
+      at += static_cast<size_t>(w);
+    }
+    c.out.erase(c.out.begin(), c.out.begin() + static_cast<std::ptrdiff_t>(at));
+    return true;
   }
 
   void accept_new() {
