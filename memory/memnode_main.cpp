@@ -43,6 +43,10 @@ int main(int argc, char** argv) {
                          ->capture_default_str();
   app.add_flag("--hugepages", hugepages, "back the region with 2 MiB hugepages (falls back to normal pages with a warning)");
   app.add_option("--numa-node", numa_node, "bind the region's memory to this NUMA node (libnuma)");
+  std::string dax;
+  app.add_option("--dax", dax,
+                 "--provider cxl: map the region from this device-DAX or file (a CXL memory device) instead of "
+                 "a memfd; a regular file is created or grown to --region (mode 0600)");
   app.add_option("--token-file", token_file,
                  "file holding the cluster token (else the DMHNSW_TOKEN variable; with neither, loopback only)");
   app.add_option("--load", load,
@@ -82,7 +86,9 @@ int main(int argc, char** argv) {
     } else {
       bytes = parse_bytes(region, "--region");
     }
-    memory::RegionMemory mem(bytes, hugepages, numa_node, prov == fabric::Provider::Cxl);
+    if (!dax.empty() && prov != fabric::Provider::Cxl)
+      throw std::invalid_argument("--dax " + dax + ": only with --provider cxl (computenodes map the device)");
+    memory::RegionMemory mem(bytes, hugepages, numa_node, prov == fabric::Provider::Cxl, dax);
     if (!load.empty()) {
       auto t0 = std::chrono::steady_clock::now();
       memory::ImageInfo info = memory::load_image(load, mem.data(), mem.size(), static_cast<uint16_t>(id));

@@ -2,7 +2,9 @@
 
 #include <numa.h>
 #include <spdlog/spdlog.h>
+#include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -17,7 +19,7 @@ namespace {
 constexpr uint64_t kHugePage = 2u << 20;
 }
 
-RegionMemory::RegionMemory(uint64_t bytes, bool hugepages, int numa_node, bool shared)
+RegionMemory::RegionMemory(uint64_t bytes, bool hugepages, int numa_node, bool shared, const std::string& dax)
     : size_(bytes), numa_node_(numa_node) {
   if (numa_node >= 0) {
     if (numa_available() < 0)
@@ -27,7 +29,23 @@ RegionMemory::RegionMemory(uint64_t bytes, bool hugepages, int numa_node, bool s
                                std::to_string(numa_max_node()));
   }
   void* p = MAP_FAILED;
-  if (shared) {
+  if (shared && !dax.empty()) {
+    fd_ = ::open(dax.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);  // a file is created, a device must exist
+    if (fd_ < 0) throw std::runtime_error("--dax " + dax + ": cannot open it: " + std::strerror(errno));
+    struct stat st {};
+    ::fstat(fd_, &st);
+    mapped_ = (bytes + kHugePage - 1) / kHugePage * kHugePage;  // device-DAX maps in 2 MiB units
+    if (S_ISREG(st.st_mode) && static_cast<uint64_t>(st.st_size) < mapped_ &&
+        ::ftruncate(fd_, static_cast<off_t>(mapped_)) != 0)
+      throw std::runtime_error("--dax " + dax + ": cannot grow it to " + format_bytes(mapped_) + ": " +
+                               std::strerror(errno));
+    p = ::mmap(nullptr, mapped_, PROT_READ | PROT_WRITE, MAP_SHARED, fd_, 0);
+    if (p == MAP_FAILED)
+      throw std::runtime_error("--dax " + dax + ": cannot map " + format_bytes(mapped_) + " of it: " +
+                               std::strerror(errno));
+    dax_ = dax;
+  }
+  if (shared && p == MAP_FAILED) {
     // A memory object computenodes on this host map (--provider cxl): on hugetlbfs if asked.
     mapped_ = (bytes + (hugepages ? kHugePage : 4096) - 1) / (hugepages ? kHugePage : 4096) * (hugepages ? kHugePage : 4096);
     fd_ = hugepages ? ::memfd_create("dmhnsw-region", MFD_CLOEXEC | MFD_HUGETLB) : -1;
@@ -78,6 +96,7 @@ RegionMemory::~RegionMemory() {
 }
 
 std::string RegionMemory::describe() const {
+  if (!dax_.empty()) return format_bytes(size_) + " mapped from " + dax_;
   return format_bytes(size_) + (huge_ ? " on 2 MiB hugepages" : " on normal pages") +
          (numa_node_ >= 0 ? ", NUMA node " + std::to_string(numa_node_) : std::string());
 }

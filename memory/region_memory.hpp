@@ -10,7 +10,9 @@ class RegionMemory {
  public:
   /// `numa_node` < 0: no binding. Hugepages fall back to normal pages with a warning.
   /// `shared`: a shared memory object (memfd) that other processes can map (--provider cxl).
-  RegionMemory(uint64_t bytes, bool hugepages, int numa_node, bool shared = false);
+  /// `dax`: map the shared region from this device-DAX or file instead (grown to `bytes` if a
+  /// smaller regular file).
+  RegionMemory(uint64_t bytes, bool hugepages, int numa_node, bool shared = false, const std::string& dax = "");
   ~RegionMemory();
   RegionMemory(const RegionMemory&) = delete;
   RegionMemory& operator=(const RegionMemory&) = delete;
@@ -29,6 +31,7 @@ class RegionMemory {
   bool huge_ = false;
   int numa_node_ = -1;
   int fd_ = -1;
+  std::string dax_;
 };
 
 }  // namespace dmhnsw::memory

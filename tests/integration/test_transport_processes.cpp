@@ -239,3 +239,21 @@ TEST_CASE("memnode exits 0 on SIGTERM, hugepages fall back, computenode reads a 
   CHECK((out.find("on 2 MiB hugepages") != std::string::npos || out.find("falling back to normal pages") != std::string::npos));
   CHECK_THAT(out, Contains("stopping"));
 }
+
+TEST_CASE("cxl maps the region from a --dax file: selftest passes and the file holds the region", "[integration]") {
+  TempDir dir;
+  const std::string dax = dir.file("cxl-device");
+  Memnode m(dir, 0, "cxl", "127.0.0.1:0", {"--dax", dax});
+  auto r = run(computenode("cxl", m.address, {"selftest", "--atomics", "200"}), dir, "cn");
+  INFO(r.output << m.proc->output());
+  CHECK(r.code == 0);
+  CHECK_THAT(r.output, Contains("all checks passed") && Contains("process CPU 0.0"));
+  std::ifstream f(dax, std::ios::binary);
+  char magic[8] = {};
+  f.read(magic, 8);
+  CHECK(std::string(magic, 8) == "DMHNSWRG");
+  // --dax is for cxl only.
+  auto bad = run({bin("memnode"), "--provider", "shm", "--listen", "127.0.0.1:0", "--dax", dax}, dir, "bad", seconds(20));
+  CHECK(bad.code != 0);
+  CHECK_THAT(bad.output, Contains("--dax") && Contains("--provider cxl"));
+}
