@@ -86,11 +86,9 @@ class Mastership {
     renewer_ = std::thread([this] { renew(); });
     return true;
   }
-  /// Watches the word of another master: true once it stayed the same for a lease (then
-  /// acquire() takes it over).
-  bool check() const {
+  /// Throws MasterLost once the renewer found the word taken over.
+  void check() const {
     if (lost_.load()) throw MasterLost("dhnsw rebuild: another computenode took the master word over");
-    return true;
   }
   void release() {
     if (!held_) return;
@@ -346,11 +344,15 @@ void leave_epochs(fabric::Endpoint& ep, uint32_t cn_id) {
 Control read_control(fabric::Endpoint& ep) {
   Control c;
   ep.read(RemotePtr(0, kControlOffset), &c, sizeof c);
+  check_control(c);
+  return c;
+}
+
+void check_control(const Control& c) {
   if (c.buckets > kMaxBuckets || (c.buffer_bytes > 0 && (c.entry_bytes == 0 || c.bucket_capacity == 0)))
     throw std::runtime_error("memnode 0: d-HNSW control block at offset " + num(kControlOffset) + ": " +
                              num(c.buckets) + " buckets of " + num(c.bucket_capacity) + " entries of " +
                              num(c.entry_bytes) + " bytes is not a valid insert buffer");
-  return c;
 }
 
 AppendResult buffer_append(fabric::Endpoint& ep, const Control& c, const float* x, uint32_t dim, int64_t id) {

@@ -32,6 +32,8 @@
 namespace dmhnsw::dhnsw {
 
 Control read_control(fabric::Endpoint& ep);
+/// Bounds checks of a control block read from memnode 0 (throws naming it and the offset).
+void check_control(const Control& c);
 
 /// One buffered insert as read back.
 struct BufferedVector {

@@ -137,12 +137,26 @@ struct Engine::Impl {
   /// The control block (memnode 0): a new epoch replaces `cur` (the cache goes with the old
   /// one); this computenode acknowledges the epoch it plans with.
   Control refresh(fabric::Endpoint& ep) {
+    // One doorbell: READ the control block and WRITE this computenode's ack word (the epoch it
+    // planned the previous batch with, and a beat).
     Control ctl;
-    try {
-      ctl = read_control(ep);
-    } catch (const fabric::FabricError& e) {
-      throw fabric::FabricError(std::string("reading the d-HNSW control block (epoch, insert buffer) of memnode 0 "
-                                            "failed: ") + e.what());
+    {
+      fabric::Buffer b = ep.alloc(sizeof(Control) + 8);
+      std::vector<fabric::Op> ops{fabric::Op::read(RemotePtr(0, kControlOffset), b.data(), sizeof(Control), 0)};
+      if (o.ack_slot >= 0) {
+        const uint64_t a = ack_word(cur->header.epoch, ++beat);
+        std::memcpy(b.data() + sizeof(Control), &a, 8);
+        ops.push_back(fabric::Op::write(RemotePtr(0, ack_offset()), b.data() + sizeof(Control), 8, 1));
+      }
+      try {
+        if (ep.post(ops) != fabric::Status::Ok) throw fabric::FabricError("memnode 0 is down");
+        ep.wait_all(ops.size());
+      } catch (const fabric::FabricError& e) {
+        throw fabric::FabricError(std::string("reading the d-HNSW control block (epoch, insert buffer) of memnode 0 "
+                                              "failed: ") + e.what());
+      }
+      std::memcpy(&ctl, b.data(), sizeof ctl);
+      check_control(ctl);
     }
     if (ctl.epoch != cur->header.epoch && ctl.epoch != 0) {
       auto next = std::make_shared<Index>(load_index(c, ep));
@@ -152,15 +166,17 @@ struct Engine::Impl {
       cache.clear();
       for (const auto& s : cur->subs) max_fetch = std::max(max_fetch, s.block_bytes + s.overflow_bytes);
       buf_bytes = std::bit_ceil(std::max<uint64_t>(max_fetch, 4096));
-    }
-    if (o.ack_slot >= 0) {
-      fabric::Buffer w = ep.alloc(8);
-      const uint64_t a = ack_word(cur->header.epoch, ++beat);
-      std::memcpy(w.data(), &a, 8);
-      ep.write(RemotePtr(0, control_field(offsetof(Control, acks) + 8 * (static_cast<uint64_t>(o.ack_slot) % kMaxAckSlots))),
-               w.data(), 8);
+      if (o.ack_slot >= 0) {  // acknowledge the new epoch at once: the master waits for it
+        fabric::Buffer w = ep.alloc(8);
+        const uint64_t a = ack_word(cur->header.epoch, ++beat);
+        std::memcpy(w.data(), &a, 8);
+        ep.write(RemotePtr(0, ack_offset()), w.data(), 8);
+      }
     }
     return ctl;
+  }
+  uint64_t ack_offset() const {
+    return control_field(offsetof(Control, acks) + 8 * (static_cast<uint64_t>(o.ack_slot) % kMaxAckSlots));
   }
 
   std::shared_ptr<Job> open_batch(const float* queries, size_t first, uint32_t n, fabric::Endpoint& ep,

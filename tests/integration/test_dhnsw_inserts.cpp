@@ -65,6 +65,20 @@ nlohmann::json query(const std::string& provider, const std::string& mns, const 
   return load_json(dir.file(name + ".json"))["runs"][0];
 }
 
+/// Computenodes 1 and 2 (of 3) inserting rows kBuilt.. in halves (--share 0/2, 1/2), batches of
+/// 20, reports at ins.json.cn1 / .cn2.
+std::vector<std::unique_ptr<Proc>> start_inserters(const std::string& provider, const std::string& mns,
+                                                   const SmallData& d, const TempDir& dir) {
+  std::vector<std::unique_ptr<Proc>> ins;
+  for (int i = 0; i < 2; ++i)
+    ins.push_back(std::make_unique<Proc>(
+        dhnsw_cn(provider, mns, 1 + i, 3,
+                 {"insert", "--data", d.base, "--begin", std::to_string(kBuilt), "--share", std::to_string(i) + "/2",
+                  "--batch", "20", "--report", dir.file("ins.json")}),
+        dir.file("ins" + std::to_string(i) + ".log")));
+  return ins;
+}
+
 std::vector<std::string> build_args(const SmallData& d, int rows, double internal_gap, double overflow_gap) {
   return {"build", "--data", d.base, "--max-elements", std::to_string(rows), "--partitions", "8", "--m", "16",
           "--ef-construction", "80", "--internal-gap", std::to_string(internal_gap), "--overflow-gap",
@@ -93,13 +107,7 @@ TEST_CASE("dhnsw inserts: online build then two computenodes insert 20 % while o
                        "--arrival-qps", "150", "--max-wait-us", "20000"}),
              dir.file("during.log"));
       wait_for_output(q, "d-HNSW index", seconds(30));
-      std::vector<std::unique_ptr<Proc>> ins;
-      for (int i = 0; i < 2; ++i)
-        ins.push_back(std::make_unique<Proc>(
-            dhnsw_cn(provider, mns, 1 + i, 3,
-                     {"insert", "--data", d.base, "--begin", std::to_string(kBuilt), "--share",
-                      std::to_string(i) + "/2", "--batch", "20", "--report", dir.file("ins.json")}),
-            dir.file("ins" + std::to_string(i) + ".log")));
+      auto ins = start_inserters(provider, mns, d, dir);
       uint64_t inserted = 0, commits = 0;
       for (int i = 0; i < 2; ++i) {
         const int code = ins[static_cast<size_t>(i)]->wait(seconds(300));
@@ -191,13 +199,7 @@ TEST_CASE("dhnsw inserts: tiny gaps force online rebuilds while two computenodes
                    "--arrival-qps", "150", "--max-wait-us", "20000"}),
          dir.file("during.log"));
   wait_for_output(q, "d-HNSW index", seconds(30));
-  std::vector<std::unique_ptr<Proc>> ins;
-  for (int i = 0; i < 2; ++i)
-    ins.push_back(std::make_unique<Proc>(
-        dhnsw_cn("shm", mns, 1 + i, 3,
-                 {"insert", "--data", d.base, "--begin", std::to_string(kBuilt), "--share", std::to_string(i) + "/2",
-                  "--batch", "20", "--report", dir.file("ins.json")}),
-        dir.file("ins" + std::to_string(i) + ".log")));
+  auto ins = start_inserters("shm", mns, d, dir);
   uint64_t inserted = 0, rebuilds = 0, buffered = 0;
   for (int i = 0; i < 2; ++i) {
     const int code = ins[static_cast<size_t>(i)]->wait(seconds(300));
