@@ -193,12 +193,6 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"balanced", "nearest"}));
   query->add_option("--kmeans-seed", qo.kmeans_seed, "seed of the balanced k-means (the same on every computenode)")
       ->capture_default_str();
-  query->add_option("--emulate-rtt-us", qo.emulate_rtt_us,
-                    "shine: every remote operation of a query resumes its query no sooner than this many "
-                    "microseconds after it was posted, and a worker with nothing else to do sleeps meanwhile "
-                    "(models RDMA NICs, whose reads cost wire time but no CPU, on shm/tcp; 0: off)")
-      ->capture_default_str()
-      ->check(CLI::Range(0.0, 1e6));
   query->add_option("--trace", qo.trace_dir, "record every node-cache access to DIR/cn<id>-t<thread>.trace (tools/csp-report)");
   // ---- dhnsw query options (paper sections 4.3-4.4)
   dhnsw::QueryOptions dq;

@@ -130,14 +130,6 @@ class Scheduler {
   explicit Scheduler(fabric::Endpoint& ep) : ep_(ep) {}
   fabric::Endpoint& endpoint() { return ep_; }
 
-  /// Emulated network round trip (0: off, the default): a coroutine's remote operations
-  /// resume it no sooner than `rtt` after they were posted, and until the first of them is
-  /// due the thread sleeps instead of polling. Models RDMA NICs, whose reads cost a
-  /// computenode wire time but no CPU, over providers whose reads are local copies (shm).
-  /// Applies to this thread (also sets the thread's timer slack to 1 us so sleeps are short).
-  void set_emulated_rtt(std::chrono::nanoseconds rtt);
-  std::chrono::nanoseconds emulated_rtt() const { return rtt_; }
-
   /// Awaitable: posts `ops` (as one doorbell batch when `batch`, else one post per op) and
   /// resumes when all completed. Yields the first failure (Ok when all succeeded). The ops'
   /// tags are overwritten. `stats` is charged for the operations.
@@ -175,33 +167,19 @@ class Scheduler {
   size_t active() const { return roots_.size(); }
 
  private:
-  using Clock = std::chrono::steady_clock;
   struct Slot {
     std::coroutine_handle<> h;
     uint32_t pending = 0;
     fabric::Completion fail{};
     bool in_use = false;
-    Clock::time_point release{};  // emulated RTT: not resumed before this
-  };
-  struct Delayed {
-    Clock::time_point at;
-    std::coroutine_handle<> h;
   };
   uint32_t get_slot();
   void reap();
-  /// Emulated RTT: the earliest release of a delayed coroutine or of an operation in flight
-  /// (time_point::max() when none).
-  Clock::time_point next_release() const;
-  /// Emulated RTT: moves the delayed coroutines that are due to ready_; when `idle` (this
-  /// step brought no completion) first sleeps until next_release().
-  void release_delayed(bool idle);
   fabric::Endpoint& ep_;
   std::vector<Slot> slots_;
   std::vector<uint32_t> free_;
   std::vector<Task<void>> roots_;
   std::vector<std::coroutine_handle<>> yielded_, resuming_, ready_;
-  std::vector<Delayed> delayed_;
-  std::chrono::nanoseconds rtt_{0};
   std::exception_ptr first_error_;
 };
 

@@ -162,9 +162,10 @@ class CpuLimits:
 
 
 def computenodes(mn, provider, num_cns, sub, args, report, logdir=None, timeout=None, fail_grace=10, mode="shine",
-                 cn_cpu=None):
+                 cn_cpu=None, wire="none"):
     """Runs `computenode ... SUB ARGS` on num_cns processes; returns computenode 0's report.
     cn_cpu: each computenode limited to this many cores' worth of CPU time (CpuLimits); None: no limit.
+    wire: computenode --wire (none, cxl, rdma-56g, rdma-100g or LAT_US,GBPS).
 
     logdir: each computenode's output goes to LOGDIR/cn<i>.log (else through pipes); then, once
     one computenode failed, the others are killed after FAIL_GRACE seconds.
@@ -172,20 +173,21 @@ def computenodes(mn, provider, num_cns, sub, args, report, logdir=None, timeout=
     mode: --mode shine or dhnsw."""
     limits = CpuLimits(num_cns, cn_cpu) if cn_cpu else None
     try:
-        return _computenodes(mn, provider, num_cns, sub, args, report, logdir, timeout, fail_grace, mode, limits)
+        return _computenodes(mn, provider, num_cns, sub, args, report, logdir, timeout, fail_grace, mode, limits,
+                             wire)
     finally:
         if limits is not None:
             limits.close()
 
 
-def _computenodes(mn, provider, num_cns, sub, args, report, logdir, timeout, fail_grace, mode, limits):
+def _computenodes(mn, provider, num_cns, sub, args, report, logdir, timeout, fail_grace, mode, limits, wire):
     procs, logs = [], []
     Path(report).unlink(missing_ok=True)
     if logdir is not None:
         Path(logdir).mkdir(parents=True, exist_ok=True)
     for i in range(num_cns):
         cmd = [str(BIN / "computenode"), "--mode", mode, "--provider", provider, "--memnodes", mn.list,
-               "--cn-id", str(i), "--num-cns", str(num_cns), sub] + [str(a) for a in args]
+               "--cn-id", str(i), "--num-cns", str(num_cns), "--wire", str(wire or "none"), sub] + [str(a) for a in args]
         if i == 0:
             cmd += ["--report", str(report)]
         pre = limits.enter(i) if limits is not None else None
@@ -370,7 +372,7 @@ def shine_workload(name, work, dist, count, warmup, seed=5):
 def query_run(images, num_cns, workload, report, *, ef_search=64, k=10, threads=1, coroutines=4, cache_ratio=0.0,
               cache_bytes=None, admit_probability=None, routing="none", route_batch=None, route_threshold=None,
               repeat_seconds=None, trace=None, extra=(), provider="shm", region="1GiB", logdir=None, timeout=None,
-              retries=3, memnode_args=(), cn_cpu=None):
+              retries=3, memnode_args=(), cn_cpu=None, wire="none"):
     """One query run on NUM_CNS computenodes (--cn-id 0..K-1 --num-cns K) with the given flags;
     returns computenode 0's merged report (dict; also written to REPORT).
 
@@ -378,6 +380,7 @@ def query_run(images, num_cns, workload, report, *, ef_search=64, k=10, threads=
     stopped afterwards), or a running Memnodes. trace: directory for the node-cache access traces
     (emptied first; needs a cache). memnode_args: more memnode flags (fresh memnodes only).
     cn_cpu: CPU cores' worth of time per computenode (CpuLimits), None: unlimited.
+    wire: computenode --wire.
     Logs: LOGDIR (default REPORT's name + .logs). A run that fails transiently (transient_failure)
     is repeated up to RETRIES times with fresh processes (the failed logs stay in LOGDIR.failed<i>)."""
     report = Path(report)
@@ -397,12 +400,12 @@ def query_run(images, num_cns, workload, report, *, ef_search=64, k=10, threads=
     args += list(extra)
     if isinstance(images, Memnodes):
         return computenodes(images, provider, num_cns, "query", args, report, logdir=logdir, timeout=timeout,
-                            cn_cpu=cn_cpu)[0]
+                            cn_cpu=cn_cpu, wire=wire)[0]
     for attempt in range(retries + 1):
         try:
             with Memnodes(None, provider, region, logdir / "mn", load=images, args=memnode_args) as mn:
                 return computenodes(mn, provider, num_cns, "query", args, report, logdir=logdir, timeout=timeout,
-                                    cn_cpu=cn_cpu)[0]
+                                    cn_cpu=cn_cpu, wire=wire)[0]
         except RuntimeError as e:
             if attempt == retries or not transient_failure(e):
                 raise
@@ -557,10 +560,10 @@ def shine_args(ap, *, sets="wordnet,syn100k", num_cns=4, cache_ratio=0.05):
                    help="limit each computenode to this many cores' worth of CPU time (cgroup v1 cpu quota), so that "
                         "computenodes act like separate machines of fixed speed; a comma list gives one share per "
                         "computenode (e.g. 0.4,0.4,0.4,0.1: one slow machine); default: no limit")
-    g.add_argument("--emulate-rtt-us", type=float, default=0,
-                   help="computenode --emulate-rtt-us: every remote operation of a query takes at least this long and "
-                        "costs no CPU while it waits, as on RDMA NICs; computenodes with a fixed number of queries in "
-                        "flight are then bound by round trips, not by the host's shared CPU (default %(default)s: off)")
+    g.add_argument("--wire", default="none",
+                   help="computenode --wire: none, cxl, rdma-56g, rdma-100g or LAT_US,GBPS; every remote operation "
+                        "takes at least the model's time and costs no CPU while it waits, as on RDMA NICs "
+                        "(docs/wire-model.md; default %(default)s)")
     g.add_argument("--keep-traces-gb", type=float, default=1.0,
                    help="trace directories larger than this are deleted once csp-report read them (default %(default)s)")
     g.add_argument("--index-work", default=str(SHINE_WORK),
@@ -608,8 +611,7 @@ def query_flags(a, name):
             "admit_probability": a.admit_probability, "route_batch": a.route_batch,
             "route_threshold": a.route_threshold, "provider": a.provider, "region": a.region,
             "timeout": a.timeout, "memnode_args": ["--relay-timeout-ms", a.relay_timeout_ms],
-            "cn_cpu": a.cn_cpu, "extra": ["--oracle", a.oracle, "--adaptive-quota", a.adaptive_quota]
-            + (["--emulate-rtt-us", a.emulate_rtt_us] if a.emulate_rtt_us else [])}
+            "cn_cpu": a.cn_cpu, "wire": a.wire, "extra": ["--oracle", a.oracle, "--adaptive-quota", a.adaptive_quota]}
 
 
 def out_dir(a, folder, work):
@@ -670,8 +672,7 @@ def shine_header_md(a, results, what=None):
             + (f", adaptive quota {a.adaptive_quota}" if getattr(a, "adaptive_quota", "even") != "even" else "")
             + (f", computenodes limited to {','.join(f'{c:g}' for c in a.cn_cpu)} core(s) of CPU time each"
                if getattr(a, "cn_cpu", None) else "")
-            + (f", emulated round trip {a.emulate_rtt_us:g} us per remote operation (--emulate-rtt-us)"
-               if getattr(a, "emulate_rtt_us", 0) else "")
+            + (f", wire model {a.wire}" if getattr(a, "wire", "none") != "none" else "")
             + ".\n")
 
 
@@ -816,7 +817,7 @@ def dhnsw_index_info(images):
 
 def dhnsw_query(images, num_cns, workload, report, *, k=10, batch=1000, probe=2, ef_search=64, cache_subs=None,
                 cache_ratio=None, regroup=True, doorbell=True, pipeline=True, extra=(), provider="shm", region="1GiB",
-                timeout=1800, logdir=None, retries=3):
+                timeout=1800, logdir=None, retries=3, wire="none"):
     """One d-HNSW query run: fresh memnodes serve IMAGES (dhnsw_index), NUM_CNS computenodes run
     `computenode --mode dhnsw query` with the given flags (EF_SEARCH: a number or a comma list,
     one run each in the same process); returns computenode 0's merged report (dict; also in
@@ -843,7 +844,7 @@ def dhnsw_query(images, num_cns, workload, report, *, k=10, batch=1000, probe=2,
         try:
             with Memnodes(None, provider, region, logdir / "mn", load=images) as mn:
                 return computenodes(mn, provider, num_cns, "query", args, report, logdir=logdir, timeout=timeout,
-                                    mode="dhnsw")[0]
+                                    mode="dhnsw", wire=wire)[0]
         except RuntimeError as e:
             if attempt == retries or not transient_failure(e):
                 raise
@@ -887,6 +888,8 @@ def dhnsw_common_args(ap, *, quick_help):
     g.add_argument("--ef-construction", type=int, default=100, help="efConstruction (default %(default)s)")
     g.add_argument("--seed", type=int, default=5, help="workload seed (default %(default)s)")
     g.add_argument("--provider", default="shm", help="fabric provider (default %(default)s)")
+    g.add_argument("--wire", default="none", help="computenode --wire: none, cxl, rdma-56g, rdma-100g or LAT_US,GBPS "
+                   "(docs/wire-model.md; default %(default)s)")
     g.add_argument("--region", default="1GiB", help="memnode region (default %(default)s)")
     g.add_argument("--timeout", type=float, default=1800, help="seconds a query run may take (default %(default)s)")
     g.add_argument("--work", default=str(DHNSW_WORK), help="d-HNSW indexes and runs (default %(default)s)")

@@ -48,10 +48,6 @@ struct QueryOptions {
   std::string oracle = "balanced";  // balanced | nearest (router::balance_offsets)
   std::string adaptive_quota = "even";  // adaptive: even (Algorithm 2) | demand (router::QuotaBase)
   std::string trace_dir;         // record node-cache accesses here (tools/csp-report)
-  /// Emulated network round trip per remote operation of a query worker, microseconds (0:
-  /// off). compute::Scheduler::set_emulated_rtt: reads cost wire time, not CPU, as with
-  /// RDMA NICs; for experiments on one host.
-  double emulate_rtt_us = 0;
   /// Called with the finished report before the run's connections are torn down (so the
   /// report is out even if the teardown fails).
   std::function<void(const nlohmann::json&)> on_report;

@@ -454,7 +454,6 @@ json run_query(const RunContext& rc, const QueryOptions& o) {
     try {
       parallel(c, o.threads, stop, [&](uint32_t t, fabric::Endpoint& ep) {
         compute::Scheduler s(ep);
-        s.set_emulated_rtt(std::chrono::nanoseconds(static_cast<int64_t>(o.emulate_rtt_us * 1000.0)));
         Worker w(g, s, p.seed + t);
         std::vector<PerQuery> local;
         std::vector<OpContext> ctxs(o.coroutines);
@@ -520,7 +519,7 @@ json run_query(const RunContext& rc, const QueryOptions& o) {
                  {"coroutines", o.coroutines}, {"read_mode", o.mode == ReadMode::Batch ? "batch" : "per-read"},
                  {"memnodes", c.memnodes().size()}, {"routing", router::policy_name(policy)},
                  {"route_batch", o.route_batch}, {"route_threshold", o.route_threshold},
-                 {"adaptive_quota", o.adaptive_quota}, {"emulate_rtt_us", o.emulate_rtt_us},
+                 {"adaptive_quota", o.adaptive_quota},
                  {"cache", {{"enabled", ncache != nullptr}, {"capacity_bytes", cc.capacity_bytes},
                             {"capacity_entries", ncache ? ncache->capacity_entries() : 0},
                             {"index_bytes", idx_bytes}, {"admit_probability", o.admit_probability}}},

@@ -64,7 +64,7 @@ for P in Ps:
         t0 = time.time()
         w = wl_naive if name == "naive" else wl
         r = dmh.dhnsw_measure(images, w, work / "ablation" / f"p{P}" / name.strip("+").replace("+", "_"), a.repeats,
-                              batch=a.batch, probe=a.probe, ef_search=a.ef_search, provider=a.provider,
+                              batch=a.batch, probe=a.probe, ef_search=a.ef_search, provider=a.provider, wire=a.wire,
                               region=a.region, timeout=a.timeout, **flags)
         res["configs"][name] = r
         dmh.log(f"  P={P} {name}: {r['total_us']:.1f} us/query (all {[round(x, 1) for x in r['total_us_all']]}), "
@@ -86,7 +86,7 @@ results["any_ok"] = any(c["ok"] for c in checks)
 results["seconds"] = time.time() - t_start
 
 md = [f"Run {results['date']} ({results['seconds'] / 60:.1f} min): `{results['command']}`\n\n"
-      f"{a.set}, 1 memnode (`{a.provider}`), 1 computenode, M={a.m}, efConstruction={a.ef_construction}, b={a.probe}, "
+      f"{a.set}, 1 memnode (`{a.provider}`, wire {a.wire}), 1 computenode, M={a.m}, efConstruction={a.ef_construction}, b={a.probe}, "
       f"efSearch={a.ef_search}, batch {a.batch}, cache 10 % of the partitions (regrouped configurations); "
       f"{a.warmup} warm-up + {a.queries} measured queries (naive: {a.naive_queries}, no warm-up), uniform, seed "
       f"{a.seed}; median of {a.repeats} run(s). Latency = wall time per query (`stages_us.pipelined_total`); "

@@ -68,7 +68,7 @@ for b in probes:
         for mode, pipeline, extra in MODES:
             t0 = time.time()
             x = dmh.dhnsw_measure(images, wl, work / "breakdown" / f"b{b}_B{B}_{mode}", a.repeats, batch=B, probe=b,
-                                  ef_search=a.ef_search, pipeline=pipeline, extra=extra, provider=a.provider,
+                                  ef_search=a.ef_search, pipeline=pipeline, extra=extra, provider=a.provider, wire=a.wire,
                                   region=a.region, timeout=a.timeout)
             pt[mode] = x
             st = x["stages_us"]
@@ -97,7 +97,7 @@ results["all_ok"] = all(c["ok"] for c in checks)
 results["seconds"] = time.time() - t_start
 
 md = [f"Run {results['date']} ({results['seconds'] / 60:.1f} min): `{results['command']}`\n\n"
-      f"{a.set}, P={a.partitions} ({info['partitions']['mean']:.0f} vectors per partition), 1 memnode (`{a.provider}`), "
+      f"{a.set}, P={a.partitions} ({info['partitions']['mean']:.0f} vectors per partition), 1 memnode (`{a.provider}`, wire {a.wire}), "
       f"1 computenode (2 cores; the sub-HNSW search uses both unless `--search-threads` says otherwise), M={a.m}, efConstruction={a.ef_construction}, efSearch={a.ef_search}, cache 10 % "
       f"of the partitions, {a.warmup} warm-up + {a.queries} measured queries, uniform (seed {a.seed}), median of "
       f"{a.repeats} run(s) by wall time. All numbers in us per query: stage busy times, their sum, and the wall "

@@ -60,7 +60,7 @@ for B in Bs:
             t0 = time.time()
             x = dmh.dhnsw_measure(images, wl, work / "cache_ratio" / f"B{B}" / dist.replace(":", "") / f"r{r:g}",
                                   a.repeats, batch=B, probe=a.probe, ef_search=a.ef_search, cache_ratio=r,
-                                  provider=a.provider, region=a.region, timeout=a.timeout)
+                                  provider=a.provider, wire=a.wire, region=a.region, timeout=a.timeout)
             x.update({"batch": B, "dist": dist, "ratio": r, "cache_subs": x["settings"]["cache_subs"]})
             results["points"].append(x)
             b = x["batches"]
@@ -75,7 +75,7 @@ def point(B, dist, r):
 
 
 md = [f"Run {results['date']} ({results['seconds'] / 60:.1f} min): `{results['command']}`\n\n"
-      f"{a.set}, P={a.partitions} ({info['partitions']['mean']:.0f} vectors per partition), 1 memnode (`{a.provider}`), "
+      f"{a.set}, P={a.partitions} ({info['partitions']['mean']:.0f} vectors per partition), 1 memnode (`{a.provider}`, wire {a.wire}), "
       f"1 computenode, M={a.m}, efConstruction={a.ef_construction}, b={a.probe}, efSearch={a.ef_search}, "
       f"{a.warmup} warm-up + {a.queries} measured queries (seed {a.seed}), median of {a.repeats} run(s) (by wall "
       f"time per query). c = cached sub-HNSWs = round(r x P). Per batch: sub-HNSWs needed, fetched, cache hits.\n"]

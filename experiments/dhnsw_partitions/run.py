@@ -64,7 +64,7 @@ for name in sets:
                  "recall": {}}
             for b in rprobes:
                 rep = dmh.dhnsw_query(images, 1, wl, work / "partitions" / name / f"p{P}_{key}_b{b}.json", batch=1000,
-                                      probe=b, ef_search=a.recall_ef, provider=a.provider, region=a.region,
+                                      probe=b, ef_search=a.recall_ef, provider=a.provider, wire=a.wire, region=a.region,
                                       timeout=a.timeout)
                 x = dmh.dhnsw_run_summary(rep["runs"][0])
                 e["recall"][b] = {"recall": x["recall"], "recall_at_1": x["recall_at_1"], "total_us": x["total_us"]}

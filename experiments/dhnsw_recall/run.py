@@ -55,7 +55,7 @@ for name, P in sets:
     for b in probes:
         t0 = time.time()
         rep = dmh.dhnsw_query(images, 1, wl, work / "recall" / name / f"p{P}_b{b}.json", k=a.k, batch=a.batch,
-                              probe=b, ef_search=efs, provider=a.provider, region=a.region, timeout=a.timeout)
+                              probe=b, ef_search=efs, provider=a.provider, wire=a.wire, region=a.region, timeout=a.timeout)
         for r in rep["runs"]:
             x = dmh.dhnsw_run_summary(r)
             x["probe"] = b
@@ -91,7 +91,7 @@ results["seconds"] = time.time() - t_start
 
 # ---- tables
 md = [f"Run {results['date']} ({results['seconds'] / 60:.1f} min): `{results['command']}`\n\n"
-      f"1 memnode (`{a.provider}`), 1 computenode, M={a.m}, efConstruction={a.ef_construction}, batch {a.batch}, "
+      f"1 memnode (`{a.provider}`, wire {a.wire}), 1 computenode, M={a.m}, efConstruction={a.ef_construction}, batch {a.batch}, "
       f"cache 10 % of the partitions (default), k={a.k}, {a.queries} measured queries drawn uniformly from the "
       f"query pool (seed {a.seed}), no warm-up. Latency: wall time per query (pipelined), including the cold "
       f"cache of the first efSearch of each b.\n"]

@@ -1,14 +1,13 @@
 #!/usr/bin/python3
-"""Routing policies against the emulated round trip of a remote operation (see README.md here).
+"""Routing policies against the round trip of a remote operation (see README.md here).
 
 On this host a computenode's READs over shm cost it CPU (the initiator copies), and the
 computenodes share two cores, so a busy computenode takes the CPU an idle one leaves. With
-`computenode --emulate-rtt-us R` every remote operation of a query takes at least R us and the
-worker sleeps meanwhile: like on RDMA NICs, a READ costs wire time and no CPU, and a computenode
-with a fixed number of queries in flight is bound by its round trips. This driver runs the
-routing policies once per R (R = 0: no emulation) on one data set and workload, and prints QPS,
-CHR and the busiest computenode's load per policy and R. Check per R > 0: adaptive QPS >=
-best-fit QPS.
+`computenode --wire R,0` every remote operation takes at least R us and the worker sleeps
+meanwhile: like on RDMA NICs, a READ costs wire time and no CPU, and a computenode with a fixed
+number of queries in flight is bound by its round trips. This driver runs the routing policies
+once per R (R = 0: no wire model) on one data set and workload, and prints QPS, CHR and the
+busiest computenode's load per policy and R. Check per R > 0: adaptive QPS >= best-fit QPS.
 
   experiments/shine_routing/rtt_sweep.py [--rtts 0,50,100,200,400] [--dist zipf:1.0]
       [--policies none,best-fit,balanced,adaptive] [--sets syn100k] [--repeats 3]
@@ -24,7 +23,8 @@ HERE = Path(__file__).resolve().parent
 
 ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
 dmh.shine_args(ap, sets="syn100k")
-ap.add_argument("--rtts", default="0,50,100,200,400", help="emulated round trips in us, 0 = none (default %(default)s)")
+ap.add_argument("--rtts", default="0,50,100,200,400",
+                help="wire latencies in us (--wire R,0), 0 = none (default %(default)s)")
 ap.add_argument("--dist", default="zipf:1.0", help="workload distribution (default %(default)s)")
 ap.add_argument("--policies", default="none,best-fit,balanced,adaptive",
                 help="routing policies; adaptive:even / adaptive:demand set --adaptive-quota (default %(default)s)")
@@ -32,8 +32,8 @@ ap.add_argument("--work", default=str(dmh.ROOT / "runs" / "shine_rtt_sweep"), he
 ap.add_argument("--out", default=None,
                 help="results.json/results.md/PNG (default: rtt_sweep/ here; WORK/quick with --quick)")
 a = dmh.shine_quick(ap.parse_args())
-if a.emulate_rtt_us:
-    ap.error("--emulate-rtt-us: this driver sets it per run; use --rtts")
+if a.wire != "none":
+    ap.error("--wire: this driver sets it per run; use --rtts")
 
 try:
     rtts = [float(x) for x in a.rtts.split(",")]
@@ -50,10 +50,11 @@ for name in a.sets.split(","):
     wl = dmh.shine_workload(name, a.index_work, a.dist, a.queries, a.warmup, a.seed)
     per_rtt = {}
     for rtt in rtts:
-        dmh.log(f"{name} {a.dist}, emulated round trip {rtt:g} us")
+        dmh.log(f"{name} {a.dist}, wire latency {rtt:g} us")
         res = {}
         for pol in policies:
-            routing, f = dmh.policy_flags(flags, pol, ["--emulate-rtt-us", rtt] if rtt > 0 else [])
+            routing, f = dmh.policy_flags(flags, pol)
+            f["wire"] = f"{rtt:g},0" if rtt > 0 else "none"
             r = dmh.shine_measure(images, a.num_cns, wl, work / name / f"rtt{rtt:g}", pol.replace(":", "-"),
                                   routing=routing, cache_ratio=a.cache_ratio, repeats=a.repeats, **f)
             r["load_max_over_mean"] = dmh.load_max_over_mean(r)
@@ -86,13 +87,13 @@ for name, s in results["sets"].items():
             rows.append([rtt, pol, f"{r['qps']:.0f}", "–".join(f"{q:.0f}" for q in (min(r["qps_all"]), max(r["qps_all"]))),
                          num(r["qps"] / ref["qps"] if ref["qps"] else None), dmh.pct(r["chr"]),
                          num(r["load_max_over_mean"]), num(r["cn_cores"]), f"{r['recall']:.4f}"])
-    md.append(dmh.md_table(["emulated RTT (us)", "routing", "QPS (median)", "QPS range", f"QPS / {ref_pol}", "CHR",
+    md.append(dmh.md_table(["wire latency (us)", "routing", "QPS (median)", "QPS range", f"QPS / {ref_pol}", "CHR",
                             "busiest cn / mean", "computenode CPU (cores)", "recall@10"], rows))
 if checks:
-    md.append("\nCheck (emulated round trips only):\n\n")
+    md.append("\nCheck (with a wire latency only):\n\n")
     md += [f"- {c['set']}, {a.dist}, RTT {c['rtt_us']:g} us: {c['what']}: {c['value']} — "
            f"**{'yes' if c['ok'] else 'NO'}**\n" for c in checks]
-md.append("\n![QPS per policy against the emulated round trip](rtt_sweep.png)\n")
+md.append("\n![QPS per policy against the wire latency](rtt_sweep.png)\n")
 md = "".join(md)
 print("\n" + md)
 
@@ -110,7 +111,7 @@ if plt is not None:
         axes[row][0].set_title(f"{name}, {a.dist}: QPS (median of {a.repeats})", fontsize=10)
         axes[row][1].set_title(f"QPS / {ref_pol}'s", fontsize=10)
         for ax in axes[row]:
-            ax.set_xlabel("emulated round trip per remote operation (us)")
+            ax.set_xlabel("wire latency per remote operation (us)")
             ax.grid(True, alpha=0.3)
             ax.legend(fontsize=7)
     fig.tight_layout()

@@ -184,16 +184,18 @@ TEST_CASE("shine routing: 3 computenodes, adaptive routing and a node cache answ
   // ... found by the same walks (the cache serves the same bytes as the memnodes)
   CHECK(run0["per_query"]["visited"].get<double>() == Approx(plain["per_query"]["visited"].get<double>()).epsilon(1e-9));
 
-  // Again with an emulated round trip of 300 us: the same answers; every doorbell of a query
-  // (batch reads: one awaited batch each) waits at least the round trip, and the worker
-  // sleeps then.
+  // Again under a wire model of 300 us per operation (unlimited bandwidth): the same answers;
+  // every doorbell of a query (batch reads: one awaited batch each) waits at least the
+  // latency, and the worker sleeps then.
   const std::string rtt_rep = dir.file("rtt.json");
-  auto e = run(cn(s, 0, 1, query({"--routing", "none", "--emulate-rtt-us", "300", "--report", rtt_rep})), dir, "rtt",
-               seconds(120));
+  std::vector<std::string> wired{"--wire", "300,0"};
+  for (auto& a : query({"--routing", "none", "--report", rtt_rep})) wired.push_back(a);
+  auto e = run(cn(s, 0, 1, wired), dir, "rtt", seconds(120));
   INFO(e.output);
   REQUIRE(e.code == 0);
   auto er = load_json(rtt_rep);
-  CHECK(er["emulate_rtt_us"].get<double>() == 300.0);
+  CHECK(er["wire"]["latency_us"].get<double>() == 300.0);
+  CHECK(er["wire"]["model"] != "none");
   const auto& erun = er["runs"][0];
   INFO(erun.dump(1));
   CHECK(erun["recall"].get<double>() == Approx(pr).margin(1e-9));
