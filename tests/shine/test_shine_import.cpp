@@ -1,0 +1,238 @@
+// shine-import's hnswlib reader and writer: a file saved by hnswlib 0.6.2 parses; truncated or
+// inconsistent files are refused naming the file and an offset; the imported graph, searched
+// by shine's Worker on LocalFabric, returns hnswlib's own answers; inserts into it work.
+//
+// <hnswlib/hnswlib.h> defines non-inline functions: this is the only translation unit of
+// this test binary that includes it.
+#include <catch2/catch.hpp>
+#include <hnswlib/hnswlib.h>
+
+#include <cstring>
+#include <filesystem>
+#include <functional>
+#include <fstream>
+#include <random>
+#include <set>
+
+#include "common/fabric/local_fabric.hpp"
+#include "common/region.hpp"
+#include "compute/shine/graph.hpp"
+#include "compute/shine/import.hpp"
+
+using namespace dmhnsw;
+using namespace dmhnsw::shine;
+using Catch::Contains;
+
+namespace {
+
+/// hnswlib space over DistanceComputer's kernel: the same float arithmetic as shine's search.
+class DispatchedSpace final : public hnswlib::SpaceInterface<float> {
+ public:
+  DispatchedSpace(Metric metric, size_t dim) : dist_(metric, dim), dim_(dim) {}
+  size_t get_data_size() override { return dim_ * sizeof(float); }
+  hnswlib::DISTFUNC<float> get_dist_func() override { return dist_.kernel(); }
+  void* get_dist_func_param() override { return &dim_; }
+
+ private:
+  DistanceComputer dist_;
+  size_t dim_;
+};
+
+std::vector<float> gaussian(size_t n, size_t d, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> nd(0, 1);
+  std::vector<float> v(n * d);
+  for (auto& x : v) x = nd(rng);
+  return v;
+}
+
+struct Fixture {
+  const size_t n, d, m = 8;
+  std::filesystem::path dir;
+  std::string good;
+  std::vector<float> base;
+  DispatchedSpace space;
+  std::unique_ptr<hnswlib::HierarchicalNSW<float>> index;
+  explicit Fixture(size_t n_ = 1500, size_t d_ = 16) : n(n_), d(d_), base(gaussian(n, d, 11)), space(Metric::L2, d) {
+    char tmpl[] = "/tmp/dmhnsw-import-XXXXXX";
+    dir = ::mkdtemp(tmpl);
+    good = (dir / "good.hnsw").string();
+    index = std::make_unique<hnswlib::HierarchicalNSW<float>>(&space, n, m, 60, 100);
+    for (size_t i = 0; i < n; ++i) index->addPoint(&base[i * d], i);
+    index->saveIndex(good);
+  }
+  ~Fixture() {
+    std::error_code ec;
+    std::filesystem::remove_all(dir, ec);
+  }
+  std::vector<char> bytes() const {
+    std::ifstream in(good, std::ios::binary);
+    return {std::istreambuf_iterator<char>(in), {}};
+  }
+  /// A copy of the good file, changed by `edit`.
+  std::string variant(const std::string& name, const std::function<void(std::vector<char>&)>& edit) const {
+    auto b = bytes();
+    edit(b);
+    std::string p = (dir / name).string();
+    std::ofstream(p, std::ios::binary).write(b.data(), static_cast<std::streamsize>(b.size()));
+    return p;
+  }
+};
+
+template <class T>
+void put(std::vector<char>& b, size_t off, T v) {
+  std::memcpy(b.data() + off, &v, sizeof v);
+}
+
+std::shared_ptr<fabric::LocalCluster> make_cluster(uint16_t nodes, uint64_t bytes) {
+  auto c = fabric::LocalCluster::create(nodes, bytes);
+  for (uint16_t i = 0; i < nodes; ++i) {
+    RegionHeader h = make_region_header(i, bytes);
+    std::memcpy(c->region(i), &h, sizeof h);
+  }
+  c->refresh_headers();
+  return c;
+}
+
+}  // namespace
+
+TEST_CASE("hnswlib import: a file saved by hnswlib parses with its parameters, levels, labels and links",
+          "[shine][import]") {
+  Fixture fx;
+  HnswlibFile f(fx.good, 16);
+  CHECK(f.count() == fx.n);
+  CHECK(f.dim() == fx.d);
+  CHECK(f.m() == fx.m);
+  CHECK(f.ef_construction() == 60);
+  CHECK(f.max_level() == fx.index->maxlevel_);
+  CHECK(f.entry() == fx.index->enterpoint_node_);
+  for (uint32_t i = 0; i < fx.n; ++i) {
+    REQUIRE(f.level(i) == static_cast<unsigned>(fx.index->element_levels_[i]));
+    REQUIRE(f.label(i) == fx.index->getExternalLabel(i));
+    REQUIRE(std::memcmp(f.vector(i), &fx.base[fx.index->getExternalLabel(i) * fx.d], 4 * fx.d) == 0);
+    for (unsigned l = 0; l <= f.level(i); ++l) {
+      auto* ll = fx.index->get_linklist_at_level(i, static_cast<int>(l));
+      REQUIRE(f.list_count(i, l) == fx.index->getListCount(ll));
+      for (uint32_t j = 0; j < f.list_count(i, l); ++j) REQUIRE(f.neighbour(i, l, j) == ll[1 + j]);
+    }
+  }
+  CHECK_THROWS_WITH(HnswlibFile(fx.good, 17), Contains(fx.good) && Contains("offset 32") && Contains("dimension 16"));
+}
+
+TEST_CASE("hnswlib import: truncated and inconsistent files are refused naming the file and the offset",
+          "[shine][import]") {
+  Fixture fx;
+  const auto good = fx.bytes();
+  const size_t per = 4 + 2 * fx.m * 4 + 4 * fx.d + 8;  // size_data_per_element_
+  const size_t level0_end = 96 + fx.n * per;
+  auto expect = [&](const std::string& name, const std::function<void(std::vector<char>&)>& edit,
+                    const std::string& offset, const std::string& what) {
+    std::string p = fx.variant(name, edit);
+    INFO(name);
+    CHECK_THROWS_WITH(HnswlibFile(p), Contains(p + ": offset " + offset + (offset.empty() ? "" : ":")) && Contains(what));
+  };
+  expect("empty", [](auto& b) { b.clear(); }, "0", "truncated");
+  expect("header", [](auto& b) { b.resize(50); }, "50", "truncated");
+  expect("level0", [&](auto& b) { b.resize(level0_end - 3); }, std::to_string(level0_end - 3), "level-0 block");
+  expect("last-byte", [](auto& b) { b.pop_back(); }, "", "truncated");
+  expect("extra", [](auto& b) { b.push_back(0); }, std::to_string(good.size()), "bytes follow");
+  // Wrong counts: one element more than the file holds; more elements than max_elements_.
+  expect("count+1", [&](auto& b) { put<uint64_t>(b, 8, fx.n + 1), put<uint64_t>(b, 16, fx.n + 1); }, "", "");
+  expect("count>max", [&](auto& b) { put<uint64_t>(b, 16, fx.n + 1); }, "16", "max_elements_");
+  expect("count-1", [&](auto& b) { put<uint64_t>(b, 16, fx.n - 1); }, "", "");
+  // maxM0_ other than 2*M: shine's level-0 list has 2M slots.
+  expect("maxM0", [&](auto& b) { put<uint64_t>(b, 64, 3 * fx.m); }, "64", "maxM0_ = 2*M_");
+  expect("maxM", [&](auto& b) { put<uint64_t>(b, 56, fx.m + 1); }, "56", "maxM_");
+  expect("M", [&](auto& b) { put<uint64_t>(b, 72, 0); }, "72", "M_");
+  expect("label-offset", [&](auto& b) { put<uint64_t>(b, 32, 4 + 2 * fx.m * 4 + 3); }, "32", "float32");
+  expect("size-per-element", [&](auto& b) { put<uint64_t>(b, 24, per + 4); }, "24", "size_data_per_element_");
+  expect("mult", [&](auto& b) { put<double>(b, 80, 0.5); }, "80", "mult_");
+  expect("maxlevel", [&](auto& b) { put<int32_t>(b, 48, 40); }, "48", "maxlevel_");
+  expect("entry", [&](auto& b) { put<uint32_t>(b, 52, fx.n); }, "52", "enterpoint_node_");
+  // Element 3's level-0 list: too many links, a neighbour id out of range, a deleted mark.
+  const size_t list3 = 96 + 3 * per;
+  expect("links>cap", [&](auto& b) { put<uint16_t>(b, list3, static_cast<uint16_t>(2 * fx.m + 1)); },
+         std::to_string(list3), "capacity is " + std::to_string(2 * fx.m));
+  expect("neighbour", [&](auto& b) { put<uint16_t>(b, list3, 1), put<uint32_t>(b, list3 + 4, fx.n + 7); },
+         std::to_string(list3 + 4), "neighbour id " + std::to_string(fx.n + 7));
+  expect("deleted", [&](auto& b) { b[list3 + 2] = 1; }, std::to_string(list3 + 2), "marked deleted");
+  // The first element's upper-level size: not a whole number of lists.
+  expect("upper-size", [&](auto& b) { put<uint32_t>(b, level0_end, 5); }, std::to_string(level0_end), "upper-level");
+  // A label beyond shine's 32 bits.
+  const size_t label5 = 96 + 5 * per + per - 8;
+  expect("label", [&](auto& b) { put<uint64_t>(b, label5, uint64_t{1} << 40); }, std::to_string(label5), "32-bit labels");
+}
+
+TEST_CASE("hnswlib import: shine's search over the imported graph returns hnswlib's answers and takes inserts",
+          "[shine][import]") {
+  Fixture fx;
+  HnswlibFile f(fx.good);
+  auto c = make_cluster(2, 8u << 20);
+  ImportOptions o;
+  o.progress = false;
+  o.chunk_bytes = 64u << 10;  // several WRITEs per memnode, several doorbells
+  o.writes_per_doorbell = 3;
+  auto r = import_hnswlib(*c, f, o);
+  CHECK(r["nodes"] == fx.n);
+  CHECK(r["record_writes"].get<uint64_t>() > 6);
+  CHECK(r["record_doorbells"].get<uint64_t>() < r["record_writes"].get<uint64_t>());
+  CHECK(r["memnode_usage"][0]["nodes"].get<uint64_t>() + r["memnode_usage"][1]["nodes"].get<uint64_t>() == fx.n);
+  CHECK(r["memnode_usage"][1]["nodes"].get<uint64_t>() > fx.n / 3);
+
+  auto ep = c->make_endpoint(16u << 20);
+  GraphParams p = format_or_attach(*c, *ep, nullptr);
+  CHECK(p.dim == fx.d);
+  CHECK(p.m == fx.m);
+  CHECK(p.ef_construction == 60);
+  uint64_t count = 0;
+  ep->read(RemotePtr(0, mode_word_offset(shine_word::kNodeCount)), &count, 8);
+  CHECK(count == fx.n);
+  Graph g(*c, p);
+  compute::Scheduler s(*ep);
+  Worker w(g, s, 5);
+  OpContext ctx;
+  auto queries = gaussian(200, fx.d, 12);
+  size_t same = 0;
+  for (uint32_t ef : {10u, 40u}) {
+    fx.index->setEf(ef);
+    for (size_t q = 0; q < 200; ++q) {
+      auto mine = compute::run_sync(s, w.search(&queries[q * fx.d], 10, ef, ctx));
+      auto theirs = fx.index->searchKnn(&queries[q * fx.d], 10);
+      std::set<uint32_t> a, b;
+      for (auto& x : mine) a.insert(x.label);
+      for (; !theirs.empty(); theirs.pop()) b.insert(static_cast<uint32_t>(theirs.top().second));
+      same += a == b;
+    }
+  }
+  CHECK(same == 400);  // the same graph, walked by the same algorithm with the same kernel
+  CHECK(ctx.search.skipped == 0);
+
+  // Further inserts: new labels, found by their own vectors.
+  auto extra = gaussian(20, fx.d, 13);
+  for (uint32_t i = 0; i < 20; ++i) compute::run_sync(s, w.insert(&extra[i * fx.d], 100000 + i, ctx));
+  for (uint32_t i = 0; i < 20; ++i) {
+    auto res = compute::run_sync(s, w.search(&extra[i * fx.d], 1, 32, ctx));
+    REQUIRE(res.size() == 1);
+    CHECK(res[0].label == 100000 + i);
+  }
+  ep->read(RemotePtr(0, mode_word_offset(shine_word::kNodeCount)), &count, 8);
+  CHECK(count == fx.n + 20);
+
+  // A second import into the same memnodes is refused, naming the memnode and what it holds.
+  CHECK_THROWS_WITH(import_hnswlib(*c, f, o), Contains("memnode 0") && Contains("already holds a shine index") &&
+                                                  Contains(std::to_string(fx.n + 20) + " nodes"));
+}
+
+TEST_CASE("hnswlib import: memnodes too small are refused before anything is written, naming the bytes",
+          "[shine][import]") {
+  Fixture fx(3000, 128);  // about 2.3 MB of node records
+  HnswlibFile f(fx.good);
+  auto c = make_cluster(2, 1u << 20);
+  ImportOptions o;
+  o.progress = false;
+  CHECK_THROWS_WITH(import_hnswlib(*c, f, o), Contains("needs") && Contains("bytes") && Contains("memnode 1") &&
+                                                  Contains("--region"));
+  RegionHeader h;
+  std::memcpy(&h, c->region(0), sizeof h);
+  CHECK(h.mode == static_cast<uint8_t>(fabric::Mode::None));  // nothing formatted
+}
