@@ -297,7 +297,8 @@ int main(int argc, char** argv) {
                  "those rows only")
       ->capture_default_str()->check(non_negative);
   app.add_option("--json", json_path, "write the parameters and results to this JSON file");
-  app.add_option("--save-index", save_path, "save the built index with hnswlib's saveIndex");
+  app.add_option("--save,--save-index", save_path,
+                 "save the built index with hnswlib's saveIndex (for shine-import --hnswlib)");
   try {
     app.parse(argc, argv);
     if (workload_path.empty() && query_path.empty())
@@ -316,7 +317,7 @@ int main(int argc, char** argv) {
     if (ef_search.empty()) throw std::invalid_argument("--ef-search: no values given");
     if (threads == 0) threads = std::max(1u, std::thread::hardware_concurrency());
     check_writable("--json", json_path);
-    check_writable("--save-index", save_path);
+    check_writable("--save", save_path);
 
     dmhnsw::LoadOptions base_options;
     if (max_elements > 0) base_options.max_rows = max_elements;
@@ -366,10 +367,19 @@ int main(int argc, char** argv) {
     std::fflush(stdout);
 
     if (!save_path.empty()) {
-      index.saveIndex(save_path);
+      // saveIndex checks no write: the file's size tells whether all of it reached the disk.
+      const std::string tmp = save_path + ".tmp." + std::to_string(::getpid());
+      index.saveIndex(tmp);
+      std::uintmax_t want = 96 /* the header */ + index.cur_element_count * index.size_data_per_element_;
+      for (std::size_t i = 0; i < index.cur_element_count; ++i)
+        want += 4 + static_cast<std::uintmax_t>(index.element_levels_[i]) * index.size_links_per_element_;
       std::error_code ec;
-      const auto size = std::filesystem::file_size(save_path, ec);
-      if (ec || size == 0) throw std::runtime_error("--save-index " + save_path + ": not written");
+      const auto size = std::filesystem::file_size(tmp, ec);
+      if (ec || size != want) {
+        std::filesystem::remove(tmp, ec);
+        throw std::runtime_error("--save " + save_path + ": writing " + tmp + " failed (disk full?)");
+      }
+      std::filesystem::rename(tmp, save_path);
       std::printf("saved index to %s (%ju bytes)\n", save_path.c_str(),
                   static_cast<std::uintmax_t>(size));
     }
@@ -410,10 +420,12 @@ int main(int argc, char** argv) {
                                   {"latency_us", {{"p50", r.p50_us}, {"p99", r.p99_us}}},
                                   {"dist_comps_per_query", r.dist_comps},
                                   {"hops_per_query", r.hops}});
-      std::ofstream out(json_path, std::ios::trunc);
+      const std::string tmp = json_path + ".tmp." + std::to_string(::getpid());
+      std::ofstream out(tmp, std::ios::trunc);
       out << report.dump(2) << "\n";
       out.close();
       if (!out) throw std::runtime_error("--json " + json_path + ": write failed");
+      std::filesystem::rename(tmp, json_path);
       std::printf("wrote %s\n", json_path.c_str());
     }
   } catch (const std::exception& e) {
