@@ -246,6 +246,16 @@ std::vector<RegionHeader> check_empty(fabric::Cluster& c, fabric::Endpoint& ep) 
   return hs;
 }
 
+/// The smallest --region (whole MiB) whose data area holds `bytes` of records: the region's
+/// own layout (header page, scratch area) decides, so it is asked rather than restated.
+uint64_t region_for(uint64_t bytes) {
+  uint64_t r = std::max<uint64_t>(kMinRegionBytes, (bytes + (1u << 20) - 1) >> 20 << 20);
+  for (;; r += 1u << 20) {
+    const RegionHeader h = make_region_header(0, r);
+    if (h.region_size - round64(h.data_offset) >= bytes) return r;
+  }
+}
+
 /// Where each element's record goes: the memnode with the most room left, in element order,
 /// so each memnode's records are consecutive (written in large WRITEs).
 struct Placement {
@@ -280,7 +290,7 @@ Placement place(const fabric::Cluster& c, const std::vector<RegionHeader>& hs, c
         have += (j ? ", " : "") + memnode_name(c.memnodes()[j]) + " " + str(room[j]) + " bytes";
       throw FabricError("the index needs " + str(total) + " bytes of node records (" + str(f.count()) + " nodes of dimension " +
                         str(f.dim()) + ", M " + str(f.m()) + "), the memnodes hold " + str(total_room) + " (" + have +
-                        "): start them with --region of at least " + str((total / n + total / 50 + (2u << 20)) >> 20) +
+                        "): start them with --region of at least " + str(region_for(total / n + bytes) >> 20) +
                         "MiB each, or add memnodes");
     }
     p.addr[i] = RemotePtr(static_cast<uint16_t>(best), p.start[best] + p.used[best]).raw();

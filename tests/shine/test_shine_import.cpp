@@ -235,4 +235,16 @@ TEST_CASE("hnswlib import: memnodes too small are refused before anything is wri
   RegionHeader h;
   std::memcpy(&h, c->region(0), sizeof h);
   CHECK(h.mode == static_cast<uint8_t>(fabric::Mode::None));  // nothing formatted
+  // The --region it suggests is enough.
+  std::string msg;
+  try {
+    import_hnswlib(*c, f, o);
+  } catch (const std::exception& e) {
+    msg = e.what();
+  }
+  const auto at = msg.find("--region of at least ");
+  REQUIRE(at != std::string::npos);
+  const uint64_t mib = std::stoull(msg.substr(at + 21));
+  auto big = make_cluster(2, mib << 20);
+  CHECK(import_hnswlib(*big, f, o)["nodes"] == fx.n);
 }
