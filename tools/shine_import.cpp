@@ -98,9 +98,11 @@ int main(int argc, char** argv) {
     std::printf("shine-import: %llu nodes (dim %u, M %u, efC %u, %s) from %s into %zu memnode(s) over %s\n",
                 static_cast<unsigned long long>(f.count()), f.dim(), f.m(), f.ef_construction(), metric.c_str(),
                 file.c_str(), cluster->memnodes().size(), provider.c_str());
-    std::printf("  %.1f MiB written in %llu WRITEs, %llu doorbells; %.2f s (check %.2f s, write %.2f s, %.0f MiB/s)\n",
-                static_cast<double>(r["bytes_written"].get<uint64_t>()) / (1 << 20),
+    std::printf("  %.1f MiB of nodes in %llu WRITEs, %llu doorbells (%llu doorbells in all, with the header "
+                "reads and the format); %.2f s (check %.2f s, write %.2f s, %.0f MiB/s)\n",
+                static_cast<double>(r["record_bytes"].get<uint64_t>()) / (1 << 20),
                 static_cast<unsigned long long>(r["record_writes"].get<uint64_t>()),
+                static_cast<unsigned long long>(r["record_doorbells"].get<uint64_t>()),
                 static_cast<unsigned long long>(r["doorbells"].get<uint64_t>()), secs, parse_secs,
                 r["write_seconds"].get<double>(),
                 static_cast<double>(r["record_bytes"].get<uint64_t>()) / (1 << 20) /
