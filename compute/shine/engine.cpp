@@ -46,7 +46,7 @@ json run_build(const RunContext& rc, const BuildOptions& o) {
   std::atomic<size_t> next{0}, done{0};
   std::atomic<bool> stop{false};
   std::mutex mu;
-  VectorCache vcache(o.cache_bytes);
+  VectorCache vcache(o.cache_bytes, p.dim);
   IoStats io;
   SearchStats ss;
   std::vector<uint64_t> per_memnode(c.memnodes().size(), 0);

@@ -150,31 +150,17 @@ bool VisitedSet::insert(RemotePtr p) {
 }
 
 // ------------------------------------------------------------------ worker
+namespace {
+/// The first cache lines of a vector (the hardware prefetcher follows the rest).
+inline void prefetch_vector(const float* v, uint32_t dim) {
+  const char* p = reinterpret_cast<const char*>(v);
+  const size_t lines = std::min<size_t>(4, (dim * sizeof(float) + 63) / 64);
+  for (size_t i = 0; i < lines; ++i) __builtin_prefetch(p + 64 * i);
+}
+}  // namespace
+
 Worker::Worker(const Graph& g, Scheduler& s, uint64_t seed, VectorCache* shared)
     : g_(g), s_(s), rng_(seed), level_mult_(1.0 / std::log(static_cast<double>(g.params().m))), shared_(shared) {}
-
-// ------------------------------------------------------------------ vector cache
-const VecEntry* VectorCache::find(RemotePtr p) const {
-  const Shard& sh = shards_[shard_of(p)];
-  std::shared_lock g(sh.mu);
-  auto it = sh.map.find(p.raw());
-  return it == sh.map.end() ? nullptr : it->second.get();
-}
-
-const VecEntry* VectorCache::insert(RemotePtr p, const float* v, size_t dim, unsigned level, uint32_t label) {
-  Shard& sh = shards_[shard_of(p)];
-  std::unique_lock g(sh.mu);
-  auto it = sh.map.find(p.raw());
-  if (it != sh.map.end()) return it->second.get();
-  uint64_t need = dim * sizeof(float) + 64;
-  if (bytes_.load(std::memory_order_relaxed) + need > max_bytes_) return nullptr;
-  bytes_.fetch_add(need, std::memory_order_relaxed);
-  entries_.fetch_add(1, std::memory_order_relaxed);
-  auto e = std::make_unique<VecEntry>(VecEntry{std::vector<float>(v, v + dim), level, label});
-  const VecEntry* out = e.get();
-  sh.map.emplace(p.raw(), std::move(e));
-  return out;
-}
 
 void Worker::fail(const Completion& c) const {
   if (c.status != Status::Ok) throw FabricError(s_.endpoint().describe(c));
@@ -212,13 +198,23 @@ Task<std::vector<Neighbor>> Worker::read_vectors(const std::vector<RemotePtr>& n
   // Vectors this insert already knows are not read again (they never change).
   std::vector<RemotePtr> remote;
   if (cache != nullptr) {
+    // As hnswlib does, memory latency is overlapped: all table cells are requested before
+    // the lookups, and all vectors before the distances.
+    if (cache->shared != nullptr)
+      for (RemotePtr p : nodes) cache->shared->prefetch(p);
+    thread_local std::vector<std::pair<VecEntry, RemotePtr>> known;
+    known.clear();
     for (RemotePtr p : nodes) {
-      if (const VecEntry* e = cache->find(p)) {
-        ++ctx.search.visited;
-        out.push_back({g_.distance()(q, e->v.data()), p, e->label});
+      if (auto e = cache->find(p)) {
+        known.push_back({*e, p});
+        prefetch_vector(e->v, L.dim());
       } else {
         remote.push_back(p);
       }
+    }
+    for (size_t i = 0; i < known.size(); ++i) {
+      ++ctx.search.visited;
+      out.push_back({g_.distance()(q, known[i].first.v), known[i].second, known[i].first.label});
     }
   } else if (ctx.node_cache != nullptr) {
     // Queries: the node cache (vectors only; lists are always read).
@@ -320,6 +316,8 @@ Task<std::vector<Neighbor>> Worker::search_layer(const float* q, std::vector<Nei
     if (c.dist > bound && top.size() >= ef) break;
     cand.pop();
     std::vector<RemotePtr> nbrs = co_await read_list(c.node, level, ctx);
+    if (cache != nullptr && cache->shared != nullptr)  // the lookups in read_vectors overlap the visited checks
+      for (RemotePtr p : nbrs) cache->shared->prefetch(p);
     std::vector<RemotePtr> fresh;
     for (RemotePtr p : nbrs)
       if (ctx.visited.insert(p)) fresh.push_back(p);
@@ -350,12 +348,12 @@ std::vector<Neighbor> Worker::select_heuristic(std::vector<Neighbor> cands, uint
   std::vector<Neighbor> kept;
   for (const auto& c : cands) {
     if (kept.size() >= m) break;
-    const VecEntry* ci = cache.find(c.node);
-    if (ci == nullptr) continue;
+    const auto ci = cache.find(c.node);
+    if (!ci) continue;
     bool good = true;
     for (const auto& s : kept) {
-      const VecEntry* si = cache.find(s.node);
-      if (g_.distance()(ci->v.data(), si->v.data()) < c.dist) {
+      const auto si = cache.find(s.node);
+      if (g_.distance()(ci->v, si->v) < c.dist) {
         good = false;
         break;
       }
@@ -400,8 +398,8 @@ Task<void> Worker::write_list(RemotePtr n, unsigned level, const std::vector<Rem
 // Adds `me` to n's list at `level` under n's lock; a full list is pruned with the heuristic.
 Task<void> Worker::link(RemotePtr n, RemotePtr me, float d_me, unsigned level, OpContext& ctx, VecCache& cache) {
   const auto& L = g_.layout();
-  const VecEntry* self = cache.find(n);
-  if (self == nullptr) co_return;  // only nodes whose vector we read get linked
+  const std::optional<VecEntry> self = cache.find(n);
+  if (!self) co_return;  // only nodes whose vector we read get linked
   const unsigned n_level = self->level;
   co_await lock_node(n, n_level, ctx);
   std::vector<RemotePtr> list = co_await read_list(n, level, ctx);
@@ -416,12 +414,12 @@ Task<void> Worker::link(RemotePtr n, RemotePtr me, float d_me, unsigned level, O
     // Distances from n to its current neighbours and to me; read missing vectors first.
     std::vector<RemotePtr> missing;
     for (RemotePtr p : list)
-      if (cache.find(p) == nullptr) missing.push_back(p);
-    const float* nv = self->v.data();
+      if (!cache.find(p)) missing.push_back(p);
+    const float* nv = self->v;
     co_await read_vectors(missing, nv, ctx, &cache);
     std::vector<Neighbor> cands{{d_me, me, 0}};
     for (RemotePtr p : list) {
-      if (const VecEntry* e = cache.find(p)) cands.push_back({g_.distance()(nv, e->v.data()), p, e->label});
+      if (auto e = cache.find(p)) cands.push_back({g_.distance()(nv, e->v), p, e->label});
     }
     std::sort(cands.begin(), cands.end(), ByDistLess{});
     for (const auto& c : select_heuristic(cands, cap, cache)) next.push_back(c.node);

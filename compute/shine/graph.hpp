@@ -7,7 +7,6 @@
 #include <atomic>
 #include <memory>
 #include <random>
-#include <shared_mutex>
 #include <unordered_map>
 #include <vector>
 
@@ -18,6 +17,7 @@
 #include "cache/trace.hpp"
 #include "common/shine_layout.hpp"
 #include "compute/coro.hpp"
+#include "compute/shine/vector_cache.hpp"
 
 namespace dmhnsw::shine {
 
@@ -104,36 +104,6 @@ class VisitedSet {
   size_t size_ = 0;
 };
 
-/// A vector read from the index, with the node's level and label.
-struct VecEntry {
-  std::vector<float> v;
-  unsigned level;
-  uint32_t label;
-};
-
-/// Process-wide cache of vectors read while building: vectors never change once written,
-/// so every thread may keep what any thread read. Thread-safe, append-only, bounded.
-class VectorCache {
- public:
-  explicit VectorCache(uint64_t max_bytes) : max_bytes_(max_bytes) {}
-  const VecEntry* find(RemotePtr p) const;
-  /// Returns the cached entry (an existing one, or the new one), or nullptr when full.
-  const VecEntry* insert(RemotePtr p, const float* v, size_t dim, unsigned level, uint32_t label);
-  uint64_t bytes() const { return bytes_.load(); }
-  uint64_t entries() const { return entries_.load(); }
-
- private:
-  static constexpr size_t kShards = 64;
-  struct Shard {
-    mutable std::shared_mutex mu;
-    std::unordered_map<uint64_t, std::unique_ptr<VecEntry>> map;
-  };
-  static size_t shard_of(RemotePtr p) { return static_cast<size_t>((p.raw() * 0x9E3779B97F4A7C15ull) >> 58); }
-  uint64_t max_bytes_;
-  std::atomic<uint64_t> bytes_{0}, entries_{0};
-  std::array<Shard, kShards> shards_;
-};
-
 /// Per-coroutine state of one insert or query.
 struct OpContext {
   ReadMode mode = ReadMode::Batch;
@@ -161,18 +131,26 @@ class Worker {
  private:
   /// The vectors one insert knows: the shared cache first, then its own overflow.
   struct VecCache {
+    struct Local {
+      std::vector<float> v;
+      unsigned level;
+      uint32_t label;
+    };
     VectorCache* shared = nullptr;
-    std::unordered_map<uint64_t, VecEntry> local;
-    const VecEntry* find(RemotePtr p) const {
+    std::unordered_map<uint64_t, Local> local;  // what the shared cache had no room for
+    std::optional<VecEntry> find(RemotePtr p) const {
       if (shared != nullptr)
-        if (const VecEntry* e = shared->find(p)) return e;
+        if (auto e = shared->find(p)) return e;
+      if (local.empty()) return std::nullopt;
       auto it = local.find(p.raw());
-      return it == local.end() ? nullptr : &it->second;
+      if (it == local.end()) return std::nullopt;
+      return VecEntry{it->second.v.data(), it->second.level, it->second.label};
     }
-    const VecEntry* add(RemotePtr p, const float* v, size_t dim, unsigned level, uint32_t label) {
+    VecEntry add(RemotePtr p, const float* v, size_t dim, unsigned level, uint32_t label) {
       if (shared != nullptr)
-        if (const VecEntry* e = shared->insert(p, v, dim, level, label)) return e;
-      return &local.emplace(p.raw(), VecEntry{std::vector<float>(v, v + dim), level, label}).first->second;
+        if (auto e = shared->insert(p, v, level, label)) return *e;
+      const Local& l = local.emplace(p.raw(), Local{std::vector<float>(v, v + dim), level, label}).first->second;
+      return VecEntry{l.v.data(), l.level, l.label};
     }
   };
 
