@@ -263,6 +263,7 @@ int main(int argc, char** argv) {
     auto write_report = [&cpu, &wm, &provider](const std::string& path, nlohmann::json r) {
       if (path.empty()) return;
       if (cpu) r["memnode_cpu"] = cpu->since_start();
+      r["process_memory"] = compute::process_memory();
       r["wire"] = {{"model", fabric::describe(wm)}, {"latency_us", wm.latency_us}, {"gbytes_per_s", wm.gbytes_per_s}};
       if (!r.contains("provider")) r["provider"] = provider;
       const std::string tmp = path + ".tmp." + std::to_string(::getpid());

@@ -3,10 +3,32 @@
 #include <spdlog/spdlog.h>
 
 #include <cmath>
+#include <fstream>
+#include <sstream>
+#include <string>
 
 #include "memory/admin.hpp"
 
 namespace dmhnsw::compute {
+
+nlohmann::json process_memory() {
+  static constexpr std::pair<const char*, const char*> kFields[] = {
+      {"VmHWM:", "peak_rss_mib"}, {"VmRSS:", "rss_mib"}, {"RssAnon:", "anon_mib"},
+      {"RssFile:", "file_mib"}, {"RssShmem:", "shmem_mib"}};
+  nlohmann::json out;
+  for (const auto& f : kFields) out[f.second] = nullptr;
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line)) {
+    for (const auto& f : kFields) {
+      if (line.rfind(f.first, 0) != 0) continue;
+      std::istringstream v(line.substr(std::char_traits<char>::length(f.first)));
+      double kib = 0;
+      if (v >> kib) out[f.second] = kib / 1024.0;  // the kernel prints kB
+    }
+  }
+  return out;
+}
 
 MemnodeCpuMeter::MemnodeCpuMeter(fabric::Cluster& cluster)
     : cluster_(cluster), ep_(cluster.make_endpoint(1u << 20)), t0_(std::chrono::steady_clock::now()) {

@@ -1,7 +1,9 @@
 #pragma once
-// The memnodes' process CPU time over a run, for reports: with RDMA NICs (verbs) the memory
-// side serves one-sided operations without its CPU; with libfabric shm and tcp its progress
-// thread serves them. Asked with admin StatsRequests on an endpoint of its own.
+// Resource accounting for reports. The memnodes' process CPU time over a run: with RDMA NICs
+// (verbs) or cxl the memory side serves one-sided operations without its CPU; with libfabric
+// shm and tcp its progress thread serves them. Asked with admin StatsRequests on an endpoint
+// of its own. And this process's memory, split so that a cxl mapping of a memnode's region
+// (shared pages, RssShmem) is not mistaken for the computenode's own memory (RssAnon).
 #include <chrono>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -10,6 +12,10 @@
 #include "common/fabric/transport.hpp"
 
 namespace dmhnsw::compute {
+
+/// {"peak_rss_mib", "rss_mib", "anon_mib", "file_mib", "shmem_mib"} of this process from
+/// /proc/self/status (VmHWM, VmRSS, RssAnon, RssFile, RssShmem); fields it lacks are null.
+nlohmann::json process_memory();
 
 class MemnodeCpuMeter {
  public:
