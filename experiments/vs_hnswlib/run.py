@@ -50,10 +50,13 @@ ap.add_argument("--region", default="1GiB", help="memnode region for the shine b
 ap.add_argument("--read-modes", default="batch", help="shine --read-mode values: batch, per-read (default %(default)s)")
 ap.add_argument("--work", default=None, help="data, images, logs (default runs/vs_hnswlib/SET)")
 ap.add_argument("--out", default=None, help="results.json/results.md (default: this folder's SET/)")
+ap.add_argument("--render-only", action="store_true", help="only write OUT/results.md again from OUT/results.json")
 ap.add_argument("--skip", default="", help="comma list of parts to skip: hnswlib, import, shine, dhnsw; the parts "
                 "run replace theirs in an existing OUT/results.json")
 a = ap.parse_args()
 skip = set(filter(None, a.skip.split(",")))
+if a.render_only:
+    skip = {"hnswlib", "import", "shine", "dhnsw"}
 tag = f"syn{a.n // 1000}k" if a.set == "syn" and a.n % 1000 == 0 else (f"syn{a.n}" if a.set == "syn" else a.set)
 work = Path(a.work or dmh.ROOT / "runs" / "vs_hnswlib" / tag)
 work.mkdir(parents=True, exist_ok=True)
@@ -251,7 +254,12 @@ if "dhnsw" not in skip:
 results["seconds"] = time.time() - t_start
 out = Path(a.out or HERE / tag)
 out.mkdir(parents=True, exist_ok=True)
-if skip and (out / "results.json").exists():  # a partial run: the other parts stay as they were
+if a.render_only:
+    results = json.loads((out / "results.json").read_text())
+    for k, v in results["params"].items():  # the header describes the run, not this call
+        if k not in ("render_only", "out"):
+            setattr(a, k, v)
+elif skip and (out / "results.json").exists():  # a partial run: the other parts stay as they were
     merged = json.loads((out / "results.json").read_text())
     merged.update({k: v for k, v in results.items() if k not in ("params", "command", "date")})
     merged.setdefault("partial_runs", []).append({"command": results["command"], "date": results["date"]})
@@ -259,7 +267,8 @@ if skip and (out / "results.json").exists():  # a partial run: the other parts s
     results = merged
 else:
     results["full_seconds"] = results["seconds"]
-(out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+if not a.render_only:
+    (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
 
 
 # ---- results.md: one table of query runs, one of builds and memory
@@ -310,7 +319,7 @@ if "shine" in results:
     mm = s["memnode_memory"]
     brow.append(["shine", f(s["build"]["seconds"], "{:.0f}"), f(s["build"]["inserts_per_s"]),
                  f(s["build"]["inserts_per_s"] / hn, "{:.2f}") if hn else "–",
-                 f"computenode {f(cm.get('anon_mib'))} own + {f(cm.get('shmem_mib'))} mapped",
+                 f"computenode {f(cm.get('peak_rss_mib'))} (of which {f(cm.get('shmem_mib'))} the mapped regions)",
                  " + ".join(f(m["peak_rss_mib"]) for m in mm)])
 if "dhnsw" in results:
     d = results["dhnsw"]
