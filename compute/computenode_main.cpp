@@ -9,6 +9,7 @@
 
 #include "common/fabric/fabric_cluster.hpp"
 #include "common/fabric/wire.hpp"
+#include "common/json_file.hpp"
 #include "common/region.hpp"
 #include "common/units.hpp"
 #include "compute/dhnsw/epoch.hpp"
@@ -260,20 +261,18 @@ int main(int argc, char** argv) {
     // Runs that write a report measure the memnodes' CPU over the run (memnode_cpu).
     std::unique_ptr<compute::MemnodeCpuMeter> cpu;
     if (!build_report.empty() || !query_report.empty()) cpu = std::make_unique<compute::MemnodeCpuMeter>(*cluster);
-    auto write_report = [&cpu, &wm, &provider](const std::string& path, nlohmann::json r) {
+    // One writer per file: computenode 0 writes the merged report to --report, computenode i
+    // its own to --report.cn<i> (all may be given the same --report). `per_process` paths
+    // already name their computenode.
+    auto write_report = [&cpu, &wm, &provider, cn_id, num_cns](std::string path, nlohmann::json r,
+                                                              bool per_process = false) {
       if (path.empty()) return;
+      if (!per_process && num_cns > 1 && cn_id != 0) path += ".cn" + std::to_string(cn_id);
       if (cpu) r["memnode_cpu"] = cpu->since_start();
       r["process_memory"] = compute::process_memory();
       r["wire"] = {{"model", fabric::describe(wm)}, {"latency_us", wm.latency_us}, {"gbytes_per_s", wm.gbytes_per_s}};
       if (!r.contains("provider")) r["provider"] = provider;
-      const std::string tmp = path + ".tmp." + std::to_string(::getpid());
-      {
-        std::ofstream out(tmp);
-        if (!out) throw std::runtime_error("--report: cannot write '" + tmp + "'");
-        out << r.dump(2) << "\n";
-        if (!out) throw std::runtime_error("--report: writing '" + tmp + "' failed");
-      }
-      if (std::rename(tmp.c_str(), path.c_str()) != 0) throw std::runtime_error("--report: cannot rename to '" + path + "'");
+      write_json_file(path, r, "--report");
       std::printf("report: %s\n", path.c_str());
     };
     shine::RunContext rc{cluster.get(), cn_id, num_cns, provider};
@@ -314,7 +313,7 @@ int main(int argc, char** argv) {
                       static_cast<unsigned long long>(r["write"]["writes"].get<uint64_t>()),
                       static_cast<unsigned long long>(r["write"]["doorbells"].get<uint64_t>()),
                       r["write"]["seconds"].get<double>());
-        write_report(path, r);
+        write_report(path, r, true);
         return 0;
       }
       dio.data = bo.data;
@@ -336,7 +335,7 @@ int main(int argc, char** argv) {
       dio.end = bo.end;
       auto r = dhnsw::run_insert({cluster.get(), cn_id, num_cns, provider}, dio);
       dhnsw::print_insert(r);
-      write_report(path, r);
+      write_report(path, r, true);
       return 0;
     }
     if (*build || *insert) {
@@ -373,7 +372,8 @@ int main(int argc, char** argv) {
         dmo.seconds = qo.repeat_seconds;
         auto r = dhnsw::run_mixed({cluster.get(), cn_id, num_cns, provider}, dq, dmo);
         dhnsw::print_mixed(r);
-        write_report(num_cns > 1 && !query_report.empty() ? query_report + ".cn" + std::to_string(cn_id) : query_report, r);
+        write_report(num_cns > 1 && !query_report.empty() ? query_report + ".cn" + std::to_string(cn_id) : query_report, r,
+                     true);
         return 0;
       }
       dhnsw::run_query({cluster.get(), cn_id, num_cns, provider}, dq);

@@ -14,6 +14,7 @@
 
 #include "common/fabric/fabric_cluster.hpp"
 #include "common/fabric/wire.hpp"
+#include "common/json_file.hpp"
 #include "common/region.hpp"
 #include "common/units.hpp"
 #include "memory/admin.hpp"
@@ -197,9 +198,7 @@ int main(int argc, char** argv) {
     std::printf("\nmemnode process CPU: %.3f s during %.2f s of measurements (%.1f%% of one core), %llu operations\n",
                 cpu, wall, 100.0 * cpu / wall, static_cast<unsigned long long>(ep->counters().total_ops()));
     if (!json_out.empty()) {
-      const std::string tmp = json_out + ".tmp";
-      std::ofstream(tmp) << report.dump(2) << "\n";
-      std::rename(tmp.c_str(), json_out.c_str());
+      write_json_file(json_out, report, "--json");
       std::printf("\nwrote %s\n", json_out.c_str());
     }
     return 0;

@@ -45,6 +45,7 @@
 #include <vector>
 
 #include "common/dataset.hpp"
+#include "common/json_file.hpp"
 #include "common/distance.hpp"
 #include "common/workload.hpp"
 
@@ -420,12 +421,7 @@ int main(int argc, char** argv) {
                                   {"latency_us", {{"p50", r.p50_us}, {"p99", r.p99_us}}},
                                   {"dist_comps_per_query", r.dist_comps},
                                   {"hops_per_query", r.hops}});
-      const std::string tmp = json_path + ".tmp." + std::to_string(::getpid());
-      std::ofstream out(tmp, std::ios::trunc);
-      out << report.dump(2) << "\n";
-      out.close();
-      if (!out) throw std::runtime_error("--json " + json_path + ": write failed");
-      std::filesystem::rename(tmp, json_path);
+      dmhnsw::write_json_file(json_path, report, "--json");
       std::printf("wrote %s\n", json_path.c_str());
     }
   } catch (const std::exception& e) {

@@ -13,6 +13,7 @@
 
 #include "common/dataset.hpp"
 #include "common/fabric/fabric_cluster.hpp"
+#include "common/json_file.hpp"
 #include "common/units.hpp"
 #include "compute/shine/import.hpp"
 
@@ -24,16 +25,8 @@ double secs_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
-/// The report goes to a temporary name first: a reader never sees half a file.
 void write_report(const std::string& path, const nlohmann::json& r) {
-  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
-  {
-    std::ofstream out(tmp);
-    if (!out) throw std::runtime_error("--report: cannot write '" + tmp + "'");
-    out << r.dump(2) << "\n";
-    if (!out) throw std::runtime_error("--report: writing '" + tmp + "' failed");
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) throw std::runtime_error("--report: cannot rename to '" + path + "'");
+  write_json_file(path, r, "--report");
   std::printf("report: %s\n", path.c_str());
 }
 

@@ -31,6 +31,17 @@ json run_build(const RunContext& rc, const BuildOptions& o) {
   if (!o.format && p.dim != data.d())
     throw fabric::FabricError("--data " + o.data + " has dimension " + std::to_string(data.d()) + ", the index " +
                               std::to_string(p.dim));
+  if (o.format) {
+    // Nobody of this build inserts before the barrier below, so nodes found now come from an
+    // earlier build; building again would insert its rows a second time under the same labels.
+    uint64_t nodes = 0, entry = 0;
+    control->read(RemotePtr(0, mode_word_offset(shine_word::kNodeCount)), &nodes, 8);
+    control->read(RemotePtr(0, mode_word_offset(shine_word::kEntryPoint)), &entry, 8);
+    if (nodes > 0 || entry != 0)
+      throw std::invalid_argument("build: the memnodes already hold a shine index of " + std::to_string(nodes) +
+                                  " nodes (memnode 0 at " + c.memnodes()[0].address +
+                                  "): add vectors with `insert --data FILE --begin ROW`, or start the memnodes afresh");
+  }
   Graph g(c, p);
 
   size_t end = o.end == 0 ? data.n() : std::min(o.end, data.n());

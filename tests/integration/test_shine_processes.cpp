@@ -34,7 +34,10 @@ TEST_CASE("shine: 2 computenodes x 2 threads build over 2 memnodes, then query (
       Proc b0(cn(provider, mns, 0, 2, {"build", "--data", d.base, "--m", "12", "--ef-construction", "80", "--threads", "2",
                                        "--report", rep}),
               dir.file("b0.log"));
-      Proc b1(cn(provider, mns, 1, 2, {"build", "--data", d.base, "--m", "12", "--ef-construction", "80", "--threads", "2"}),
+      // Both given the same --report, as in the README: computenode 0 writes the merged report
+      // there, computenode 1 its own next to it (one writer per file).
+      Proc b1(cn(provider, mns, 1, 2, {"build", "--data", d.base, "--m", "12", "--ef-construction", "80", "--threads", "2",
+                                       "--report", rep}),
               dir.file("b1.log"));
       int c0 = b0.wait(seconds(300)), c1 = b1.wait(seconds(300));
       INFO(b0.output() << b1.output());
@@ -50,6 +53,9 @@ TEST_CASE("shine: 2 computenodes x 2 threads build over 2 memnodes, then query (
       CHECK(n0 + n1 == 3000);
       CHECK(n0 > 1000);  // a random memnode per node
       CHECK(n1 > 1000);
+      auto own1 = load_json(rep + ".cn1");
+      CHECK(own1["cn"]["cn_id"] == 1);
+      CHECK(own1["cn"]["inserted"] == 1500);
 
       std::string qrep = dir.file("query.json");
       Proc q0(cn(provider, mns, 0, 2, {"query", "--workload", d.wl, "--k", "10", "--ef-search", "16,64", "--threads", "2",
@@ -73,6 +79,23 @@ TEST_CASE("shine: 2 computenodes x 2 threads build over 2 memnodes, then query (
       CHECK(pq["reads"].get<double>() > pq["visited"].get<double>());  // lists + vectors
       CHECK(pq["bytes"].get<double>() >= pq["vector_bytes"].get<double>());
       CHECK(qr["runs"][1]["network_bound_qps"]["100Gbps"].get<double>() > 0);
+
+      // Building again over the index is refused, naming what is there and what to do; the
+      // index keeps its 3000 nodes (it used to insert rows 0..n-1 a second time).
+      Proc again(cn(provider, mns, 0, 1, {"build", "--data", d.base, "--m", "12", "--ef-construction", "80"}),
+                 dir.file("again.log"));
+      CHECK(again.wait(seconds(60)) != 0);
+      CHECK_THAT(again.output(), Contains("already hold a shine index of 3000 nodes") && Contains("insert"));
+      Proc info(computenode_args("shine", provider, mns, 0, 1, {}), dir.file("info.log"));
+      CHECK(info.wait(seconds(60)) == 0);
+      CHECK_THAT(info.output(), Contains("mode shine"));
+      std::string qrep2 = dir.file("query2.json");
+      Proc q2(cn(provider, mns, 0, 1, {"query", "--workload", d.wl, "--k", "10", "--ef-search", "64", "--threads", "1",
+                                       "--coroutines", "2", "--report", qrep2}),
+              dir.file("q2.log"));
+      REQUIRE(q2.wait(seconds(300)) == 0);
+      CHECK(load_json(qrep2)["runs"][0]["recall"].get<double>() ==
+            Approx(qr["runs"][1]["recall"].get<double>()).margin(1e-9));
     }
   }
 }
