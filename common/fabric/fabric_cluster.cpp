@@ -28,7 +28,6 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
-constexpr uint64_t kRegionKey = 0xD4'0000;  // requested key (providers without FI_MR_PROV_KEY)
 constexpr size_t kRecvDepth = 16;           // posted receive buffers per endpoint
 
 // Context of one posted operation. fi_context2 must come first (FI_CONTEXT2 mode).

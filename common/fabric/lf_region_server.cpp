@@ -3,6 +3,7 @@
 #include <poll.h>
 #include <sched.h>
 #include <unistd.h>
+#include <sys/random.h>
 #include <sys/syscall.h>
 #include <spdlog/spdlog.h>
 
@@ -25,7 +26,20 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
-constexpr uint64_t kRegionKey = 0xD4'0000;  // requested key (providers without FI_MR_PROV_KEY)
+/// The region's key where the provider takes the one we ask for (tcp, shm): random at every
+/// start and handed out only in the welcome, after the token check, so it is a capability. A
+/// fixed key let anyone who reached the data endpoint read and write the region.
+uint64_t random_region_key(const lf::Domain& d) {
+  const size_t bytes = d.info()->domain_attr->mr_key_size;
+  for (;;) {
+    uint64_t k = 0;
+    if (::getrandom(&k, sizeof k, 0) != static_cast<ssize_t>(sizeof k))
+      throw FabricError(std::string("getrandom for the region key: ") + std::strerror(errno));
+    if (bytes > 0 && bytes < sizeof k) k &= (uint64_t{1} << (8 * bytes)) - 1;
+    // Clear of the keys this domain gives its own buffers (next_local_key), and not 0.
+    if (k != 0 && (k < lf::Domain::kLocalKeyBase || k >= lf::Domain::kLocalKeyBase + (uint64_t{1} << 20))) return k;
+  }
+}
 
 class LfRegionServer final : public RegionBackend {
  public:
@@ -272,7 +286,7 @@ LfRegionServer::LfRegionServer(Provider p, const std::string& listen_host, char*
   m.size = size;
   m.id = memnode_id;
   m.region_mr = std::make_unique<lf::MemoryRegion>(m.domain, region, size, FI_REMOTE_READ | FI_REMOTE_WRITE,
-                                                   kRegionKey + memnode_id);
+                                                   random_region_key(*m.domain));
   m.region_mr->bind(m.ep->ep());
   for (unsigned i = 0; i < rma_lanes; ++i) {
     m.lanes.push_back(std::make_unique<lf::RawEndpoint>(m.domain, false));

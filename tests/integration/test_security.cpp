@@ -1,0 +1,155 @@
+// Outsiders against a memnode's data path over tcp. A raw libfabric client (the kind anyone on
+// the host or network can write) that reaches the memnode's data endpoint but was never handed
+// the region key gets no READ, WRITE, FETCH_ADD or COMPARE_SWAP through, with the key the
+// memnode used to register with (0xD40000 + id) or any other guess; given the key of a
+// welcome, the same client reads, so the refusals are the key's doing; and the key changes at
+// every start.
+#include <catch2/catch.hpp>
+
+#include <rdma/fi_atomic.h>
+#include <rdma/fi_errno.h>
+#include <rdma/fi_rma.h>
+
+#include <chrono>
+#include <cstring>
+#include <fstream>
+#include <functional>
+#include <thread>
+
+#include "common/fabric/bootstrap.hpp"
+#include "common/fabric/lf.hpp"
+#include "proc.hpp"
+
+using namespace dmhnsw;
+using namespace dmhnsw::testing;
+namespace lf = dmhnsw::fabric::lf;
+
+namespace {
+
+/// The outsider: a tcp endpoint of its own, a registered 4 KiB buffer, the memnode's address.
+struct Outsider {
+  std::shared_ptr<lf::Domain> d = lf::Domain::open(fabric::Provider::Tcp, "127.0.0.1");
+  lf::RawEndpoint ep{d, false};
+  std::vector<char> buf = std::vector<char>(4096, 0);
+  lf::MemoryRegion mr{d, buf.data(), buf.size(), FI_READ | FI_WRITE | FI_SEND | FI_RECV, d->next_local_key()};
+  fi_addr_t peer = FI_ADDR_UNSPEC;
+  fi_context2 ctx{};
+
+  explicit Outsider(const std::vector<char>& memnode_addr) {
+    mr.bind(ep.ep());
+    peer = ep.insert(memnode_addr);
+  }
+  /// Posts one operation and waits up to 5 s for its completion: true only when it succeeded.
+  bool succeeds(const std::function<ssize_t()>& post) {
+    const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+    ssize_t rc;
+    while ((rc = post()) == -FI_EAGAIN) {
+      fi_cq_read(ep.cq(), nullptr, 0);
+      if (std::chrono::steady_clock::now() > end) return false;
+    }
+    if (rc != 0) return false;  // refused at posting
+    while (std::chrono::steady_clock::now() < end) {
+      fi_cq_msg_entry e{};
+      rc = fi_cq_read(ep.cq(), &e, 1);
+      if (rc == 1) return true;
+      if (rc == -FI_EAVAIL) {
+        fi_cq_err_entry err{};
+        fi_cq_readerr(ep.cq(), &err, 0);
+        return false;
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+    return false;  // no completion at all is no success either
+  }
+  bool read(uint64_t addr, uint64_t key) {
+    return succeeds([&] { return fi_read(ep.ep(), buf.data(), 64, mr.desc(), peer, addr, key, &ctx); });
+  }
+  /// A WRITE's local completion only says the bytes left (tcp completes it on sending):
+  /// whether it landed is for the region to tell (landed()).
+  bool write(uint64_t addr, uint64_t key) {
+    std::memset(buf.data(), 0xAB, 64);
+    return succeeds([&] { return fi_write(ep.ep(), buf.data(), 64, mr.desc(), peer, addr, key, &ctx); });
+  }
+  /// Do the 64 bytes at `addr`, read with the real key, show write()'s pattern within `wait`?
+  /// (The WRITE went over another connection, so it may arrive a little later.)
+  bool landed(uint64_t addr, uint64_t key, std::chrono::milliseconds wait) {
+    const auto end = std::chrono::steady_clock::now() + wait;
+    do {
+      std::memset(buf.data(), 0, 64);
+      if (!read(addr, key)) throw std::runtime_error("the real key no longer reads");
+      bool all = true;
+      for (int i = 0; i < 64; ++i) all = all && static_cast<unsigned char>(buf[i]) == 0xAB;
+      if (all) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    } while (std::chrono::steady_clock::now() < end);
+    return false;
+  }
+  bool fetch_add(uint64_t addr, uint64_t key) {
+    std::memset(buf.data(), 1, 8);
+    return succeeds([&] {
+      return fi_fetch_atomic(ep.ep(), buf.data(), 1, mr.desc(), buf.data() + 64, mr.desc(), peer, addr, key,
+                             FI_UINT64, FI_SUM, &ctx);
+    });
+  }
+  bool compare_swap(uint64_t addr, uint64_t key) {
+    return succeeds([&] {
+      return fi_compare_atomic(ep.ep(), buf.data(), 1, mr.desc(), buf.data() + 8, mr.desc(), buf.data() + 64,
+                               mr.desc(), peer, addr, key, FI_UINT64, FI_CSWAP, &ctx);
+    });
+  }
+};
+
+/// What a computenode learns at connect time (the fabric address is no secret: `ss -ltn`
+/// shows the listening socket; the key is what the token guards).
+fabric::Welcome welcome_of(const std::string& memnode, const std::string& token, const std::vector<char>& me) {
+  fabric::ControlClient cc(memnode);
+  fabric::Hello h;
+  h.provider = fabric::Provider::Tcp;
+  h.cn_id = 9;
+  h.token = token;
+  h.fabric_addr = me;
+  return cc.handshake(h);
+}
+
+}  // namespace
+
+TEST_CASE("security: without the region key an outsider's READ WRITE and atomics over tcp all fail",
+          "[integration][security]") {
+  TempDir dir;
+  std::ofstream(dir.file("token")) << "sesame\n";
+  Memnode m(dir, 3, "tcp", "127.0.0.1:0", {"--token-file", dir.file("token")});
+  lf::RawEndpoint probe{lf::Domain::open(fabric::Provider::Tcp, "127.0.0.1"), false};
+  const fabric::Welcome w = welcome_of(m.address, "sesame", probe.name());
+  const uint64_t header = w.region_base, data = w.region_base + w.region_size / 2;
+
+  // With the key of the welcome, the client reads: it is a working client.
+  REQUIRE(Outsider(w.fabric_addr).read(header, w.region_key));
+
+  // Each guess from a fresh client (a failed operation may close the client's connection,
+  // which must not be what makes the next one fail).
+  const uint64_t old_fixed_key = 0xD40000 + 3;
+  for (uint64_t guess : {old_fixed_key, uint64_t{0}, uint64_t{1}, w.region_key ^ 1, w.region_key + 1}) {
+    INFO("key guessed: " << guess);
+    CHECK_FALSE(Outsider(w.fabric_addr).read(header, guess));
+    Outsider(w.fabric_addr).write(data, guess);
+    CHECK_FALSE(Outsider(w.fabric_addr).landed(data, w.region_key, std::chrono::milliseconds(200)));
+    CHECK_FALSE(Outsider(w.fabric_addr).fetch_add(header + 64, guess));
+    CHECK_FALSE(Outsider(w.fabric_addr).compare_swap(data, guess));
+  }
+  CHECK(Outsider(w.fabric_addr).read(header, w.region_key));  // the memnode still serves
+  // ... and a WRITE with the real key does land (so landed() can tell).
+  Outsider(w.fabric_addr).write(data, w.region_key);
+  CHECK(Outsider(w.fabric_addr).landed(data, w.region_key, std::chrono::seconds(3)));
+  CHECK(m.proc->running());  // and serves on
+
+  // A wrong token gets no welcome, so no key.
+  CHECK_THROWS(welcome_of(m.address, "guess", probe.name()));
+
+  // A restarted memnode registers its region under another key.
+  m.proc->signal(SIGTERM);
+  CHECK(m.proc->wait(std::chrono::seconds(10)) == 0);
+  Memnode again(dir, 3, "tcp", "127.0.0.1:0", {"--token-file", dir.file("token")});
+  const fabric::Welcome w2 = welcome_of(again.address, "sesame", probe.name());
+  CHECK(w2.region_key != w.region_key);
+  CHECK(w2.region_key != old_fixed_key);
+}
