@@ -107,7 +107,18 @@ int main(int argc, char** argv) {
     std::memcpy(&hdr, mem.data(), sizeof hdr);
 
     const unsigned lanes = rma_lanes >= 0 ? static_cast<unsigned>(rma_lanes) : prov == fabric::Provider::Shm ? 8u : 0u;
-    fabric::RegionServer server(prov, host, mem.data(), mem.size(), static_cast<uint16_t>(id), lanes, mem.fd());
+    // Over tcp the data endpoint listens where the control port does: without a token both stay
+    // on loopback, and a wildcard would let libfabric pick an interface nobody named. (verbs
+    // binds rdma_cm to the RDMA device's address and admits only queue pairs the control port
+    // issued a nonce for.)
+    std::string data_host = host;
+    if (prov == fabric::Provider::Tcp) {
+      data_host = fabric::listen_host_for(host, token);
+      if (data_host == "0.0.0.0" || data_host.empty())
+        throw std::invalid_argument("--listen " + listen + " with --provider tcp: name the address of one interface "
+                                    "(the data endpoint binds to one, and computenodes reach it there)");
+    }
+    fabric::RegionServer server(prov, data_host, mem.data(), mem.size(), static_cast<uint16_t>(id), lanes, mem.fd());
     // Messages are served in the progress thread: the query relay (routing between
     // computenodes), admin requests (store); anything else is echoed.
     memory::Relay relay(

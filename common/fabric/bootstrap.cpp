@@ -307,13 +307,17 @@ bool ControlClient::drain(std::string& why) {
 }
 
 // ================================================================= server
+std::string listen_host_for(const std::string& host, const std::string& token) {
+  return token.empty() && !is_loopback(host) ? "127.0.0.1" : host;
+}
+
 ControlServer::ControlServer(Config c) : c_(std::move(c)) {
   auto [host, port] = parse_host_port(c_.listen, "--listen");
-  if (c_.token.empty() && !is_loopback(host)) {
+  if (listen_host_for(host, c_.token) != host) {
     spdlog::warn("no cluster token (--token-file or DMHNSW_TOKEN): binding the control port to 127.0.0.1 only "
                  "instead of {}; computenodes on other hosts cannot connect",
                  host);
-    host = "127.0.0.1";
+    host = listen_host_for(host, c_.token);
   } else if (c_.token.empty()) {
     spdlog::info("no cluster token (--token-file or DMHNSW_TOKEN): control port bound to loopback only");
   }

@@ -37,6 +37,9 @@ static_assert(offsetof(ControlFrame, version) == 4 && offsetof(ControlFrame, len
 
 /// "host:port" → (host, port); throws naming `flag`.
 std::pair<std::string, uint16_t> parse_host_port(const std::string& s, const std::string& flag);
+/// Where a memnode binds its control port (and, over tcp, its data endpoint) for `--listen`
+/// host `host`: without a token only loopback (127.0.0.1 instead of any other host).
+std::string listen_host_for(const std::string& host, const std::string& token);
 /// The cluster token from `token_file` or, when empty, the DMHNSW_TOKEN variable ("" if neither).
 std::string load_token(const std::string& token_file);
 

@@ -10,6 +10,9 @@
 #include <rdma/fi_errno.h>
 #include <rdma/fi_rma.h>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+
 #include <chrono>
 #include <cstring>
 #include <fstream>
@@ -152,4 +155,27 @@ TEST_CASE("security: without the region key an outsider's READ WRITE and atomics
   const fabric::Welcome w2 = welcome_of(again.address, "sesame", probe.name());
   CHECK(w2.region_key != w.region_key);
   CHECK(w2.region_key != old_fixed_key);
+}
+
+TEST_CASE("security: over tcp the data endpoint listens where the control port does", "[integration][security]") {
+  TempDir dir;
+  // Without a token, --listen 0.0.0.0 keeps both on loopback (the data endpoint used to take
+  // the first non-loopback interface, with the fixed key).
+  Memnode m(dir, 0, "tcp", "0.0.0.0:0");
+  CHECK(m.address.rfind("127.0.0.1:", 0) == 0);
+  lf::RawEndpoint probe{lf::Domain::open(fabric::Provider::Tcp, "127.0.0.1"), false};
+  const fabric::Welcome w = welcome_of(m.address, "", probe.name());
+  REQUIRE(w.fabric_addr.size() >= sizeof(sockaddr_in));
+  sockaddr_in a{};
+  std::memcpy(&a, w.fabric_addr.data(), sizeof a);
+  REQUIRE(a.sin_family == AF_INET);
+  CHECK(ntohl(a.sin_addr.s_addr) == INADDR_LOOPBACK);
+
+  // With a token, a wildcard is refused naming the flag: it names no interface to bind to.
+  std::ofstream(dir.file("token")) << "sesame\n";
+  auto r = run({bin("memnode"), "--id", "1", "--provider", "tcp", "--listen", "0.0.0.0:0", "--region", "64MiB",
+                "--token-file", dir.file("token")},
+               dir, "wild", std::chrono::seconds(30));
+  CHECK(r.code != 0);
+  CHECK_THAT(r.output, Catch::Contains("--listen 0.0.0.0:0") && Catch::Contains("one interface"));
 }
