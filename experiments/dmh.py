@@ -332,7 +332,7 @@ def shine_index(name, work, m=32, ef_construction=100, memnodes=2, build_cns=2, 
         t0 = time.time()
         for attempt in range(4):
             try:
-                with Memnodes(memnodes, provider, region, d / "logs") as mn:
+                with Memnodes(memnodes, provider, region, d / "logs", args=["--store-dir", d]) as mn:
                     computenodes(mn, provider, build_cns, "build",
                                  ["--data", base, "--m", m, "--ef-construction", ef_construction, "--metric", metric,
                                   "--threads", threads, "--store-index", d],

@@ -26,8 +26,22 @@ std::vector<char> bytes_of(const T& v) {
   return out;
 }
 
+/// Where a store request for `dir` may write: inside `root` (the memnode's --store-dir), after
+/// resolving "..", symbolic links of existing parts and, for a relative `dir`, `root` itself.
+std::filesystem::path store_target(const std::string& dir, const std::string& root) {
+  if (root.empty())
+    throw std::runtime_error("this memnode takes no store requests (start it with --store-dir DIR to allow them)");
+  const std::filesystem::path r = std::filesystem::weakly_canonical(std::filesystem::absolute(root));
+  std::filesystem::path d(dir);
+  d = std::filesystem::weakly_canonical(d.is_absolute() ? d : r / d);
+  const std::filesystem::path rel = d.lexically_relative(r);
+  if (rel.empty() || *rel.begin() == "..")
+    throw std::runtime_error("directory '" + dir + "' is outside this memnode's --store-dir " + r.string());
+  return d;
+}
+
 admin::StoreReply store(const admin::StoreRequest& req, const char* region, uint64_t region_size,
-                        uint16_t memnode_id) {
+                        uint16_t memnode_id, const std::string& store_dir) {
   admin::StoreReply rep{};
   rep.type = static_cast<uint32_t>(admin::MsgType::StoreReply);
   rep.memnode_id = memnode_id;
@@ -35,7 +49,7 @@ admin::StoreReply store(const admin::StoreRequest& req, const char* region, uint
   std::string dir = admin::get_text(req.dir, sizeof req.dir, req.dir_len);
   try {
     if (dir.empty()) throw std::runtime_error("store request with an empty directory");
-    std::filesystem::path d = std::filesystem::absolute(dir);
+    std::filesystem::path d = store_target(dir, store_dir);
     std::error_code ec;
     std::filesystem::create_directories(d, ec);
     if (ec) throw std::runtime_error(d.string() + ": cannot create the directory: " + ec.message());
@@ -78,7 +92,8 @@ admin::StatsReply stats(const admin::StatsRequest& req, uint16_t memnode_id, uin
 }  // namespace
 
 std::optional<std::vector<char>> handle_admin(const std::vector<char>& payload, const char* region,
-                                              uint64_t region_size, uint16_t memnode_id, uint64_t messages_served) {
+                                              uint64_t region_size, uint16_t memnode_id, uint64_t messages_served,
+                                              const std::string& store_dir) {
   auto type = admin::message_type(payload.data(), payload.size());
   if (type == admin::MsgType::StatsRequest) {
     admin::StatsRequest req;
@@ -100,7 +115,7 @@ std::optional<std::vector<char>> handle_admin(const std::vector<char>& payload, 
     spdlog::warn("{}", rep.message);
     return bytes_of(rep);
   }
-  return bytes_of(store(req, region, region_size, memnode_id));
+  return bytes_of(store(req, region, region_size, memnode_id, store_dir));
 }
 
 }  // namespace dmhnsw::memory

@@ -163,7 +163,7 @@ ImageInfo write_image(const std::string& path, const char* region, uint64_t regi
                                            std::to_string(memnode_id) + ", " + std::to_string(region_size) + " bytes"));
 
   const std::string tmp = path + ".tmp";
-  Fd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
+  Fd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600));  // the index is the user's data
   if (fd.get() < 0) throw std::runtime_error(err(tmp, std::string("cannot create: ") + std::strerror(errno)));
   try {
     ImageHeader h{};

@@ -52,6 +52,10 @@ int main(int argc, char** argv) {
   app.add_option("--load", load,
                  "serve the region image FILE (written by a store request: DIR/memnode-<id>.img); refused when "
                  "truncated, corrupted, of another memnode or larger than --region");
+  std::string store_dir;
+  app.add_option("--store-dir", store_dir,
+                 "computenodes' store requests (`build --store-index DIR`) may write region images only inside "
+                 "this directory (a relative DIR is taken from here; files mode 0600); without it they are refused");
   app.add_option("--ready-file", ready_file, "write the bound HOST:PORT to this file once serving");
   app.add_option("--relay-timeout-ms", relay_timeout_ms,
                  "query relay: a computenode silent this long is gone (reported to the others)")
@@ -125,11 +129,11 @@ int main(int argc, char** argv) {
         static_cast<uint16_t>(id),
         [&server](uint64_t to, const std::vector<char>& bytes) { server.send_to(to, bytes.data(), bytes.size()); },
         std::chrono::milliseconds(relay_timeout_ms));
-    server.set_handler([&mem, &relay, &server, id](const fabric::Message& in,
+    server.set_handler([&mem, &relay, &server, id, &store_dir](const fabric::Message& in,
                                                    const std::function<void(const void*, size_t)>& reply) {
       if (relay.on_message(in.payload, in.sender)) return;
       if (auto out = memory::handle_admin(in.payload, mem.data(), mem.size(), static_cast<uint16_t>(id),
-                                          server.stats().messages))
+                                          server.stats().messages, store_dir))
         reply(out->data(), out->size());
       else
         reply(in.payload.data(), in.payload.size());

@@ -149,8 +149,8 @@ struct Memnode {
     std::vector<std::string> argv = prefix;
     for (auto s : {bin("memnode"), std::string("--listen"), listen, std::string("--id"), std::to_string(id),
                    std::string("--provider"), provider, std::string("--region"), std::string("128MiB"),
-                   std::string("--ready-file"), ready})
-      argv.push_back(s);
+                   std::string("--ready-file"), ready, std::string("--store-dir"), dir.file("")})
+      argv.push_back(s);  // store requests may write inside the test's directory
     argv.insert(argv.end(), extra.begin(), extra.end());
     proc = std::make_unique<Proc>(argv, dir.file("memnode" + std::to_string(id) + ".log"), env);
     auto end = std::chrono::steady_clock::now() + std::chrono::seconds(20);

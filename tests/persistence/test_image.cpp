@@ -319,7 +319,7 @@ TEST_CASE("the memnode's admin handler stores on request, echoes everything else
   admin::StoreRequest req = admin::make_store_request(sub, 77);
   std::vector<char> payload(sizeof req);
   std::memcpy(payload.data(), &req, sizeof req);
-  auto out = handle_admin(payload, r.data(), r.size(), 4);
+  auto out = handle_admin(payload, r.data(), r.size(), 4, 0, dir.file(""));
   REQUIRE(out.has_value());
   admin::StoreReply rep;
   REQUIRE(admin::decode(*out, admin::MsgType::StoreReply, rep));
@@ -330,7 +330,10 @@ TEST_CASE("the memnode's admin handler stores on request, echoes everything else
   CHECK(rep.memnode_id == 4);
   CHECK(rep.used_bytes == used);
   CHECK(rep.file_bytes == kHdr + used);
-  CHECK(text == std::filesystem::absolute(sub + "/memnode-4.img").string());
+  CHECK(text == std::filesystem::weakly_canonical(sub + "/memnode-4.img").string());
+  // The image is the user's index: readable by its owner only.
+  CHECK((std::filesystem::status(text).permissions() & std::filesystem::perms::all) ==
+        (std::filesystem::perms::owner_read | std::filesystem::perms::owner_write));
   std::vector<char> back(kRegion, 0);
   CHECK(load_image(text, back.data(), back.size(), 4).body_checksum == rep.checksum);
   CHECK(first_difference(back, r) == -1);
@@ -339,11 +342,34 @@ TEST_CASE("the memnode's admin handler stores on request, echoes everything else
     std::ofstream(dir.file("file")) << "x";  // a file where the directory should be
     req = admin::make_store_request(dir.file("file"), 78);
     std::memcpy(payload.data(), &req, sizeof req);
-    out = handle_admin(payload, r.data(), r.size(), 4);
+    out = handle_admin(payload, r.data(), r.size(), 4, 0, dir.file(""));
     REQUIRE(admin::decode(*out, admin::MsgType::StoreReply, rep));
     CHECK(rep.ok == 0);
     CHECK(rep.request_id == 78);
     CHECK_THAT(admin::get_text(rep.message, sizeof rep.message, rep.message_len), Contains(dir.file("file")));
+  }
+  SECTION("only inside --store-dir: outside it, through .., or without one, a store is refused") {
+    for (const std::string& where : {std::string("/tmp/dmhnsw-outsider"), dir.file("a/../../escape"),
+                                     std::string("../escape")}) {
+      INFO(where);
+      req = admin::make_store_request(where, 79);
+      std::memcpy(payload.data(), &req, sizeof req);
+      out = handle_admin(payload, r.data(), r.size(), 4, 0, dir.file("a"));
+      REQUIRE(admin::decode(*out, admin::MsgType::StoreReply, rep));
+      CHECK(rep.ok == 0);
+      CHECK_THAT(admin::get_text(rep.message, sizeof rep.message, rep.message_len), Contains("outside"));
+    }
+    CHECK_FALSE(std::filesystem::exists("/tmp/dmhnsw-outsider"));
+    req = admin::make_store_request("b2", 80);  // relative: under --store-dir
+    std::memcpy(payload.data(), &req, sizeof req);
+    out = handle_admin(payload, r.data(), r.size(), 4, 0, dir.file("a"));
+    REQUIRE(admin::decode(*out, admin::MsgType::StoreReply, rep));
+    CHECK(rep.ok == 1);
+    CHECK(std::filesystem::exists(dir.file("a/b2/memnode-4.img")));
+    out = handle_admin(payload, r.data(), r.size(), 4);  // no --store-dir
+    REQUIRE(admin::decode(*out, admin::MsgType::StoreReply, rep));
+    CHECK(rep.ok == 0);
+    CHECK_THAT(admin::get_text(rep.message, sizeof rep.message, rep.message_len), Contains("--store-dir"));
   }
   SECTION("a store request of the wrong size is answered as malformed") {
     payload.resize(100);

@@ -35,7 +35,8 @@ struct Node {
        const std::string& provider = "shm") {
     std::string ready = dir.file(name + ".ready");
     std::vector<std::string> argv{bin("memnode"), "--listen",     "127.0.0.1:0", "--id",   std::to_string(id),
-                                  "--provider",   provider,          "--ready-file", ready};
+                                  "--provider",   provider,          "--ready-file", ready,
+                                  "--store-dir",  dir.file("")};
     argv.insert(argv.end(), extra.begin(), extra.end());
     proc = std::make_unique<Proc>(argv, dir.file(name + ".log"));
     auto end = std::chrono::steady_clock::now() + seconds(20);
