@@ -130,6 +130,49 @@ ControlFrame recv_frame(int fd, std::vector<char>& payload, const std::string& p
   return f;
 }
 
+/// Appends what `fd` has now (never waits). False on EOF, error, or more than one frame's
+/// worth of bytes that are not a frame yet.
+bool read_available(int fd, std::vector<char>& in) {
+  char b[4096];
+  for (;;) {
+    ssize_t r = ::recv(fd, b, sizeof b, MSG_DONTWAIT);
+    if (r > 0) {
+      in.insert(in.end(), b, b + r);
+      if (in.size() > 2 * (sizeof(ControlFrame) + kMaxPayload)) return false;
+      continue;
+    }
+    if (r == 0) return false;
+    if (errno == EINTR) continue;
+    return errno == EAGAIN || errno == EWOULDBLOCK;
+  }
+}
+
+/// The first complete frame of `in` (removed from it), or false when it is not all there yet.
+/// Throws naming `peer` on a bad magic or an oversized length.
+bool take_frame(std::vector<char>& in, ControlFrame& f, std::vector<char>& payload, const std::string& peer) {
+  if (in.size() < sizeof f) return false;
+  std::memcpy(&f, in.data(), sizeof f);
+  if (f.magic != kControlMagic) throw FabricError(peer + ": not a dmhnsw control peer (bad magic)");
+  if (f.length > kMaxPayload)
+    throw FabricError(peer + ": control message of " + std::to_string(f.length) + " bytes exceeds the limit");
+  if (in.size() < sizeof f + f.length) return false;
+  payload.assign(in.begin() + sizeof f, in.begin() + static_cast<ptrdiff_t>(sizeof f + f.length));
+  in.erase(in.begin(), in.begin() + static_cast<ptrdiff_t>(sizeof f + f.length));
+  return true;
+}
+
+/// Sends a whole frame at once or not at all: false when the socket would block (a peer that
+/// does not read what it is sent is dropped rather than waited for).
+bool send_frame_now(int fd, uint16_t version, uint16_t type, const std::vector<char>& payload) {
+  ControlFrame f{kControlMagic, version, type, static_cast<uint32_t>(payload.size()), 0};
+  std::vector<char> out(reinterpret_cast<const char*>(&f), reinterpret_cast<const char*>(&f) + sizeof f);
+  out.insert(out.end(), payload.begin(), payload.end());
+  ssize_t w;
+  do w = ::send(fd, out.data(), out.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+  while (w < 0 && errno == EINTR);
+  return w == static_cast<ssize_t>(out.size());
+}
+
 void set_nonblocking(int fd) { ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK); }
 
 void set_nodelay(int fd) {
@@ -353,68 +396,117 @@ void ControlServer::stop() {
 }
 
 void ControlServer::run() {
+  set_nonblocking(listen_fd_);
   while (!stop_.load()) {
+    // Only connections, deadlines and stop() wake this thread: an idle memnode spends no CPU.
+    auto now = Clock::now();
+    int timeout = 5000;
+    for (const auto& p : pending_)
+      timeout = std::min<int>(timeout, static_cast<int>(std::max<int64_t>(
+          0, std::chrono::duration_cast<std::chrono::milliseconds>(p.deadline - now).count() + 1)));
     std::vector<pollfd> fds;
     fds.push_back({listen_fd_, POLLIN, 0});
     for (auto& cl : clients_) fds.push_back({cl.fd, POLLIN, 0});
+    for (auto& p : pending_) fds.push_back({p.fd, POLLIN, 0});
     fds.push_back({wake_fd_, POLLIN, 0});
-    // Only connections and stop() wake this thread: an idle memnode spends no CPU here.
-    int rc = ::poll(fds.data(), fds.size(), 5000);
-    if (rc <= 0) continue;
-    // Clients first (indexes stay valid), then new connections.
+    int rc = ::poll(fds.data(), fds.size(), timeout);
+    if (rc < 0) continue;
+    // Clients first, then connections waiting for their hello (indexes stay valid), then new ones.
     std::vector<Client> keep;
     for (size_t i = 0; i < clients_.size(); ++i) {
       auto& cl = clients_[i];
-      if ((fds[i + 1].revents & (POLLIN | POLLHUP | POLLERR)) == 0 || serve(cl.fd)) {
-        keep.push_back(cl);
+      if ((fds[1 + i].revents & (POLLIN | POLLHUP | POLLERR)) == 0 || serve(cl)) {
+        keep.push_back(std::move(cl));
         continue;
       }
       spdlog::info("computenode {} ({}) disconnected", cl.cn_id, cl.from);
       if (c_.on_leave) c_.on_leave(cl.cn_id);
       ::close(cl.fd);
     }
+    const size_t base = 1 + clients_.size();
     clients_ = std::move(keep);
-    if (fds[0].revents & POLLIN) accept_one();
+    std::vector<Pending> waiting;
+    now = Clock::now();
+    for (size_t i = 0; i < pending_.size(); ++i) {
+      auto& p = pending_[i];
+      const std::string who = "computenode at " + p.from;
+      try {
+        if (fds[base + i].revents & (POLLIN | POLLHUP | POLLERR)) {
+          if (!read_available(p.fd, p.in)) throw FabricError(who + ": closed before its hello");
+          ControlFrame f{};
+          std::vector<char> payload;
+          if (take_frame(p.in, f, payload, who)) {
+            handle_hello(p, f.version, f.type, payload);  // joins clients_ or is closed
+            continue;
+          }
+        }
+        if (now >= p.deadline)
+          throw FabricError(who + ": no complete hello within " + std::to_string(kHelloMs) + " ms");
+        waiting.push_back(std::move(p));
+      } catch (const FabricError& e) {
+        spdlog::warn("dropped {}", e.what());
+        ::close(p.fd);
+      }
+    }
+    pending_ = std::move(waiting);
+    if (fds[0].revents & POLLIN) accept_all();
   }
 }
 
-bool ControlServer::serve(int fd) {
+bool ControlServer::serve(Client& cl) {
+  const std::string who = "computenode " + std::to_string(cl.cn_id) + " at " + cl.from;
+  if (!read_available(cl.fd, cl.in)) return false;
   try {
+    ControlFrame f{};
     std::vector<char> payload;
-    ControlFrame f = recv_frame(fd, payload, "computenode");
-    if (f.type == kPing) send_frame(fd, f.version, kPong, {}, "computenode");
-    return true;
-  } catch (const FabricError&) {
+    while (take_frame(cl.in, f, payload, who))
+      if (f.type == kPing && !send_frame_now(cl.fd, f.version, kPong, {})) {
+        spdlog::warn("dropped {}: it does not take its heartbeat answers", who);
+        return false;
+      }
+  } catch (const FabricError& e) {
+    spdlog::warn("dropped {}", e.what());
     return false;
   }
+  return true;
 }
 
-void ControlServer::accept_one() {
-  sockaddr_in a{};
-  socklen_t len = sizeof a;
-  int fd = ::accept4(listen_fd_, reinterpret_cast<sockaddr*>(&a), &len, SOCK_CLOEXEC);
-  if (fd < 0) return;
-  set_nodelay(fd);
-  std::string from = sockaddr_str(a);
+void ControlServer::accept_all() {
+  for (;;) {
+    sockaddr_in a{};
+    socklen_t len = sizeof a;
+    int fd = ::accept4(listen_fd_, reinterpret_cast<sockaddr*>(&a), &len, SOCK_CLOEXEC | SOCK_NONBLOCK);
+    if (fd < 0) return;
+    set_nodelay(fd);
+    const std::string from = sockaddr_str(a);
+    if (pending_.size() >= kMaxPending) {
+      // The oldest has had the most time: it goes, so that silent connections cannot keep a
+      // computenode that says hello at once from joining.
+      spdlog::warn("dropped the connection from {}: {} connections were waiting to say hello", pending_.front().from,
+                   pending_.size());
+      ::close(pending_.front().fd);
+      pending_.erase(pending_.begin());
+    }
+    pending_.push_back({fd, from, {}, Clock::now() + std::chrono::milliseconds(kHelloMs)});
+  }
+}
+
+void ControlServer::handle_hello(Pending& p, uint16_t version, uint16_t type, const std::vector<char>& payload) {
+  const int fd = p.fd;
+  const std::string from = p.from;
   std::string who = "computenode at " + from;
-  auto refuse = [&](uint16_t version, const std::string& msg) {
+  auto refuse = [&](const std::string& msg) {
     spdlog::warn("refused {}: {}", who, msg);
     Writer w;
     w.bytes(msg.data(), msg.size());
-    try {
-      send_frame(fd, version, kRefuse, w.b, who);
-    } catch (const FabricError&) {
-    }
+    send_frame_now(fd, kControlVersion, kRefuse, w.b);
     ::close(fd);
   };
   try {
-    std::vector<char> payload;
-    ControlFrame f = recv_frame(fd, payload, who);
-    if (f.version != kControlVersion)
-      return refuse(kControlVersion, "control protocol version mismatch: memnode " + std::to_string(c_.memnode_id) +
-                                         " speaks v" + std::to_string(kControlVersion) + ", computenode sent v" +
-                                         std::to_string(f.version));
-    if (f.type != kHello) return refuse(kControlVersion, "expected a hello, got message type " + std::to_string(f.type));
+    if (version != kControlVersion)
+      return refuse("control protocol version mismatch: memnode " + std::to_string(c_.memnode_id) + " speaks v" +
+                    std::to_string(kControlVersion) + ", computenode sent v" + std::to_string(version));
+    if (type != kHello) return refuse("expected a hello, got message type " + std::to_string(type));
     Reader r{payload, 0, who};
     Hello h;
     h.mode = static_cast<Mode>(r.get<uint8_t>());
@@ -429,18 +521,15 @@ void ControlServer::accept_one() {
     for (size_t i = 0; i < std::min(h.token.size(), c_.token.size()); ++i)
       diff |= static_cast<unsigned char>(h.token[i] ^ c_.token[i]);
     if (!token_ok || diff != 0)
-      return refuse(kControlVersion,
-                    c_.token.empty() ? "wrong cluster token: this memnode runs without a token, the computenode sent one"
+      return refuse(c_.token.empty() ? "wrong cluster token: this memnode runs without a token, the computenode sent one"
                                      : "wrong cluster token (check --token-file / DMHNSW_TOKEN on both sides)");
     if (h.provider != c_.provider)
-      return refuse(kControlVersion, std::string("provider mismatch: memnode uses --provider ") +
-                                         provider_name(c_.provider) + ", computenode uses --provider " +
-                                         provider_name(h.provider));
+      return refuse(std::string("provider mismatch: memnode uses --provider ") + provider_name(c_.provider) +
+                    ", computenode uses --provider " + provider_name(h.provider));
     Mode mine = c_.mode ? c_.mode() : Mode::None;
     if (mine != Mode::None && h.mode != Mode::None && mine != h.mode)
-      return refuse(kControlVersion, std::string("mode mismatch: memnode ") + std::to_string(c_.memnode_id) +
-                                         " holds a " + mode_name(mine) + " index, computenode asked for --mode " +
-                                         mode_name(h.mode));
+      return refuse(std::string("mode mismatch: memnode ") + std::to_string(c_.memnode_id) + " holds a " +
+                    mode_name(mine) + " index, computenode asked for --mode " + mode_name(h.mode));
     Writer w;
     w.put(c_.memnode_id);
     w.put(static_cast<uint8_t>(mine));
@@ -453,9 +542,14 @@ void ControlServer::accept_one() {
     auto hdr = c_.header ? c_.header() : std::array<char, kHeaderBlobBytes>{};
     w.b.insert(w.b.end(), hdr.begin(), hdr.end());
     if (c_.on_join) c_.on_join(h.cn_id, h.fabric_addr);
-    send_frame(fd, kControlVersion, kWelcome, w.b, who);
+    if (!send_frame_now(fd, kControlVersion, kWelcome, w.b)) {
+      spdlog::warn("dropped {}: it does not take its welcome", who);
+      if (c_.on_leave) c_.on_leave(h.cn_id);
+      ::close(fd);
+      return;
+    }
     spdlog::info("accepted {} (mode {})", who, mode_name(h.mode));
-    clients_.push_back({fd, h.cn_id, from});
+    clients_.push_back({fd, h.cn_id, from, std::move(p.in)});
   } catch (const std::exception& e) {
     spdlog::warn("dropped {}: {}", who, e.what());
     ::close(fd);

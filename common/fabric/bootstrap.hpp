@@ -5,6 +5,7 @@
 // learns within seconds that a memnode has gone away.
 #include <array>
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <mutex>
@@ -92,6 +93,9 @@ class ControlClient {
 };
 
 /// Server side, run by the memnode: accepts computenodes, checks them, answers heartbeats.
+/// One thread serves every connection without blocking on any: a connection gets one deadline
+/// (kHelloMs) for its whole hello, at most kMaxPending wait for theirs, and a peer that does not
+/// take what it is sent is dropped, so a slow or silent client delays nobody.
 class ControlServer {
  public:
   struct Config {
@@ -116,19 +120,32 @@ class ControlServer {
   void stop();
 
  private:
-  void accept_one();
-  bool serve(int fd);  // false: drop connection
+  static constexpr int kHelloMs = 3000;
+  static constexpr size_t kMaxPending = 32;
+  using Clock = std::chrono::steady_clock;
+  struct Client {
+    int fd;
+    uint32_t cn_id;
+    std::string from;
+    std::vector<char> in;  // bytes of a frame not complete yet
+  };
+  struct Pending {  // connected, no complete hello yet
+    int fd;
+    std::string from;
+    std::vector<char> in;
+    Clock::time_point deadline;
+  };
+  void accept_all();
+  bool serve(Client& cl);  // false: drop the connection
+  /// Answers a complete hello: welcome (the connection joins clients_) or refuse (closed).
+  void handle_hello(Pending& p, uint16_t version, uint16_t type, const std::vector<char>& payload);
   Config c_;
   int listen_fd_ = -1;
   std::string bound_;
   std::atomic<bool> stop_{false};
   int wake_fd_ = -1;  // eventfd: stop() wakes run() at once, so run() need not wake to look
-  struct Client {
-    int fd;
-    uint32_t cn_id;
-    std::string from;
-  };
   std::vector<Client> clients_;
+  std::vector<Pending> pending_;
 };
 
 }  // namespace dmhnsw::fabric

@@ -1,6 +1,12 @@
 // The bootstrap protocol over real TCP sockets on loopback: acceptance and every refusal.
 #include <catch2/catch.hpp>
 
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
 #include <set>
 #include <thread>
 #include <vector>
@@ -40,6 +46,25 @@ struct Server {
     th.join();
   }
 };
+
+/// A plain TCP connection to `bound` ("127.0.0.1:PORT"), as anyone on the host could open.
+int raw_connect(const std::string& bound) {
+  auto [host, port] = parse_host_port(bound, "test");
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(port);
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) throw std::runtime_error("connect");
+  return fd;
+}
+
+/// True once the server has closed `fd` (EOF or a failed send).
+bool closed_by_server(int fd) {
+  char b;
+  ssize_t r = ::recv(fd, &b, 1, MSG_DONTWAIT);
+  return r == 0 || (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK);
+}
 
 Hello hello(const std::string& token, Mode mode = Mode::Shine, Provider p = Provider::Tcp) {
   Hello h;
@@ -92,6 +117,51 @@ TEST_CASE("bootstrap: a wrong mode or provider is refused naming both", "[bootst
                     Catch::Contains("provider mismatch") && Catch::Contains("tcp") && Catch::Contains("shm"));
   ControlClient c3(s.srv->bound());
   CHECK_NOTHROW(c3.handshake(hello("", Mode::None)));  // selftests connect to any mode
+}
+
+TEST_CASE("bootstrap: a hello sent a byte at a time and silent connections delay no join and no heartbeat",
+          "[bootstrap]") {
+  using namespace std::chrono;
+  Server s("s3cret", Mode::None);
+  ControlClient member(s.srv->bound());
+  member.handshake(hello("s3cret"));
+  // A client that says its hello one byte at a time (the 3 s timeout used to be per read, and
+  // it held the server's only thread), and more silent connections than the server keeps.
+  const int slow = raw_connect(s.srv->bound());
+  const auto slow_start = steady_clock::now();
+  const uint32_t magic = kControlMagic;
+  CHECK(::send(slow, &magic, 1, MSG_NOSIGNAL) == 1);
+  std::vector<int> silent;
+  for (int i = 0; i < 40; ++i) silent.push_back(raw_connect(s.srv->bound()));
+
+  // A computenode joins at once, and the member's heartbeat is answered at once.
+  auto t0 = steady_clock::now();
+  ControlClient c(s.srv->bound());
+  CHECK_NOTHROW(c.handshake(hello("s3cret")));
+  CHECK(steady_clock::now() - t0 < milliseconds(500));
+  t0 = steady_clock::now();
+  REQUIRE(member.send_ping());
+  pollfd p{member.fd(), POLLIN, 0};
+  CHECK(::poll(&p, 1, 1000) == 1);
+  CHECK(steady_clock::now() - t0 < milliseconds(500));
+  std::string why;
+  CHECK(member.drain(why));
+
+  // The slow client is dropped once its whole hello took longer than the deadline.
+  bool dropped = false;
+  for (int i = 1; i < 4 && !dropped; ++i) {
+    std::this_thread::sleep_for(milliseconds(600));
+    dropped = closed_by_server(slow) ||
+              ::send(slow, reinterpret_cast<const char*>(&magic) + i, 1, MSG_NOSIGNAL) != 1;
+  }
+  while (!dropped && steady_clock::now() - slow_start < seconds(6)) {
+    std::this_thread::sleep_for(milliseconds(100));
+    dropped = closed_by_server(slow);
+  }
+  CHECK(dropped);
+  CHECK(steady_clock::now() - slow_start < seconds(5));
+  ::close(slow);
+  for (int fd : silent) ::close(fd);
 }
 
 TEST_CASE("bootstrap: without a token the control port is bound to loopback only", "[bootstrap]") {
