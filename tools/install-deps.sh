@@ -22,6 +22,7 @@ PKGS=(
   libfabric-dev libfabric1 libibverbs-dev librdmacm-dev rdma-core ibverbs-utils
   libhnswlib-dev libfaiss-dev libopenblas-dev liblapack-dev
   libspdlog-dev libfmt-dev libcli11-dev catch2 libnuma-dev nlohmann-json3-dev
+  libssl-dev  # OpenSSL's libcrypto: HMAC-SHA256 of the control hello
   python3-numpy python3-matplotlib iproute2 procps
 )
 if ((with_rxe)); then

@@ -6,7 +6,11 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
 #include <sys/eventfd.h>
+#include <sys/random.h>
 #include <spdlog/spdlog.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -21,11 +25,31 @@ namespace dmhnsw::fabric {
 
 namespace {
 
-enum FrameType : uint16_t { kHello = 1, kWelcome = 2, kRefuse = 3, kPing = 4, kPong = 5 };
+enum FrameType : uint16_t { kHello = 1, kWelcome = 2, kRefuse = 3, kPing = 4, kPong = 5, kChallenge = 6 };
+constexpr size_t kNonceBytes = 32;  // the memnode's challenge, fresh for every connection
 constexpr uint32_t kMaxPayload = 64 * 1024;
 constexpr int kIoTimeoutMs = 3000;
 
 std::string errno_str() { return std::strerror(errno); }
+
+/// What a hello proves the token with, in place of the token: HMAC-SHA256 keyed by the token
+/// over the memnode's nonce, the computenode id and its fabric address. A captured hello is
+/// good for that connection only, and says nothing about the token.
+std::vector<char> hello_proof(const std::string& token, const std::vector<char>& nonce, uint32_t cn_id,
+                              const std::vector<char>& fabric_addr) {
+  static constexpr char kLabel[] = "dmhnsw control hello v3";
+  std::vector<unsigned char> msg(kLabel, kLabel + sizeof kLabel);
+  msg.insert(msg.end(), nonce.begin(), nonce.end());
+  for (int i = 0; i < 4; ++i) msg.push_back(static_cast<unsigned char>(cn_id >> (8 * i)));
+  msg.insert(msg.end(), fabric_addr.begin(), fabric_addr.end());
+  unsigned char out[EVP_MAX_MD_SIZE];
+  unsigned int len = 0;
+  static const char kEmpty = 0;
+  if (HMAC(EVP_sha256(), token.empty() ? &kEmpty : token.data(), static_cast<int>(token.size()), msg.data(),
+           msg.size(), out, &len) == nullptr)
+    throw FabricError("HMAC-SHA256 of the hello failed");
+  return std::vector<char>(out, out + len);
+}
 
 // ---- byte (de)serialization with bounds checks
 struct Writer {
@@ -291,16 +315,31 @@ std::string ControlClient::local_ip() const {
 }
 
 Welcome ControlClient::handshake(const Hello& h) {
+  std::string who = "memnode " + peer_;
+  std::vector<char> payload;
+  // The memnode speaks first: a nonce the hello's proof is bound to.
+  ControlFrame f = recv_frame(fd_, payload, who);
+  std::vector<char> nonce;
+  if (f.type == kChallenge) {
+    nonce = payload;
+  } else if (f.type == kRefuse) {
+    Reader r{payload, 0, who};
+    throw FabricError(who + " refused this computenode: " + r.str());
+  } else {
+    throw FabricError(who + ": control protocol version mismatch or not a memnode (first message type " +
+                      std::to_string(f.type) + ", v" + std::to_string(f.version) + "; this computenode speaks v" +
+                      std::to_string(version_) + ")");
+  }
   Writer w;
   w.put(static_cast<uint8_t>(h.mode));
   w.put(static_cast<uint8_t>(h.provider));
   w.put(h.cn_id);
-  w.bytes(h.token.data(), h.token.size());
+  w.put(static_cast<uint8_t>(h.token.empty() ? 0 : 1));
+  const std::vector<char> proof = hello_proof(h.token, nonce, h.cn_id, h.fabric_addr);
+  w.bytes(proof.data(), proof.size());
   w.bytes(h.fabric_addr.data(), h.fabric_addr.size());
-  std::string who = "memnode " + peer_;
   send_frame(fd_, version_, kHello, w.b, who);
-  std::vector<char> payload;
-  ControlFrame f = recv_frame(fd_, payload, who);
+  f = recv_frame(fd_, payload, who);
   Reader r{payload, 0, who};
   if (f.type == kRefuse) {
     std::string msg = r.str();
@@ -487,7 +526,14 @@ void ControlServer::accept_all() {
       ::close(pending_.front().fd);
       pending_.erase(pending_.begin());
     }
-    pending_.push_back({fd, from, {}, Clock::now() + std::chrono::milliseconds(kHelloMs)});
+    std::vector<char> nonce(kNonceBytes);
+    if (::getrandom(nonce.data(), nonce.size(), 0) != static_cast<ssize_t>(nonce.size()) ||
+        !send_frame_now(fd, kControlVersion, kChallenge, nonce)) {
+      spdlog::warn("dropped the connection from {}: could not send it a challenge", from);
+      ::close(fd);
+      continue;
+    }
+    pending_.push_back({fd, from, {}, Clock::now() + std::chrono::milliseconds(kHelloMs), std::move(nonce)});
   }
 }
 
@@ -512,17 +558,15 @@ void ControlServer::handle_hello(Pending& p, uint16_t version, uint16_t type, co
     h.mode = static_cast<Mode>(r.get<uint8_t>());
     h.provider = static_cast<Provider>(r.get<uint8_t>());
     h.cn_id = r.get<uint32_t>();
-    h.token = r.str();
+    const bool has_token = r.get<uint8_t>() != 0;
+    const std::vector<char> proof = r.bytes();
     h.fabric_addr = r.bytes();
     who = "computenode " + std::to_string(h.cn_id) + " at " + from;
-    // Constant-time token comparison.
-    bool token_ok = h.token.size() == c_.token.size();
-    unsigned char diff = 0;
-    for (size_t i = 0; i < std::min(h.token.size(), c_.token.size()); ++i)
-      diff |= static_cast<unsigned char>(h.token[i] ^ c_.token[i]);
-    if (!token_ok || diff != 0)
-      return refuse(c_.token.empty() ? "wrong cluster token: this memnode runs without a token, the computenode sent one"
-                                     : "wrong cluster token (check --token-file / DMHNSW_TOKEN on both sides)");
+    const std::vector<char> want = hello_proof(c_.token, p.nonce, h.cn_id, h.fabric_addr);
+    if (proof.size() != want.size() || CRYPTO_memcmp(proof.data(), want.data(), want.size()) != 0)
+      return refuse(c_.token.empty() && has_token
+                        ? "wrong cluster token: this memnode runs without a token, the computenode sent one"
+                        : "wrong cluster token (check --token-file / DMHNSW_TOKEN on both sides)");
     if (h.provider != c_.provider)
       return refuse(std::string("provider mismatch: memnode uses --provider ") + provider_name(c_.provider) +
                     ", computenode uses --provider " + provider_name(h.provider));

@@ -18,7 +18,7 @@
 namespace dmhnsw::fabric {
 
 inline constexpr uint32_t kControlMagic = 0x43484D44;  // "DMHC" little-endian
-inline constexpr uint16_t kControlVersion = 2;  // v2: the welcome lists RMA lanes
+inline constexpr uint16_t kControlVersion = 3;  // v3: challenge, and an HMAC instead of the token
 
 /// Index mode carried in the hello and in the region header: 0 = none (any client).
 enum class Mode : uint8_t { None = 0, Shine = 1, Dhnsw = 2 };
@@ -134,6 +134,7 @@ class ControlServer {
     std::string from;
     std::vector<char> in;
     Clock::time_point deadline;
+    std::vector<char> nonce;  // the challenge sent at accept: the hello's proof must be over it
   };
   void accept_all();
   bool serve(Client& cl);  // false: drop the connection

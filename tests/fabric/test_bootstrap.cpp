@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstring>
 #include <set>
 #include <thread>
 #include <vector>
@@ -162,6 +163,76 @@ TEST_CASE("bootstrap: a hello sent a byte at a time and silent connections delay
   CHECK(steady_clock::now() - slow_start < seconds(5));
   ::close(slow);
   for (int fd : silent) ::close(fd);
+}
+
+namespace {
+/// Reads exactly `n` bytes (or fewer once `fd` closes or 2 s pass).
+std::vector<char> read_n(int fd, size_t n) {
+  std::vector<char> out;
+  const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+  while (out.size() < n && std::chrono::steady_clock::now() < end) {
+    pollfd p{fd, POLLIN, 0};
+    if (::poll(&p, 1, 100) <= 0) continue;
+    char b[4096];
+    ssize_t r = ::recv(fd, b, std::min(sizeof b, n - out.size()), 0);
+    if (r <= 0) break;
+    out.insert(out.end(), b, b + r);
+  }
+  return out;
+}
+}  // namespace
+
+TEST_CASE("bootstrap: the token never crosses the wire and a replayed hello is refused", "[bootstrap]") {
+  // A fake memnode: sends a challenge (frame type 6, 32 bytes of nonce) and keeps the hello.
+  int lfd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(::bind(lfd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+  REQUIRE(::listen(lfd, 1) == 0);
+  socklen_t len = sizeof a;
+  ::getsockname(lfd, reinterpret_cast<sockaddr*>(&a), &len);
+  std::vector<char> hello_frame;
+  std::thread fake([&] {
+    int fd = ::accept(lfd, nullptr, nullptr);
+    ControlFrame f{kControlMagic, kControlVersion, 6, 32, 0};
+    std::vector<char> out(reinterpret_cast<char*>(&f), reinterpret_cast<char*>(&f) + sizeof f);
+    out.resize(out.size() + 32, 7);
+    ::send(fd, out.data(), out.size(), MSG_NOSIGNAL);
+    hello_frame = read_n(fd, sizeof f);
+    if (hello_frame.size() == sizeof f) {
+      std::memcpy(&f, hello_frame.data(), sizeof f);
+      auto body = read_n(fd, f.length);
+      hello_frame.insert(hello_frame.end(), body.begin(), body.end());
+    }
+    ::close(fd);  // no welcome
+  });
+  {
+    ControlClient c("127.0.0.1:" + std::to_string(ntohs(a.sin_port)));
+    CHECK_THROWS(c.handshake(hello("s3cret-token")));
+  }
+  fake.join();
+  ::close(lfd);
+  REQUIRE(hello_frame.size() > sizeof(ControlFrame));
+  const std::string wire(hello_frame.begin(), hello_frame.end());
+  CHECK(wire.find("s3cret-token") == std::string::npos);
+  CHECK(wire.find("s3cret") == std::string::npos);
+
+  // The captured hello, replayed to a real memnode with that token, answers another nonce.
+  Server s("s3cret-token", Mode::None);
+  int fd = raw_connect(s.srv->bound());
+  REQUIRE(read_n(fd, sizeof(ControlFrame) + 32).size() == sizeof(ControlFrame) + 32);  // its challenge
+  REQUIRE(::send(fd, hello_frame.data(), hello_frame.size(), MSG_NOSIGNAL) ==
+          static_cast<ssize_t>(hello_frame.size()));
+  auto reply = read_n(fd, sizeof(ControlFrame));
+  REQUIRE(reply.size() == sizeof(ControlFrame));
+  ControlFrame rf;
+  std::memcpy(&rf, reply.data(), sizeof rf);
+  CHECK(rf.type == 3);  // refuse
+  auto msg = read_n(fd, rf.length);
+  CHECK_THAT(std::string(msg.begin(), msg.end()), Catch::Contains("wrong cluster token"));
+  ::close(fd);
+  CHECK(s.joined.empty());
 }
 
 TEST_CASE("bootstrap: without a token the control port is bound to loopback only", "[bootstrap]") {
