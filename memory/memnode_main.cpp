@@ -161,6 +161,7 @@ int main(int argc, char** argv) {
     };
     cc.header = header_of;
     cc.on_join = [&](uint32_t cn, const std::vector<char>& addr) { server.add_client(cn, addr); };
+    cc.on_register = [&](uint32_t cn, const std::vector<char>& addr) { server.add_client_address(cn, addr); };
     cc.on_leave = [&](uint32_t cn) { server.remove_client(cn); };
     fabric::ControlServer control(cc);
 

@@ -144,7 +144,15 @@ Welcome ControlClient::handshake(const Hello& h) {
   return wl;
 }
 
+void ControlClient::send_register(const std::vector<char>& fabric_addr) {
+  Writer w;
+  w.bytes(fabric_addr.data(), fabric_addr.size());
+  std::lock_guard g(send_mu_);
+  send_frame(fd_, version_, kRegister, w.b, "memnode " + peer_);
+}
+
 bool ControlClient::send_ping() {
+  std::lock_guard g(send_mu_);
   ControlFrame f{kControlMagic, version_, kPing, 0, 0};
   ssize_t w = ::send(fd_, &f, sizeof f, MSG_NOSIGNAL | MSG_DONTWAIT);
   return w == static_cast<ssize_t>(sizeof f) || (w < 0 && (errno == EAGAIN || errno == EINTR));
@@ -154,7 +162,19 @@ bool ControlClient::drain(std::string& why) {
   char buf[512];
   for (;;) {
     ssize_t r = ::recv(fd_, buf, sizeof buf, MSG_DONTWAIT);
-    if (r > 0) continue;  // pongs: their arrival is what matters
+    if (r > 0) {  // pongs (their arrival is what matters) and registration answers
+      in_.insert(in_.end(), buf, buf + r);
+      try {
+        ControlFrame f{};
+        std::vector<char> payload;
+        while (take_frame(in_, f, payload, "memnode " + peer_))
+          if (f.type == kRegistered) registered_.fetch_add(1);
+      } catch (const FabricError& e) {
+        why = e.what();
+        return false;
+      }
+      continue;
+    }
     if (r == 0) {
       why = "control connection closed (memnode process gone)";
       return false;

@@ -83,6 +83,10 @@ class ControlClient {
   int fd() const { return fd_; }
   /// Heartbeat: send a ping (non-blocking best effort). Returns false when the socket failed.
   bool send_ping();
+  /// Tells the memnode another fabric address of this computenode (an endpoint it made);
+  /// registered() grows by one when the memnode confirms (read by drain()).
+  void send_register(const std::vector<char>& fabric_addr);
+  uint64_t registered() const { return registered_.load(); }
   /// Reads pending frames after poll() said readable. Returns false on EOF or error.
   bool drain(std::string& why);
 
@@ -90,6 +94,9 @@ class ControlClient {
   std::string peer_;
   uint16_t version_;
   int fd_ = -1;
+  std::mutex send_mu_;  // the heartbeat thread and endpoint registrations both send
+  std::vector<char> in_;  // received bytes of a frame not complete yet (drain)
+  std::atomic<uint64_t> registered_{0};
 };
 
 /// Server side, run by the memnode: accepts computenodes, checks them, answers heartbeats.
@@ -110,6 +117,7 @@ class ControlServer {
     std::function<std::array<char, kHeaderBlobBytes>()> header;                 // current header bytes
     std::function<void(uint32_t cn_id, const std::vector<char>& addr)> on_join;  // accepted computenode
     std::function<void(uint32_t cn_id)> on_leave;
+    std::function<void(uint32_t cn_id, const std::vector<char>& addr)> on_register;  // another endpoint
   };
   explicit ControlServer(Config c);
   ~ControlServer();

@@ -116,11 +116,20 @@ bool ControlServer::serve(Client& cl) {
   try {
     ControlFrame f{};
     std::vector<char> payload;
-    while (take_frame(cl.in, f, payload, who))
-      if (f.type == kPing && !send_frame_now(cl.fd, f.version, kPong, {})) {
-        spdlog::warn("dropped {}: it does not take its heartbeat answers", who);
+    while (take_frame(cl.in, f, payload, who)) {
+      if (f.type == kRegister) {
+        Reader r{payload, 0, who};
+        const std::vector<char> addr = r.bytes();
+        if (addr.empty() || addr.size() > 256) throw FabricError(who + ": registers a fabric address of " +
+                                                                 std::to_string(addr.size()) + " bytes");
+        if (c_.on_register) c_.on_register(cl.cn_id, addr);
+      }
+      const uint16_t answer = f.type == kPing ? kPong : f.type == kRegister ? kRegistered : 0;
+      if (answer != 0 && !send_frame_now(cl.fd, f.version, answer, {})) {
+        spdlog::warn("dropped {}: it does not take its answers", who);
         return false;
       }
+    }
   } catch (const FabricError& e) {
     spdlog::warn("dropped {}", e.what());
     return false;

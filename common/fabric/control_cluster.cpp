@@ -84,6 +84,28 @@ void ControlledCluster::mark_dead(size_t i, const std::string& why) {
   spdlog::error("memnode {} ({}) is unreachable: {}", i, peers_[i]->info.address, why);
 }
 
+void ControlledCluster::register_address(const std::vector<char>& fabric_addr) {
+  std::lock_guard g(register_mu_);
+  std::vector<uint64_t> want(controls_.size(), 0);
+  for (size_t i = 0; i < controls_.size(); ++i) {
+    if (peers_[i]->dead.load()) continue;
+    want[i] = controls_[i]->registered() + 1;
+    try {
+      controls_[i]->send_register(fabric_addr);
+    } catch (const FabricError& e) {
+      mark_dead(i, e.what());
+    }
+  }
+  const auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(opts_.heartbeat_timeout_ms);
+  for (size_t i = 0; i < controls_.size(); ++i)
+    while (!peers_[i]->dead.load() && controls_[i]->registered() < want[i]) {
+      if (std::chrono::steady_clock::now() > end)
+        throw FabricError(node_name(static_cast<uint16_t>(i)) + ": did not confirm a new endpoint's address within " +
+                          std::to_string(opts_.heartbeat_timeout_ms) + " ms");
+      std::this_thread::sleep_for(std::chrono::microseconds(200));  // the monitor thread reads the answer
+    }
+}
+
 // Heartbeats over the control connections; a closed connection or a silent memnode marks it
 // dead, which fails its pending and later operations.
 void ControlledCluster::monitor() {

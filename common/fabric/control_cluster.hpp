@@ -48,6 +48,10 @@ class ControlledCluster : public Cluster {
   void declare_stalled(uint16_t node, const std::string& what);
   /// "memnode 1 (10.0.0.2:7000)", with the reason when it is dead.
   std::string node_name(uint16_t node) const;
+  /// Tells every live memnode another fabric address of this computenode (an endpoint just
+  /// made) over the control connection and waits until each confirms, so that the endpoint's
+  /// first message is not taken for a stranger's. Throws naming a memnode that does not.
+  void register_address(const std::vector<char>& fabric_addr);
 
  protected:
   /// Handshakes with every memnode in --memnodes order; `hello_addr` gives the fabric address
@@ -85,6 +89,7 @@ class ControlledCluster : public Cluster {
   std::vector<std::unique_ptr<PeerState>> peers_;
   std::vector<MemnodeInfo> infos_;
   mutable std::mutex mu_;
+  std::mutex register_mu_;  // one registration at a time: each waits for its own answers
   std::atomic<uint64_t> deaths_{0};
   std::atomic<uint64_t> endpoints_made_{0};
   std::atomic<bool> stop_{false};

@@ -27,7 +27,11 @@
 
 namespace dmhnsw::fabric::ctl {
 
-enum FrameType : uint16_t { kHello = 1, kWelcome = 2, kRefuse = 3, kPing = 4, kPong = 5, kChallenge = 6 };
+// kRegister: another fabric address of the computenode (an endpoint it made), answered by
+// kRegistered once the memnode takes messages from it.
+enum FrameType : uint16_t {
+  kHello = 1, kWelcome = 2, kRefuse = 3, kPing = 4, kPong = 5, kChallenge = 6, kRegister = 7, kRegistered = 8
+};
 constexpr size_t kNonceBytes = 32;  // the memnode's challenge, fresh for every connection
 constexpr uint32_t kMaxPayload = 64 * 1024;
 constexpr int kIoTimeoutMs = 3000;

@@ -138,6 +138,7 @@ FabricEndpoint::FabricEndpoint(std::shared_ptr<FabricCluster> c, size_t pool_byt
   pool_mr_.bind(raw_.ep());
   my_name_ = raw_.name();
   if (my_name_.size() > lf::kMaxAddrBytes) throw FabricError("fabric address longer than " + std::to_string(lf::kMaxAddrBytes) + " bytes");
+  cluster_->register_address(my_name_);  // memnodes take messages only from admitted addresses
   // Endpoints spread over the memnodes' RMA lanes. With K computenodes and L ≥ K lanes,
   // computenode c owns lanes c, c + K, c + 2K, ... and its e-th endpoint takes the e-th of
   // them (cyclically): no two computenodes share a lane, so one that dies inside a READ (and

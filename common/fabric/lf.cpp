@@ -57,13 +57,14 @@ void remove_stale_shm_regions() {
 }
 }  // namespace
 
-std::shared_ptr<Domain> Domain::open(Provider p, const std::string& src_host, bool rma_events) {
+std::shared_ptr<Domain> Domain::open(Provider p, const std::string& src_host, bool rma_events, bool source) {
   if (p == Provider::Shm) remove_stale_shm_regions();
   auto d = std::shared_ptr<Domain>(new Domain());
   d->provider_ = p;
   fi_info* hints = fi_allocinfo();
   if (hints == nullptr) throw FabricError("fi_allocinfo failed");
   hints->caps = FI_MSG | FI_RMA | FI_ATOMIC | FI_READ | FI_WRITE | FI_REMOTE_READ | FI_REMOTE_WRITE | FI_SEND | FI_RECV;
+  if (source) hints->caps |= FI_SOURCE;
   hints->mode = FI_CONTEXT | FI_CONTEXT2;
   hints->ep_attr->type = FI_EP_RDM;
   hints->domain_attr->mr_mode = FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY | FI_MR_ENDPOINT;

@@ -47,7 +47,10 @@ class Domain {
   /// Opens the provider (shm or tcp). `src_host` (may be empty) picks the local interface (tcp).
   /// `rma_events`: ask for FI_RMA_EVENT (a counter of one-sided operations served here;
   /// falls back silently when the provider lacks it — see has_rma_events()).
-  static std::shared_ptr<Domain> open(Provider p, const std::string& src_host, bool rma_events = false);
+  /// `source`: ask for FI_SOURCE, so a receive completion names its sender's AV entry (a
+  /// memnode tells members from strangers by it); required when asked.
+  static std::shared_ptr<Domain> open(Provider p, const std::string& src_host, bool rma_events = false,
+                                      bool source = false);
   bool has_rma_events() const { return (info_->caps & FI_RMA_EVENT) != 0; }
   ~Domain();
 

@@ -52,6 +52,7 @@ class LfRegionServer final : public RegionBackend {
   std::string describe() const override;
   void add_client(uint32_t cn_id, const std::vector<char>& fabric_addr) override;
   void remove_client(uint32_t cn_id) override;
+  void add_client_address(uint32_t cn_id, const std::vector<char>& fabric_addr) override;
   void set_handler(RegionServer::Handler h) override;
   void send_to(uint64_t sender, const void* data, size_t len) override;
   void set_tick(std::function<void()> tick, int period_ms) override;
@@ -67,8 +68,12 @@ class LfRegionServer final : public RegionBackend {
   char* region = nullptr;
   uint64_t size = 0;
   uint16_t id = 0;
-  std::mutex mu;  // clients + handler
-  std::map<uint32_t, fi_addr_t> clients;
+  std::mutex mu;  // members + handler
+  // Fabric addresses of admitted computenodes (the hello's and those registered over the
+  // control connection): a message is acted on only when its source is one of them.
+  std::map<fi_addr_t, uint32_t> members;
+  std::map<uint32_t, std::vector<fi_addr_t>> member_addrs;
+  uint64_t strangers = 0;  // messages dropped: not from a member (progress thread only)
   Handler handler;
   std::function<void()> tick;
   int tick_ms = 50;
@@ -76,7 +81,6 @@ class LfRegionServer final : public RegionBackend {
   std::unique_ptr<lf::MemoryRegion> bufs_mr;
   std::vector<Buffer> recv_bufs;
   std::vector<std::unique_ptr<fi_context2>> recv_ctx;
-  std::map<std::string, fi_addr_t> peers;  // sender endpoint address → AV entry (progress thread only)
   struct Outgoing {
     fi_addr_t to;
     Buffer buf;
@@ -243,7 +247,7 @@ class LfRegionServer final : public RegionBackend {
       }
     return false;
   }
-  void on_message(size_t slot, size_t len) {
+  void on_message(size_t slot, size_t len, fi_addr_t src) {
     const char* buf = recv_bufs[slot].data();
     lf::WireMsgHeader h;
     std::memcpy(&h, buf, sizeof h);
@@ -252,14 +256,19 @@ class LfRegionServer final : public RegionBackend {
       spdlog::warn("memnode {}: dropped a malformed message ({} bytes)", id, len);
       return;
     }
-    ++messages;
-    fi_addr_t to = FI_ADDR_UNSPEC;
-    if (h.addr_len > 0) {
-      std::string addr(buf + sizeof h, h.addr_len);
-      auto it = peers.find(addr);
-      if (it == peers.end()) it = peers.emplace(addr, ep->insert(std::vector<char>(addr.begin(), addr.end()))).first;
-      to = it->second;
+    // The sender is who the provider says it is, never the address or id a header claims.
+    {
+      std::lock_guard g(mu);
+      auto it = members.find(src);
+      if (src == FI_ADDR_NOTAVAIL || src == FI_ADDR_UNSPEC || it == members.end() || it->second != h.from_cn) {
+        if (++strangers % 1000 == 1)
+          spdlog::warn("memnode {}: dropped a message from a fabric address no admitted computenode registered "
+                       "({} so far)", id, strangers);
+        return;
+      }
     }
+    ++messages;
+    const fi_addr_t to = src;
     Message msg;
     msg.from_node = h.from_node;
     msg.from_cn = h.from_cn;
@@ -278,7 +287,7 @@ class LfRegionServer final : public RegionBackend {
 LfRegionServer::LfRegionServer(Provider p, const std::string& listen_host, char* region, uint64_t size,
                                uint16_t memnode_id, unsigned rma_lanes) {
   auto& m = *this;
-  m.domain = lf::Domain::open(p, listen_host, /*rma_events=*/true);
+  m.domain = lf::Domain::open(p, listen_host, /*rma_events=*/true, /*source=*/true);
   // A CQ wait object only where fi_cq_sread really blocks and keeps progressing (tcp,
   // verbs); on shm, activity is seen through the remote-operation counter instead.
   m.ep = std::make_unique<lf::RawEndpoint>(m.domain, p != Provider::Shm);
@@ -321,15 +330,21 @@ uint64_t LfRegionServer::remote_base() const { return this->region_mr->remote_ba
 uint64_t LfRegionServer::key() const { return this->region_mr->key(); }
 std::string LfRegionServer::describe() const { return this->domain->describe(); }
 
-void LfRegionServer::add_client(uint32_t cn_id, const std::vector<char>& addr) {
+void LfRegionServer::add_client(uint32_t cn_id, const std::vector<char>& addr) { add_client_address(cn_id, addr); }
+
+void LfRegionServer::add_client_address(uint32_t cn_id, const std::vector<char>& addr) {
   fi_addr_t a = this->ep->insert(addr);
   std::lock_guard g(this->mu);
-  this->clients[cn_id] = a;
+  this->members[a] = cn_id;
+  this->member_addrs[cn_id].push_back(a);
 }
 
 void LfRegionServer::remove_client(uint32_t cn_id) {
   std::lock_guard g(this->mu);
-  this->clients.erase(cn_id);
+  auto it = this->member_addrs.find(cn_id);
+  if (it == this->member_addrs.end()) return;
+  for (fi_addr_t a : it->second) this->members.erase(a);
+  this->member_addrs.erase(it);
 }
 
 void LfRegionServer::set_handler(Handler h) {
@@ -417,7 +432,8 @@ void LfRegionServer::run(const std::atomic<bool>& stop) {
       m.check_lanes();
     }
     fi_cq_msg_entry e[16];
-    ssize_t rc = fi_cq_read(cq, e, 16);
+    fi_addr_t src[16];
+    ssize_t rc = fi_cq_readfrom(cq, e, 16, src);
     if (rc == -FI_EAGAIN) {
       auto now = Clock::now();
       if (counted) {
@@ -434,7 +450,7 @@ void LfRegionServer::run(const std::atomic<bool>& stop) {
       }
       ++m.waits;
       if (blocking_wait) {
-        rc = fi_cq_sread(cq, e, 16, nullptr, 10);
+        rc = fi_cq_sreadfrom(cq, e, 16, src, nullptr, 10);
         if (rc == -FI_EAGAIN || rc == -FI_ETIMEDOUT) continue;
         if (rc > 0) last_work = Clock::now();
       } else {
@@ -462,7 +478,7 @@ void LfRegionServer::run(const std::atomic<bool>& stop) {
       if (m.complete_send(e[i].op_context)) continue;
       for (size_t slot = 0; slot < m.recv_ctx.size(); ++slot) {
         if (e[i].op_context != m.recv_ctx[slot].get()) continue;
-        m.on_message(slot, e[i].len);
+        m.on_message(slot, e[i].len, src[i]);
         m.post_recv(slot);
         break;
       }

@@ -22,6 +22,10 @@ class RegionBackend {
   virtual std::string describe() const = 0;
   virtual void add_client(uint32_t cn_id, const std::vector<char>& fabric_addr) = 0;
   virtual void remove_client(uint32_t cn_id) = 0;
+  /// Another endpoint of an admitted computenode (registered over its control connection):
+  /// messages from it are that computenode's. Providers whose messages come over connections
+  /// admitted one by one (verbs, cxl) need nothing here.
+  virtual void add_client_address(uint32_t /*cn_id*/, const std::vector<char>& /*fabric_addr*/) {}
   virtual void set_handler(RegionServer::Handler h) = 0;
   virtual void send_to(uint64_t sender, const void* data, size_t len) = 0;
   virtual void set_tick(std::function<void()> tick, int period_ms) = 0;

@@ -7,12 +7,14 @@
 #include <catch2/catch.hpp>
 
 #include <rdma/fi_atomic.h>
+#include <rdma/fi_endpoint.h>
 #include <rdma/fi_errno.h>
 #include <rdma/fi_rma.h>
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <fstream>
@@ -37,6 +39,7 @@ struct Outsider {
   lf::MemoryRegion mr{d, buf.data(), buf.size(), FI_READ | FI_WRITE | FI_SEND | FI_RECV, d->next_local_key()};
   fi_addr_t peer = FI_ADDR_UNSPEC;
   fi_context2 ctx{};
+  std::vector<void*> others;  // contexts of completions that were not the awaited operation's
 
   explicit Outsider(const std::vector<char>& memnode_addr) {
     mr.bind(ep.ep());
@@ -54,6 +57,10 @@ struct Outsider {
     while (std::chrono::steady_clock::now() < end) {
       fi_cq_msg_entry e{};
       rc = fi_cq_read(ep.cq(), &e, 1);
+      if (rc == 1 && e.op_context != &ctx) {  // a receive's: not this operation's
+        others.push_back(e.op_context);
+        continue;
+      }
       if (rc == 1) return true;
       if (rc == -FI_EAVAIL) {
         fi_cq_err_entry err{};
@@ -178,4 +185,41 @@ TEST_CASE("security: over tcp the data endpoint listens where the control port d
                dir, "wild", std::chrono::seconds(30));
   CHECK(r.code != 0);
   CHECK_THAT(r.output, Catch::Contains("--listen 0.0.0.0:0") && Catch::Contains("one interface"));
+}
+
+TEST_CASE("security: a memnode acts on no fabric message from an address no admitted computenode registered",
+          "[integration][security]") {
+  TempDir dir;
+  std::ofstream(dir.file("token")) << "sesame\n";
+  Memnode m(dir, 2, "tcp", "127.0.0.1:0", {"--token-file", dir.file("token")});
+  lf::RawEndpoint probe{lf::Domain::open(fabric::Provider::Tcp, "127.0.0.1"), false};
+  // A computenode 9 joins (its hello's address is probe's); the outsider is another endpoint
+  // that claims to be computenode 9 and writes its own address in the header, as replies go.
+  const fabric::Welcome w = welcome_of(m.address, "sesame", probe.name());
+  Outsider out(w.fabric_addr);
+  const std::vector<char> me = out.ep.name();
+  // A stats request (an admin message the memnode answers) in the computenode message format.
+  std::vector<char> msg(sizeof(lf::WireMsgHeader) + me.size() + 16, 0);
+  lf::WireMsgHeader h{lf::kWireMsgMagic, 0xffff, static_cast<uint16_t>(me.size()), 9, 16};
+  std::memcpy(msg.data(), &h, sizeof h);
+  std::memcpy(msg.data() + sizeof h, me.data(), me.size());
+  const uint32_t stats_request = 0xD4A50003u;
+  std::memcpy(msg.data() + sizeof h + me.size(), &stats_request, 4);
+  std::memcpy(out.buf.data(), msg.data(), msg.size());
+  fi_context2 rctx{};
+  REQUIRE(fi_recv(out.ep.ep(), out.buf.data() + 2048, 1024, out.mr.desc(), FI_ADDR_UNSPEC, &rctx) == 0);
+  for (int i = 0; i < 3; ++i)  // sent: the provider takes it
+    CHECK(out.succeeds([&] {
+      return fi_send(out.ep.ep(), out.buf.data(), msg.size(), out.mr.desc(), out.peer, &out.ctx);
+    }));
+  // ... but no answer comes back: the memnode dropped them.
+  const auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(1000);
+  while (std::chrono::steady_clock::now() < end) {
+    fi_cq_msg_entry e{};
+    if (fi_cq_read(out.ep.cq(), &e, 1) == 1) out.others.push_back(e.op_context);
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  CHECK(std::count(out.others.begin(), out.others.end(), static_cast<void*>(&rctx)) == 0);
+  CHECK(m.proc->running());
+  CHECK_THAT(m.proc->output(), Catch::Contains("dropped a message from a fabric address no admitted computenode"));
 }
