@@ -131,6 +131,13 @@ int main(int argc, char** argv) {
         std::chrono::milliseconds(relay_timeout_ms));
     server.set_handler([&mem, &relay, &server, id, &store_dir](const fabric::Message& in,
                                                    const std::function<void(const void*, size_t)>& reply) {
+      // A computenode speaks in the relay only as itself: the id its transport authenticated
+      // (a join under another member's id took that member's place).
+      if (auto rh = dmhnsw::relay::decode(in.payload); rh && rh->from_cn != in.from_cn) {
+        spdlog::warn("relay: dropped a message from computenode {} claiming to be computenode {}", in.from_cn,
+                     rh->from_cn);
+        return;
+      }
       if (relay.on_message(in.payload, in.sender)) return;
       if (auto out = memory::handle_admin(in.payload, mem.data(), mem.size(), static_cast<uint16_t>(id),
                                           server.stats().messages, store_dir))
@@ -162,6 +169,7 @@ int main(int argc, char** argv) {
     cc.header = header_of;
     cc.on_join = [&](uint32_t cn, const std::vector<char>& addr) { server.add_client(cn, addr); };
     cc.on_register = [&](uint32_t cn, const std::vector<char>& addr) { server.add_client_address(cn, addr); };
+    cc.on_forget = [&](uint32_t cn, const std::vector<char>& addr) { server.remove_client_address(cn, addr); };
     cc.on_leave = [&](uint32_t cn) { server.remove_client(cn); };
     fabric::ControlServer control(cc);
 

@@ -118,6 +118,9 @@ class ControlServer {
     std::function<void(uint32_t cn_id, const std::vector<char>& addr)> on_join;  // accepted computenode
     std::function<void(uint32_t cn_id)> on_leave;
     std::function<void(uint32_t cn_id, const std::vector<char>& addr)> on_register;  // another endpoint
+    // Each address a connection brought (hello, registrations) when that connection closes:
+    // two processes may use one computenode id, and one leaving must not unseat the other.
+    std::function<void(uint32_t cn_id, const std::vector<char>& addr)> on_forget;
   };
   explicit ControlServer(Config c);
   ~ControlServer();
@@ -136,6 +139,7 @@ class ControlServer {
     uint32_t cn_id;
     std::string from;
     std::vector<char> in;  // bytes of a frame not complete yet
+    std::vector<std::vector<char>> addrs;  // the hello's fabric address and those registered since
   };
   struct Pending {  // connected, no complete hello yet
     int fd;

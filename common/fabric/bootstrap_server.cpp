@@ -77,6 +77,8 @@ void ControlServer::run() {
         continue;
       }
       spdlog::info("computenode {} ({}) disconnected", cl.cn_id, cl.from);
+      if (c_.on_forget)
+        for (const auto& a : cl.addrs) c_.on_forget(cl.cn_id, a);
       if (c_.on_leave) c_.on_leave(cl.cn_id);
       ::close(cl.fd);
     }
@@ -123,6 +125,7 @@ bool ControlServer::serve(Client& cl) {
         if (addr.empty() || addr.size() > 256) throw FabricError(who + ": registers a fabric address of " +
                                                                  std::to_string(addr.size()) + " bytes");
         if (c_.on_register) c_.on_register(cl.cn_id, addr);
+        cl.addrs.push_back(addr);
       }
       const uint16_t answer = f.type == kPing ? kPong : f.type == kRegister ? kRegistered : 0;
       if (answer != 0 && !send_frame_now(cl.fd, f.version, answer, {})) {
@@ -215,12 +218,13 @@ void ControlServer::handle_hello(Pending& p, uint16_t version, uint16_t type, co
     if (c_.on_join) c_.on_join(h.cn_id, h.fabric_addr);
     if (!send_frame_now(fd, kControlVersion, kWelcome, w.b)) {
       spdlog::warn("dropped {}: it does not take its welcome", who);
+      if (c_.on_forget) c_.on_forget(h.cn_id, h.fabric_addr);
       if (c_.on_leave) c_.on_leave(h.cn_id);
       ::close(fd);
       return;
     }
     spdlog::info("accepted {} (mode {})", who, mode_name(h.mode));
-    clients_.push_back({fd, h.cn_id, from, std::move(p.in)});
+    clients_.push_back({fd, h.cn_id, from, std::move(p.in), {h.fabric_addr}});
   } catch (const std::exception& e) {
     spdlog::warn("dropped {}: {}", who, e.what());
     ::close(fd);

@@ -74,6 +74,7 @@ class RegionServer {
   void remove_client(uint32_t cn_id);
   /// Another endpoint address of computenode `cn_id` (see RegionBackend::add_client_address).
   void add_client_address(uint32_t cn_id, const std::vector<char>& fabric_addr);
+  void remove_client_address(uint32_t cn_id, const std::vector<char>& fabric_addr);
   void set_handler(Handler h);
   /// Sends a message to the endpoint that sent `sender` (Message::sender) earlier. Only
   /// from the progress thread: inside the handler or the tick function.

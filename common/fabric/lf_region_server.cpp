@@ -53,6 +53,7 @@ class LfRegionServer final : public RegionBackend {
   void add_client(uint32_t cn_id, const std::vector<char>& fabric_addr) override;
   void remove_client(uint32_t cn_id) override;
   void add_client_address(uint32_t cn_id, const std::vector<char>& fabric_addr) override;
+  void remove_client_address(uint32_t cn_id, const std::vector<char>& fabric_addr) override;
   void set_handler(RegionServer::Handler h) override;
   void send_to(uint64_t sender, const void* data, size_t len) override;
   void set_tick(std::function<void()> tick, int period_ms) override;
@@ -72,7 +73,7 @@ class LfRegionServer final : public RegionBackend {
   // Fabric addresses of admitted computenodes (the hello's and those registered over the
   // control connection): a message is acted on only when its source is one of them.
   std::map<fi_addr_t, uint32_t> members;
-  std::map<uint32_t, std::vector<fi_addr_t>> member_addrs;
+  std::map<std::string, fi_addr_t> member_av;  // address bytes → AV entry
   uint64_t strangers = 0;  // messages dropped: not from a member (progress thread only)
   Handler handler;
   std::function<void()> tick;
@@ -336,16 +337,20 @@ void LfRegionServer::add_client_address(uint32_t cn_id, const std::vector<char>&
   fi_addr_t a = this->ep->insert(addr);
   std::lock_guard g(this->mu);
   this->members[a] = cn_id;
-  this->member_addrs[cn_id].push_back(a);
+  this->member_av[std::string(addr.begin(), addr.end())] = a;
 }
 
-void LfRegionServer::remove_client(uint32_t cn_id) {
+void LfRegionServer::remove_client_address(uint32_t cn_id, const std::vector<char>& addr) {
   std::lock_guard g(this->mu);
-  auto it = this->member_addrs.find(cn_id);
-  if (it == this->member_addrs.end()) return;
-  for (fi_addr_t a : it->second) this->members.erase(a);
-  this->member_addrs.erase(it);
+  auto it = this->member_av.find(std::string(addr.begin(), addr.end()));
+  if (it == this->member_av.end()) return;
+  auto m = this->members.find(it->second);
+  if (m != this->members.end() && m->second == cn_id) this->members.erase(m);
+  this->member_av.erase(it);
 }
+
+// Membership goes by address (remove_client_address): another process may use the same id.
+void LfRegionServer::remove_client(uint32_t) {}
 
 void LfRegionServer::set_handler(Handler h) {
   std::lock_guard g(this->mu);

@@ -26,6 +26,8 @@ class RegionBackend {
   /// messages from it are that computenode's. Providers whose messages come over connections
   /// admitted one by one (verbs, cxl) need nothing here.
   virtual void add_client_address(uint32_t /*cn_id*/, const std::vector<char>& /*fabric_addr*/) {}
+  /// That address is no longer computenode `cn_id`'s (its control connection closed).
+  virtual void remove_client_address(uint32_t /*cn_id*/, const std::vector<char>& /*fabric_addr*/) {}
   virtual void set_handler(RegionServer::Handler h) = 0;
   virtual void send_to(uint64_t sender, const void* data, size_t len) = 0;
   virtual void set_tick(std::function<void()> tick, int period_ms) = 0;

@@ -30,6 +30,9 @@ void RegionServer::remove_client(uint32_t cn_id) { impl_->remove_client(cn_id); 
 void RegionServer::add_client_address(uint32_t cn_id, const std::vector<char>& addr) {
   impl_->add_client_address(cn_id, addr);
 }
+void RegionServer::remove_client_address(uint32_t cn_id, const std::vector<char>& addr) {
+  impl_->remove_client_address(cn_id, addr);
+}
 void RegionServer::set_handler(Handler h) { impl_->set_handler(std::move(h)); }
 void RegionServer::send_to(uint64_t sender, const void* data, size_t len) { impl_->send_to(sender, data, len); }
 void RegionServer::set_tick(std::function<void()> tick, int period_ms) { impl_->set_tick(std::move(tick), period_ms); }

@@ -23,7 +23,10 @@
 
 #include "common/fabric/bootstrap.hpp"
 #include "common/fabric/lf.hpp"
+#include "memory/relay_protocol.hpp"
 #include "proc.hpp"
+
+namespace relay = dmhnsw::relay;
 
 using namespace dmhnsw;
 using namespace dmhnsw::testing;
@@ -222,4 +225,61 @@ TEST_CASE("security: a memnode acts on no fabric message from an address no admi
   CHECK(std::count(out.others.begin(), out.others.end(), static_cast<void*>(&rctx)) == 0);
   CHECK(m.proc->running());
   CHECK_THAT(m.proc->output(), Catch::Contains("dropped a message from a fabric address no admitted computenode"));
+}
+
+TEST_CASE("security: an admitted computenode speaks in the relay only under its own id", "[integration][security]") {
+  TempDir dir;
+  Memnode m(dir, 0, "tcp");
+  lf::RawEndpoint probe{lf::Domain::open(fabric::Provider::Tcp, "127.0.0.1"), false};
+  const std::vector<char> memnode_addr = welcome_of(m.address, "", probe.name()).fabric_addr;  // as computenode 9
+  // Computenode 5, admitted with its endpoint's address, its control connection kept open.
+  Outsider cn5(memnode_addr);
+  fabric::ControlClient cc(m.address);
+  fabric::Hello h;
+  h.provider = fabric::Provider::Tcp;
+  h.cn_id = 5;
+  h.fabric_addr = cn5.ep.name();
+  cc.handshake(h);
+
+  // A relay join from computenode 5's endpoint; `claimed` is the id inside the relay message.
+  auto join_answered = [&](uint32_t claimed) {
+    const auto body = relay::encode(relay::Type::Join, claimed, claimed, 8, 1);
+    const std::vector<char> me = cn5.ep.name();
+    lf::WireMsgHeader wh{lf::kWireMsgMagic, 0xffff, static_cast<uint16_t>(me.size()), 5,
+                         static_cast<uint32_t>(body.size())};
+    std::vector<char> msg(sizeof wh);
+    std::memcpy(msg.data(), &wh, sizeof wh);
+    msg.insert(msg.end(), me.begin(), me.end());
+    msg.insert(msg.end(), body.begin(), body.end());
+    std::memcpy(cn5.buf.data(), msg.data(), msg.size());
+    fi_context2 rctx{};
+    cn5.others.clear();
+    if (fi_recv(cn5.ep.ep(), cn5.buf.data() + 2048, 2048, cn5.mr.desc(), FI_ADDR_UNSPEC, &rctx) != 0) return false;
+    if (!cn5.succeeds([&] {
+          return fi_send(cn5.ep.ep(), cn5.buf.data(), msg.size(), cn5.mr.desc(), cn5.peer, &cn5.ctx);
+        }))
+      return false;
+    const auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(1000);
+    while (std::chrono::steady_clock::now() < end) {
+      fi_cq_msg_entry e{};
+      if (fi_cq_read(cn5.ep.cq(), &e, 1) == 1) cn5.others.push_back(e.op_context);
+      if (std::count(cn5.others.begin(), cn5.others.end(), static_cast<void*>(&rctx)) > 0) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    // Take back the receive; its cancellation is reported as an error completion.
+    fi_cancel(&cn5.ep.ep()->fid, &rctx);
+    for (int k = 0; k < 200; ++k) {
+      fi_cq_msg_entry e{};
+      if (fi_cq_read(cn5.ep.cq(), &e, 1) == -FI_EAVAIL) {
+        fi_cq_err_entry err{};
+        fi_cq_readerr(cn5.ep.cq(), &err, 0);
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    return false;
+  };
+  CHECK_FALSE(join_answered(3));  // as computenode 3: dropped
+  CHECK_THAT(m.proc->output(), Catch::Contains("claiming to be computenode 3"));
+  CHECK(join_answered(5));  // as itself: the relay answers
 }
