@@ -19,6 +19,7 @@
 #include <cstring>
 #include <fstream>
 #include <functional>
+#include <memory>
 #include <thread>
 
 #include "common/fabric/bootstrap.hpp"
@@ -124,6 +125,61 @@ fabric::Welcome welcome_of(const std::string& memnode, const std::string& token,
   return cc.handshake(h);
 }
 
+/// A computenode admitted as `cn_id` with fabric address `addr`, for as long as the returned
+/// control connection stays open.
+std::unique_ptr<fabric::ControlClient> admit(const std::string& memnode, const std::string& token, uint32_t cn_id,
+                                             const std::vector<char>& addr) {
+  auto cc = std::make_unique<fabric::ControlClient>(memnode);
+  fabric::Hello h;
+  h.provider = fabric::Provider::Tcp;
+  h.cn_id = cn_id;
+  h.token = token;
+  h.fabric_addr = addr;
+  cc->handshake(h);
+  return cc;
+}
+
+/// A message in the computenode format: header (claiming computenode `from_cn`), the
+/// sender's address, then `body`.
+std::vector<char> wire_message(const std::vector<char>& me, uint32_t from_cn, const std::vector<char>& body) {
+  lf::WireMsgHeader h{lf::kWireMsgMagic, 0xffff, static_cast<uint16_t>(me.size()), from_cn,
+                      static_cast<uint32_t>(body.size())};
+  std::vector<char> msg(reinterpret_cast<const char*>(&h), reinterpret_cast<const char*>(&h) + sizeof h);
+  msg.insert(msg.end(), me.begin(), me.end());
+  msg.insert(msg.end(), body.begin(), body.end());
+  return msg;
+}
+
+/// Posts a receive, sends `msg` from `o`, and says whether an answer arrived within 1 s (the
+/// receive is taken back when none did).
+bool answered(Outsider& o, const std::vector<char>& msg) {
+  std::memcpy(o.buf.data(), msg.data(), msg.size());
+  fi_context2 rctx{};
+  o.others.clear();
+  if (fi_recv(o.ep.ep(), o.buf.data() + 2048, 2048, o.mr.desc(), FI_ADDR_UNSPEC, &rctx) != 0) return false;
+  if (!o.succeeds([&] { return fi_send(o.ep.ep(), o.buf.data(), msg.size(), o.mr.desc(), o.peer, &o.ctx); }))
+    throw std::runtime_error("the provider did not take the message");
+  const auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(1000);
+  while (std::chrono::steady_clock::now() < end) {
+    fi_cq_msg_entry e{};
+    if (fi_cq_read(o.ep.cq(), &e, 1) == 1) o.others.push_back(e.op_context);
+    if (std::count(o.others.begin(), o.others.end(), static_cast<void*>(&rctx)) > 0) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  // Its cancellation is reported as an error completion: read it, or the next wait sees it.
+  fi_cancel(&o.ep.ep()->fid, &rctx);
+  for (int k = 0; k < 200; ++k) {
+    fi_cq_msg_entry e{};
+    if (fi_cq_read(o.ep.cq(), &e, 1) == -FI_EAVAIL) {
+      fi_cq_err_entry err{};
+      fi_cq_readerr(o.ep.cq(), &err, 0);
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return false;
+}
+
 }  // namespace
 
 TEST_CASE("security: without the region key an outsider's READ WRITE and atomics over tcp all fail",
@@ -196,33 +252,15 @@ TEST_CASE("security: a memnode acts on no fabric message from an address no admi
   std::ofstream(dir.file("token")) << "sesame\n";
   Memnode m(dir, 2, "tcp", "127.0.0.1:0", {"--token-file", dir.file("token")});
   lf::RawEndpoint probe{lf::Domain::open(fabric::Provider::Tcp, "127.0.0.1"), false};
-  // A computenode 9 joins (its hello's address is probe's); the outsider is another endpoint
-  // that claims to be computenode 9 and writes its own address in the header, as replies go.
-  const fabric::Welcome w = welcome_of(m.address, "sesame", probe.name());
-  Outsider out(w.fabric_addr);
-  const std::vector<char> me = out.ep.name();
-  // A stats request (an admin message the memnode answers) in the computenode message format.
-  std::vector<char> msg(sizeof(lf::WireMsgHeader) + me.size() + 16, 0);
-  lf::WireMsgHeader h{lf::kWireMsgMagic, 0xffff, static_cast<uint16_t>(me.size()), 9, 16};
-  std::memcpy(msg.data(), &h, sizeof h);
-  std::memcpy(msg.data() + sizeof h, me.data(), me.size());
-  const uint32_t stats_request = 0xD4A50003u;
-  std::memcpy(msg.data() + sizeof h + me.size(), &stats_request, 4);
-  std::memcpy(out.buf.data(), msg.data(), msg.size());
-  fi_context2 rctx{};
-  REQUIRE(fi_recv(out.ep.ep(), out.buf.data() + 2048, 1024, out.mr.desc(), FI_ADDR_UNSPEC, &rctx) == 0);
-  for (int i = 0; i < 3; ++i)  // sent: the provider takes it
-    CHECK(out.succeeds([&] {
-      return fi_send(out.ep.ep(), out.buf.data(), msg.size(), out.mr.desc(), out.peer, &out.ctx);
-    }));
-  // ... but no answer comes back: the memnode dropped them.
-  const auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(1000);
-  while (std::chrono::steady_clock::now() < end) {
-    fi_cq_msg_entry e{};
-    if (fi_cq_read(out.ep.cq(), &e, 1) == 1) out.others.push_back(e.op_context);
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
-  CHECK(std::count(out.others.begin(), out.others.end(), static_cast<void*>(&rctx)) == 0);
+  const std::vector<char> memnode_addr = welcome_of(m.address, "sesame", probe.name()).fabric_addr;
+  // Computenode 9 stays admitted (its hello's address is the probe's); the outsider is another
+  // endpoint that claims to be computenode 9 and writes its own address in the header.
+  auto cn9 = admit(m.address, "sesame", 9, probe.name());
+  Outsider out(memnode_addr);
+  const uint32_t stats_request = 0xD4A50003u;  // an admin message the memnode answers
+  std::vector<char> body(16, 0);
+  std::memcpy(body.data(), &stats_request, 4);
+  for (int i = 0; i < 3; ++i) CHECK_FALSE(answered(out, wire_message(out.ep.name(), 9, body)));
   CHECK(m.proc->running());
   CHECK_THAT(m.proc->output(), Catch::Contains("dropped a message from a fabric address no admitted computenode"));
 }
@@ -231,55 +269,15 @@ TEST_CASE("security: an admitted computenode speaks in the relay only under its 
   TempDir dir;
   Memnode m(dir, 0, "tcp");
   lf::RawEndpoint probe{lf::Domain::open(fabric::Provider::Tcp, "127.0.0.1"), false};
-  const std::vector<char> memnode_addr = welcome_of(m.address, "", probe.name()).fabric_addr;  // as computenode 9
+  const std::vector<char> memnode_addr = welcome_of(m.address, "", probe.name()).fabric_addr;
   // Computenode 5, admitted with its endpoint's address, its control connection kept open.
   Outsider cn5(memnode_addr);
-  fabric::ControlClient cc(m.address);
-  fabric::Hello h;
-  h.provider = fabric::Provider::Tcp;
-  h.cn_id = 5;
-  h.fabric_addr = cn5.ep.name();
-  cc.handshake(h);
-
+  auto cc = admit(m.address, "", 5, cn5.ep.name());
   // A relay join from computenode 5's endpoint; `claimed` is the id inside the relay message.
-  auto join_answered = [&](uint32_t claimed) {
-    const auto body = relay::encode(relay::Type::Join, claimed, claimed, 8, 1);
-    const std::vector<char> me = cn5.ep.name();
-    lf::WireMsgHeader wh{lf::kWireMsgMagic, 0xffff, static_cast<uint16_t>(me.size()), 5,
-                         static_cast<uint32_t>(body.size())};
-    std::vector<char> msg(sizeof wh);
-    std::memcpy(msg.data(), &wh, sizeof wh);
-    msg.insert(msg.end(), me.begin(), me.end());
-    msg.insert(msg.end(), body.begin(), body.end());
-    std::memcpy(cn5.buf.data(), msg.data(), msg.size());
-    fi_context2 rctx{};
-    cn5.others.clear();
-    if (fi_recv(cn5.ep.ep(), cn5.buf.data() + 2048, 2048, cn5.mr.desc(), FI_ADDR_UNSPEC, &rctx) != 0) return false;
-    if (!cn5.succeeds([&] {
-          return fi_send(cn5.ep.ep(), cn5.buf.data(), msg.size(), cn5.mr.desc(), cn5.peer, &cn5.ctx);
-        }))
-      return false;
-    const auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(1000);
-    while (std::chrono::steady_clock::now() < end) {
-      fi_cq_msg_entry e{};
-      if (fi_cq_read(cn5.ep.cq(), &e, 1) == 1) cn5.others.push_back(e.op_context);
-      if (std::count(cn5.others.begin(), cn5.others.end(), static_cast<void*>(&rctx)) > 0) return true;
-      std::this_thread::sleep_for(std::chrono::milliseconds(5));
-    }
-    // Take back the receive; its cancellation is reported as an error completion.
-    fi_cancel(&cn5.ep.ep()->fid, &rctx);
-    for (int k = 0; k < 200; ++k) {
-      fi_cq_msg_entry e{};
-      if (fi_cq_read(cn5.ep.cq(), &e, 1) == -FI_EAVAIL) {
-        fi_cq_err_entry err{};
-        fi_cq_readerr(cn5.ep.cq(), &err, 0);
-        break;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    }
-    return false;
+  auto join = [&](uint32_t claimed) {
+    return wire_message(cn5.ep.name(), 5, relay::encode(relay::Type::Join, claimed, claimed, 8, 1));
   };
-  CHECK_FALSE(join_answered(3));  // as computenode 3: dropped
+  CHECK_FALSE(answered(cn5, join(3)));  // as computenode 3: dropped
   CHECK_THAT(m.proc->output(), Catch::Contains("claiming to be computenode 3"));
-  CHECK(join_answered(5));  // as itself: the relay answers
+  CHECK(answered(cn5, join(5)));  // as itself: the relay answers
 }
