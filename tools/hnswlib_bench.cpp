@@ -24,7 +24,6 @@
 // translation unit of this binary that includes it at global scope (common/distance_hnswlib.inc
 // wraps its copies in an anonymous namespace).
 #include <CLI/CLI.hpp>
-#include <hnswlib/hnswlib.h>
 #include <nlohmann/json.hpp>
 #include <unistd.h>
 
@@ -45,31 +44,20 @@
 #include <vector>
 
 #include "common/dataset.hpp"
-#include "common/json_file.hpp"
 #include "common/distance.hpp"
+#include "common/hnswlib_space.hpp"
+#include "common/json_file.hpp"
 #include "common/workload.hpp"
 
 namespace {
+
+using dmhnsw::DispatchedSpace;
 
 using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
-
-/// hnswlib space whose kernel is DistanceComputer's (the same hnswlib code, for this CPU).
-class DispatchedSpace final : public hnswlib::SpaceInterface<float> {
- public:
-  DispatchedSpace(dmhnsw::Metric metric, std::size_t dim) : dist_(metric, dim), dim_(dim) {}
-  std::size_t get_data_size() override { return dim_ * sizeof(float); }
-  hnswlib::DISTFUNC<float> get_dist_func() override { return dist_.kernel(); }
-  void* get_dist_func_param() override { return &dim_; }
-  const std::string& kernel_name() const { return dist_.kernel_name(); }
-
- private:
-  dmhnsw::DistanceComputer dist_;
-  std::size_t dim_;
-};
 
 /// The queries to run: pointers to their vectors and their ground-truth rows.
 struct QuerySet {

@@ -5,10 +5,10 @@
 // <hnswlib/hnswlib.h> defines non-inline functions: this is the only translation unit of
 // this test binary that includes it (to compare answers query by query).
 #include <catch2/catch.hpp>
-#include <hnswlib/hnswlib.h>
 
 #include <set>
 
+#include "common/hnswlib_space.hpp"
 #include "common/dataset.hpp"
 #include "common/distance.hpp"
 #include "common/fabric/fabric_cluster.hpp"
@@ -24,19 +24,6 @@ using Catch::Contains;
 using std::chrono::seconds;
 
 namespace {
-
-/// hnswlib space over DistanceComputer's kernel, as hnswlib-bench builds its index with.
-class DispatchedSpace final : public hnswlib::SpaceInterface<float> {
- public:
-  DispatchedSpace(Metric metric, size_t dim) : dist_(metric, dim), dim_(dim) {}
-  size_t get_data_size() override { return dim_ * sizeof(float); }
-  hnswlib::DISTFUNC<float> get_dist_func() override { return dist_.kernel(); }
-  void* get_dist_func_param() override { return &dim_; }
-
- private:
-  DistanceComputer dist_;
-  size_t dim_;
-};
 
 std::shared_ptr<fabric::Cluster> connect(const std::string& provider, const std::string& memnodes) {
   fabric::ClusterOptions co;

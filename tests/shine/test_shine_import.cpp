@@ -5,7 +5,6 @@
 // <hnswlib/hnswlib.h> defines non-inline functions: this is the only translation unit of
 // this test binary that includes it.
 #include <catch2/catch.hpp>
-#include <hnswlib/hnswlib.h>
 
 #include <cstring>
 #include <filesystem>
@@ -14,6 +13,7 @@
 #include <random>
 #include <set>
 
+#include "common/hnswlib_space.hpp"
 #include "common/fabric/local_fabric.hpp"
 #include "common/region.hpp"
 #include "compute/shine/graph.hpp"
@@ -24,19 +24,6 @@ using namespace dmhnsw::shine;
 using Catch::Contains;
 
 namespace {
-
-/// hnswlib space over DistanceComputer's kernel: the same float arithmetic as shine's search.
-class DispatchedSpace final : public hnswlib::SpaceInterface<float> {
- public:
-  DispatchedSpace(Metric metric, size_t dim) : dist_(metric, dim), dim_(dim) {}
-  size_t get_data_size() override { return dim_ * sizeof(float); }
-  hnswlib::DISTFUNC<float> get_dist_func() override { return dist_.kernel(); }
-  void* get_dist_func_param() override { return &dim_; }
-
- private:
-  DistanceComputer dist_;
-  size_t dim_;
-};
 
 std::vector<float> gaussian(size_t n, size_t d, uint64_t seed) {
   std::mt19937_64 rng(seed);
