@@ -256,13 +256,16 @@ out = Path(a.out or HERE / tag)
 out.mkdir(parents=True, exist_ok=True)
 if a.render_only:
     results = json.loads((out / "results.json").read_text())
-    for k, v in results["params"].items():  # the header describes the run, not this call
-        if k not in ("render_only", "out"):
-            setattr(a, k, v)
+    # The header describes the runs (a partial run's flags last), not this call.
+    for params in [results["params"]] + [p.get("params", {}) for p in results.get("partial_runs", [])]:
+        for k, v in params.items():
+            if k not in ("render_only", "out"):
+                setattr(a, k, v)
 elif skip and (out / "results.json").exists():  # a partial run: the other parts stay as they were
     merged = json.loads((out / "results.json").read_text())
     merged.update({k: v for k, v in results.items() if k not in ("params", "command", "date")})
-    merged.setdefault("partial_runs", []).append({"command": results["command"], "date": results["date"]})
+    merged.setdefault("partial_runs", []).append({"command": results["command"], "date": results["date"],
+                                                  "params": results["params"]})
     merged["seconds"] = results["seconds"] + merged.get("full_seconds", 0)
     results = merged
 else:
@@ -276,28 +279,26 @@ def f(x, fmt="{:,.0f}"):
     return "–" if x is None else fmt.format(x)
 
 
+def query_row(system, fabric, r, per_query="{:.0f}"):
+    """A row of the query table; `per_query` formats READs and round trips per query."""
+    return [system, fabric, r["ef_search"], f(r["recall"], "{:.4f}"), f(r["qps"]), f(r["p50_us"]), f(r["p99_us"]),
+            f((r["bytes_per_query"] or 0) / 1024, "{:.1f}"), f(r["reads_per_query"], per_query),
+            f(r["doorbells_per_query"], per_query)]
+
+
 rows = []
 for r in results.get("hnswlib", {}).get("runs", []):
     rows.append(["hnswlib", "local", r["ef_search"], f(r["recall"], "{:.4f}"), f(r["qps"]), f(r["p50_us"]),
                  f(r["p99_us"]), "–", "–", "–"])
 for key in [k for k in results.get("shine", {}) if k.startswith("query_")]:
     mode, wire = key[len("query_"):].split("_", 1)
-    for r in results["shine"][key]["runs"]:
-        rows.append([f"shine ({mode})", f"{a.provider}, wire {wire}", r["ef_search"], f(r["recall"], "{:.4f}"), f(r["qps"]),
-                     f(r["p50_us"]), f(r["p99_us"]), f((r["bytes_per_query"] or 0) / 1024, "{:.1f}"),
-                     f(r["reads_per_query"], "{:.0f}"), f(r["doorbells_per_query"], "{:.0f}")])
-for r in results.get("import", {}).get("query_batch_none", {}).get("runs", []):
-    rows.append(["shine (hnswlib's graph, shine-import)", f"{a.provider}, wire none", r["ef_search"],
-                 f(r["recall"], "{:.4f}"), f(r["qps"]), f(r["p50_us"]), f(r["p99_us"]),
-                 f((r["bytes_per_query"] or 0) / 1024, "{:.1f}"), f(r["reads_per_query"], "{:.0f}"),
-                 f(r["doorbells_per_query"], "{:.0f}")])
+    rows += [query_row(f"shine ({mode})", f"{a.provider}, wire {wire}", r) for r in results["shine"][key]["runs"]]
+rows += [query_row("shine (hnswlib's graph, shine-import)", f"{a.provider}, wire none", r)
+         for r in results.get("import", {}).get("query_batch_none", {}).get("runs", [])]
 for key in [k for k in results.get("dhnsw", {}) if k.startswith("query_")]:
     probe, wire = key[len("query_"):].split("_", 1)
-    for r in results["dhnsw"][key]["runs"]:
-        rows.append([f"dhnsw {probe.replace('b', 'b=')}", f"{a.provider}, wire {wire}", r["ef_search"],
-                     f(r["recall"], "{:.4f}"), f(r["qps"]), f(r["p50_us"]), f(r["p99_us"]),
-                     f((r["bytes_per_query"] or 0) / 1024, "{:.1f}"), f(r["reads_per_query"], "{:.1f}"),
-                     f(r["doorbells_per_query"], "{:.1f}")])
+    rows += [query_row(f"dhnsw {probe.replace('b', 'b=')}", f"{a.provider}, wire {wire}", r, "{:.1f}")
+             for r in results["dhnsw"][key]["runs"]]
 what = f"{a.n:,} x {a.d} clustered vectors ({a.clusters} clusters)" if a.set == "syn" else f"{a.set} ({a.n:,} x {a.d}, {metric})"
 later = "".join(f", then {p['date']}: `{p['command']}`" for p in results.get("partial_runs", []))
 md = [f"Run {results['date']} ({results['seconds'] / 60:.0f} min): `{results['command']}`{later}\n\n"
@@ -312,23 +313,26 @@ if "hnswlib" in results:
     h = results["hnswlib"]
     brow.append(["hnswlib", f(h["build_s"], "{:.0f}"), f(h["inserts_per_s"]), "1.00",
                  f(h["memory"]["peak_rss_mib"]), "–"])
+hn = results.get("hnswlib", {}).get("inserts_per_s")
+
+
+def build_row(name, b, builder, memnodes):
+    """A row of the builds table: seconds, inserts/s and its ratio to hnswlib's."""
+    return [name, f(b["seconds"], "{:.0f}"), f(b["inserts_per_s"]),
+            f(b["inserts_per_s"] / hn, "{:.2f}") if hn else "–", builder,
+            " + ".join(f(m["peak_rss_mib"]) for m in memnodes)]
+
+
 if "shine" in results:
     s = results["shine"]
-    hn = results.get("hnswlib", {}).get("inserts_per_s")
     cm = s["build"].get("computenode_memory") or {}
-    mm = s["memnode_memory"]
-    brow.append(["shine", f(s["build"]["seconds"], "{:.0f}"), f(s["build"]["inserts_per_s"]),
-                 f(s["build"]["inserts_per_s"] / hn, "{:.2f}") if hn else "–",
-                 f"computenode {f(cm.get('peak_rss_mib'))} (of which {f(cm.get('shmem_mib'))} the mapped regions)",
-                 " + ".join(f(m["peak_rss_mib"]) for m in mm)])
+    brow.append(build_row("shine", s["build"],
+                          f"computenode {f(cm.get('peak_rss_mib'))} (of which {f(cm.get('shmem_mib'))} the mapped regions)",
+                          s["memnode_memory"]))
 if "dhnsw" in results:
     d = results["dhnsw"]
-    hn = results.get("hnswlib", {}).get("inserts_per_s")
-    mm = d["memnode_memory"]
-    brow.append(["d-HNSW (dhnsw-build)", f(d["build"]["seconds"], "{:.0f}"), f(d["build"]["inserts_per_s"]),
-                 f(d["build"]["inserts_per_s"] / hn, "{:.2f}") if hn else "–",
-                 f"dhnsw-build {f(d['build']['memory']['peak_rss_mib'])}",
-                 " + ".join(f(m["peak_rss_mib"]) for m in mm)])
+    brow.append(build_row("d-HNSW (dhnsw-build)", d["build"], f"dhnsw-build {f(d['build']['memory']['peak_rss_mib'])}",
+                          d["memnode_memory"]))
 if "import" in results:
     ir = results["import"]["import"]
     brow.append(["shine-import of hnswlib's index", f(ir["process_s"], "{:.1f}"), "–", "–",
