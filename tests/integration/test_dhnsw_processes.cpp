@@ -3,6 +3,8 @@
 // ablation switches give the same answers); a memnode killed mid-query fails the run fast.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
+
 #include <nlohmann/json.hpp>
 
 #include "proc.hpp"
@@ -148,12 +150,21 @@ TEST_CASE("dhnsw: a wire model changes when operations complete, never the answe
     REQUIRE(r.code == 0);
     return load_json(rep);
   };
-  const auto none = query("none"), rdma = query("50,1");  // 50 us per operation, 1 GB/s
-  CHECK(rdma["wire"]["latency_us"] == 50.0);
+  // 20 ms per operation, far above what a batch computes (a few ms here), 1 GB/s.
+  const auto none = query("none"), rdma = query("20000,1");
+  CHECK(rdma["wire"]["latency_us"] == 20000.0);
   CHECK_THAT(rdma["wire"]["model"].get<std::string>(), Contains("custom"));
   CHECK(none["wire"]["model"] == "none");
   CHECK(rdma["runs"][0]["recall"].get<double>() == Approx(none["runs"][0]["recall"].get<double>()).margin(1e-12));
   CHECK(rdma["runs"][0]["recall_at_1"].get<double>() == Approx(none["runs"][0]["recall_at_1"].get<double>()).margin(1e-12));
-  // Every READ waits out the model: the fetch stage takes longer per query.
-  CHECK(rdma["runs"][0]["stages_us"]["fetch"].get<double>() > none["runs"][0]["stages_us"]["fetch"].get<double>());
+  // Every batch waits out the model at least once (its control-block READ, one batch after the
+  // other), and what it fetches crosses 1 GB/s per memnode link: a floor under the run's wall
+  // time that host noise can only raise. (Comparing stage times with the run without the model
+  // was a timed test: it failed on a busy host.)
+  const auto& rr = rdma["runs"][0];
+  const double nb = rr["batches"]["count"].get<double>();
+  const double floor_s = std::max(nb * 20e-3, rr["batches"]["bytes"].get<double>() * nb / 2e9);
+  INFO(rr.dump(1));
+  CHECK(nb > 0);
+  CHECK(rr["seconds"].get<double>() >= 0.9 * floor_s);
 }
