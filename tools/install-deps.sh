@@ -5,13 +5,17 @@
 #   tools/install-deps.sh              build and run dependencies
 #   tools/install-deps.sh --with-rxe   also what tools/rxe-vm.sh needs to run the verbs
 #                                      transport's tests in a QEMU guest with soft-RoCE
+#   tools/install-deps.sh --with-fuzz  also clang with libFuzzer and the sanitizer runtimes
+#                                      (libclang-rt-14-dev) and clang's OpenMP, for tools/fuzz.sh
 set -euo pipefail
 
 with_rxe=0
+with_fuzz=0
 for arg in "$@"; do
   case $arg in
     --with-rxe) with_rxe=1 ;;
-    -h|--help) sed -n '2,7{s/^# \{0,1\}//;p}' "$0"; exit 0 ;;
+    --with-fuzz) with_fuzz=1 ;;
+    -h|--help) sed -n '2,9{s/^# \{0,1\}//;p}' "$0"; exit 0 ;;
     *) echo "install-deps: unknown option $arg (try --help)" >&2; exit 2 ;;
   esac
 done
@@ -32,6 +36,13 @@ if ((with_rxe)); then
     busybox-static     # the guest initramfs' shell and tools (no libc there)
     kmod cpio xz-utils # module dependencies, initramfs packing, vmlinux extraction
     perftest rdmacm-utils ibverbs-utils  # ib_*_lat, rping/udaddy, ibv_devinfo: hand checks
+  )
+fi
+if ((with_fuzz)); then
+  PKGS+=(
+    clang               # Debian's default clang (14 on bookworm)
+    libclang-rt-14-dev  # compiler-rt: libclang_rt.fuzzer, asan, ubsan
+    libomp-14-dev       # clang's -fopenmp (faiss's CMake package asks for OpenMP)
   )
 fi
 
