@@ -78,7 +78,7 @@ class LfRegionServer final : public RegionBackend {
   Handler handler;
   std::function<void()> tick;
   int tick_ms = 50;
-  BufferPool bufs{8u << 20};
+  BufferPool bufs{36u << 20};  // receives, and kMaxQueuedPerDest replies for 32 destinations
   std::unique_ptr<lf::MemoryRegion> bufs_mr;
   std::vector<Buffer> recv_bufs;
   std::vector<std::unique_ptr<fi_context2>> recv_ctx;
@@ -90,6 +90,14 @@ class LfRegionServer final : public RegionBackend {
     Clock::time_point deadline;
   };
   std::deque<Outgoing> outbox;     // not yet accepted by the provider
+  // Messages held per destination, queued or posted and not yet completed: a computenode that
+  // takes none of them (stopped, or reading nothing) holds at most this many buffers of
+  // `bufs`, so 32 such computenodes fit in the arena before anyone else's replies are dropped.
+  static constexpr unsigned kMaxQueuedPerDest = 256;
+  std::map<fi_addr_t, unsigned> queued;
+  void release_one(fi_addr_t to) {
+    if (auto q = queued.find(to); q != queued.end() && --q->second == 0) queued.erase(q);
+  }
   std::vector<Outgoing> in_flight;  // posted, waiting for the send completion
   std::atomic<uint64_t> spins{0}, waits{0}, messages{0}, dropped{0};
   std::atomic<int64_t> loop_ns{0};  // steady-clock time of run()'s last turn (0: not running)
@@ -222,19 +230,39 @@ class LfRegionServer final : public RegionBackend {
         }
         ++dropped;
         spdlog::warn("memnode {}: dropped a message: the computenode did not accept it within 5 s", id);
+        release_one(it->to);
       } else if (rc == 0) {
         in_flight.push_back(std::move(*it));
       } else {
         ++dropped;
         spdlog::warn("memnode {}: message send failed: {}", id, fi_strerror(static_cast<int>(-rc)));
+        release_one(it->to);
       }
       it = outbox.erase(it);
     }
   }
   void queue_send(fi_addr_t to, const void* data, size_t n) {
     if (to == FI_ADDR_UNSPEC || n > kMaxMessage) return;
+    unsigned& waiting = queued[to];
+    if (waiting >= kMaxQueuedPerDest) {
+      if (++dropped % 1000 == 1)
+        spdlog::warn("memnode {}: dropped a message to a computenode that takes none: {} replies wait for it "
+                     "already ({} dropped so far)",
+                     id, waiting, dropped.load());
+      return;
+    }
     lf::WireMsgHeader rh{lf::kWireMsgMagic, id, 0, 0, static_cast<uint32_t>(n)};
-    Outgoing o{to, bufs.alloc(sizeof rh + n), sizeof rh + n, std::make_unique<fi_context2>(),
+    Buffer b;
+    try {
+      b = bufs.alloc(sizeof rh + n);
+    } catch (const FabricError&) {  // every destination's queue in use at once: drop this one
+      if (++dropped % 1000 == 1)
+        spdlog::warn("memnode {}: dropped a message: the send buffers are all waiting on computenodes", id);
+      if (waiting == 0) queued.erase(to);
+      return;
+    }
+    ++waiting;
+    Outgoing o{to, std::move(b), sizeof rh + n, std::make_unique<fi_context2>(),
                Clock::now() + std::chrono::seconds(5)};
     std::memcpy(o.buf.data(), &rh, sizeof rh);
     std::memcpy(o.buf.data() + sizeof rh, data, n);
@@ -243,6 +271,7 @@ class LfRegionServer final : public RegionBackend {
   bool complete_send(void* ctx) {
     for (auto it = in_flight.begin(); it != in_flight.end(); ++it)
       if (it->ctx.get() == ctx) {
+        release_one(it->to);
         in_flight.erase(it);
         return true;
       }

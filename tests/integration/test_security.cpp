@@ -17,6 +17,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <memory>
@@ -24,6 +25,7 @@
 
 #include "common/fabric/bootstrap.hpp"
 #include "common/fabric/lf.hpp"
+#include "memory/admin.hpp"
 #include "memory/relay_protocol.hpp"
 #include "proc.hpp"
 
@@ -39,7 +41,7 @@ namespace {
 struct Outsider {
   std::shared_ptr<lf::Domain> d = lf::Domain::open(fabric::Provider::Tcp, "127.0.0.1");
   lf::RawEndpoint ep{d, false};
-  std::vector<char> buf = std::vector<char>(4096, 0);
+  std::vector<char> buf = std::vector<char>(8192, 0);  // sends from the front, receives at 4096
   lf::MemoryRegion mr{d, buf.data(), buf.size(), FI_READ | FI_WRITE | FI_SEND | FI_RECV, d->next_local_key()};
   fi_addr_t peer = FI_ADDR_UNSPEC;
   fi_context2 ctx{};
@@ -150,16 +152,16 @@ std::vector<char> wire_message(const std::vector<char>& me, uint32_t from_cn, co
   return msg;
 }
 
-/// Posts a receive, sends `msg` from `o`, and says whether an answer arrived within 1 s (the
+/// Posts a receive, sends `msg` from `o`, and says whether an answer arrived within `wait` (the
 /// receive is taken back when none did).
-bool answered(Outsider& o, const std::vector<char>& msg) {
+bool answered(Outsider& o, const std::vector<char>& msg, std::chrono::milliseconds wait = std::chrono::seconds(1)) {
   std::memcpy(o.buf.data(), msg.data(), msg.size());
   fi_context2 rctx{};
   o.others.clear();
-  if (fi_recv(o.ep.ep(), o.buf.data() + 2048, 2048, o.mr.desc(), FI_ADDR_UNSPEC, &rctx) != 0) return false;
+  if (fi_recv(o.ep.ep(), o.buf.data() + 4096, 4096, o.mr.desc(), FI_ADDR_UNSPEC, &rctx) != 0) return false;
   if (!o.succeeds([&] { return fi_send(o.ep.ep(), o.buf.data(), msg.size(), o.mr.desc(), o.peer, &o.ctx); }))
     throw std::runtime_error("the provider did not take the message");
-  const auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(1000);
+  const auto end = std::chrono::steady_clock::now() + wait;
   while (std::chrono::steady_clock::now() < end) {
     fi_cq_msg_entry e{};
     if (fi_cq_read(o.ep.cq(), &e, 1) == 1) o.others.push_back(e.op_context);
@@ -178,6 +180,21 @@ bool answered(Outsider& o, const std::vector<char>& msg) {
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
   return false;
+}
+
+/// Answers `msg` with the payload of the memnode's reply (empty when none came within 1 s).
+std::vector<char> reply_to(Outsider& o, const std::vector<char>& msg) {
+  if (!answered(o, msg)) return {};
+  lf::WireMsgHeader h;
+  std::memcpy(&h, o.buf.data() + 4096, sizeof h);
+  const char* p = o.buf.data() + 4096 + sizeof h + h.addr_len;
+  return std::vector<char>(p, p + h.len);
+}
+
+std::vector<char> store_request(const std::string& dir) {
+  const admin::StoreRequest req = admin::make_store_request(dir, 77);
+  const char* p = reinterpret_cast<const char*>(&req);
+  return std::vector<char>(p, p + sizeof req);
 }
 
 }  // namespace
@@ -280,4 +297,82 @@ TEST_CASE("security: an admitted computenode speaks in the relay only under its 
   CHECK_FALSE(answered(cn5, join(3)));  // as computenode 3: dropped
   CHECK_THAT(m.proc->output(), Catch::Contains("claiming to be computenode 3"));
   CHECK(answered(cn5, join(5)));  // as itself: the relay answers
+}
+
+TEST_CASE("security: a store request is acted on only from a member and only inside --store-dir",
+          "[integration][security]") {
+  TempDir dir;
+  std::ofstream(dir.file("token")) << "sesame\n";
+  TempDir elsewhere;
+  Memnode m(dir, 2, "tcp", "127.0.0.1:0", {"--token-file", dir.file("token")});  // --store-dir: the test's directory
+  lf::RawEndpoint probe{lf::Domain::open(fabric::Provider::Tcp, "127.0.0.1"), false};
+  const std::vector<char> memnode_addr = welcome_of(m.address, "sesame", probe.name()).fabric_addr;
+
+  // A stranger's request, even claiming an admitted computenode's id: no answer, no file.
+  auto cn9 = admit(m.address, "sesame", 9, probe.name());
+  Outsider stranger(memnode_addr);
+  CHECK(reply_to(stranger, wire_message(stranger.ep.name(), 9, store_request(elsewhere.file("loot")))).empty());
+  CHECK(reply_to(stranger, wire_message(stranger.ep.name(), 9, store_request("inside"))).empty());
+  CHECK_FALSE(std::filesystem::exists(elsewhere.file("loot")));
+  CHECK_FALSE(std::filesystem::exists(dir.file("inside")));
+
+  // A member's request outside the store directory: refused with the reason, nothing written.
+  Outsider member(memnode_addr);
+  auto cn4 = admit(m.address, "sesame", 4, member.ep.name());
+  for (const std::string& target : {elsewhere.file("loot"), std::string("../escape"), std::string("/")}) {
+    INFO("directory " << target);
+    const std::vector<char> r = reply_to(member, wire_message(member.ep.name(), 4, store_request(target)));
+    admin::StoreReply rep{};
+    REQUIRE(admin::decode(r, admin::MsgType::StoreReply, rep));
+    CHECK(rep.ok == 0);
+    CHECK_THAT(admin::get_text(rep.message, sizeof rep.message, rep.message_len), Catch::Contains("--store-dir"));
+  }
+  CHECK_FALSE(std::filesystem::exists(elsewhere.file("loot")));
+  CHECK_FALSE(std::filesystem::exists(dir.path.parent_path() / "escape"));
+
+  // Inside it: written, readable by the memnode's user only.
+  const std::vector<char> r = reply_to(member, wire_message(member.ep.name(), 4, store_request("snap")));
+  admin::StoreReply rep{};
+  REQUIRE(admin::decode(r, admin::MsgType::StoreReply, rep));
+  CHECK(rep.ok == 1);
+  const std::filesystem::path img = dir.file("snap/memnode-2.img");
+  REQUIRE(std::filesystem::exists(img));
+  CHECK((std::filesystem::status(img).permissions() & std::filesystem::perms::all) ==
+        (std::filesystem::perms::owner_read | std::filesystem::perms::owner_write));
+}
+
+TEST_CASE("security: a member that reads none of its replies fills only its own bounded queue",
+          "[integration][security]") {
+  TempDir dir;
+  Memnode m(dir, 4, "tcp");
+  lf::RawEndpoint probe{lf::Domain::open(fabric::Provider::Tcp, "127.0.0.1"), false};
+  const std::vector<char> memnode_addr = welcome_of(m.address, "", probe.name()).fabric_addr;
+  Outsider deaf(memnode_addr), other(memnode_addr);
+  auto cc5 = admit(m.address, "", 5, deaf.ep.name());
+  auto cc6 = admit(m.address, "", 6, other.ep.name());
+
+  // Computenode 5 sends requests that each get a 3 KiB refusal, and posts no receive: its
+  // socket fills, then the memnode's sends to it are refused and its replies wait.
+  const std::vector<char> msg = wire_message(deaf.ep.name(), 5, store_request("/"));
+  std::memcpy(deaf.buf.data(), msg.data(), msg.size());
+  const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(8);
+  std::vector<fi_context2> ctx(20000);
+  size_t sent = 0;
+  while (sent < ctx.size() && std::chrono::steady_clock::now() < end) {
+    const ssize_t rc = fi_send(deaf.ep.ep(), deaf.buf.data(), msg.size(), deaf.mr.desc(), deaf.peer, &ctx[sent]);
+    fi_cq_msg_entry e[64];
+    fi_cq_read(deaf.ep.cq(), e, 64);  // send completions only: progress, but nothing received
+    if (rc == 0) ++sent;
+  }
+  INFO("requests sent " << sent);
+  CHECK(sent > 5000);
+  // Another member is answered once the memnode has worked through the flood's requests
+  // (in order, a few seconds): the replies waiting for computenode 5 hold up nobody's.
+  std::vector<char> stats(sizeof(admin::StatsRequest), 0);
+  const uint32_t t = static_cast<uint32_t>(admin::MsgType::StatsRequest);
+  std::memcpy(stats.data(), &t, 4);
+  CHECK(answered(other, wire_message(other.ep.name(), 6, stats), std::chrono::seconds(20)));
+  CHECK(answered(other, wire_message(other.ep.name(), 6, stats)));
+  CHECK(m.proc->running());
+  CHECK_THAT(m.proc->output(), Catch::Contains("replies wait for it already"));
 }
