@@ -118,8 +118,8 @@ Welcome ControlClient::handshake(const Hello& h) {
   w.bytes(h.fabric_addr.data(), h.fabric_addr.size());
   send_frame(fd_, version_, kHello, w.b, who);
   f = recv_frame(fd_, payload, who);
-  Reader r{payload, 0, who};
   if (f.type == kRefuse) {
+    Reader r{payload, 0, who};
     std::string msg = r.str();
     throw FabricError(who + " refused this computenode: " + msg);
   }
@@ -127,21 +127,7 @@ Welcome ControlClient::handshake(const Hello& h) {
     throw FabricError(who + ": control protocol version mismatch: memnode speaks v" + std::to_string(f.version) +
                       ", this computenode v" + std::to_string(version_));
   if (f.type != kWelcome) throw FabricError(who + ": unexpected control message type " + std::to_string(f.type));
-  Welcome wl;
-  wl.memnode_id = r.get<uint16_t>();
-  wl.mode = static_cast<Mode>(r.get<uint8_t>());
-  wl.region_base = r.get<uint64_t>();
-  wl.region_size = r.get<uint64_t>();
-  wl.region_key = r.get<uint64_t>();
-  wl.fabric_addr = r.bytes();
-  const auto lanes = r.get<uint16_t>();
-  if (lanes > kMaxRmaLanes)
-    throw FabricError(who + ": welcome lists " + std::to_string(lanes) + " RMA lanes (at most " +
-                      std::to_string(kMaxRmaLanes) + ")");
-  for (uint16_t i = 0; i < lanes; ++i) wl.rma_lanes.push_back(r.bytes());
-  r.need(kHeaderBlobBytes);
-  std::memcpy(wl.header.data(), payload.data() + r.at, kHeaderBlobBytes);
-  return wl;
+  return decode_welcome(payload, who);
 }
 
 void ControlClient::send_register(const std::vector<char>& fabric_addr) {

@@ -120,10 +120,7 @@ bool ControlServer::serve(Client& cl) {
     std::vector<char> payload;
     while (take_frame(cl.in, f, payload, who)) {
       if (f.type == kRegister) {
-        Reader r{payload, 0, who};
-        const std::vector<char> addr = r.bytes();
-        if (addr.empty() || addr.size() > 256) throw FabricError(who + ": registers a fabric address of " +
-                                                                 std::to_string(addr.size()) + " bytes");
+        const std::vector<char> addr = decode_register(payload, who);
         if (c_.on_register) c_.on_register(cl.cn_id, addr);
         cl.addrs.push_back(addr);
       }
@@ -183,14 +180,10 @@ void ControlServer::handle_hello(Pending& p, uint16_t version, uint16_t type, co
       return refuse("control protocol version mismatch: memnode " + std::to_string(c_.memnode_id) + " speaks v" +
                     std::to_string(kControlVersion) + ", computenode sent v" + std::to_string(version));
     if (type != kHello) return refuse("expected a hello, got message type " + std::to_string(type));
-    Reader r{payload, 0, who};
-    Hello h;
-    h.mode = static_cast<Mode>(r.get<uint8_t>());
-    h.provider = static_cast<Provider>(r.get<uint8_t>());
-    h.cn_id = r.get<uint32_t>();
-    const bool has_token = r.get<uint8_t>() != 0;
-    const std::vector<char> proof = r.bytes();
-    h.fabric_addr = r.bytes();
+    const HelloPayload hp = decode_hello(payload, who);
+    const Hello& h = hp.hello;
+    const bool has_token = hp.has_token;
+    const std::vector<char>& proof = hp.proof;
     who = "computenode " + std::to_string(h.cn_id) + " at " + from;
     const std::vector<char> want = hello_proof(c_.token, p.nonce, h.cn_id, h.fabric_addr);
     if (proof.size() != want.size() || CRYPTO_memcmp(proof.data(), want.data(), want.size()) != 0)

@@ -100,6 +100,57 @@ struct Reader {
   }
 };
 
+// ---- the payloads that carry fields (pure: tests/fuzz/fuzz_control.cpp feeds them any bytes)
+
+/// A hello as the memnode reads it: the proof stands where the computenode's token would.
+struct HelloPayload {
+  Hello hello;  // token left empty
+  bool has_token = false;
+  std::vector<char> proof;
+};
+/// Throws FabricError naming `who` when the payload is short.
+inline HelloPayload decode_hello(const std::vector<char>& payload, const std::string& who) {
+  Reader r{payload, 0, who};
+  HelloPayload p;
+  p.hello.mode = static_cast<Mode>(r.get<uint8_t>());
+  p.hello.provider = static_cast<Provider>(r.get<uint8_t>());
+  p.hello.cn_id = r.get<uint32_t>();
+  p.has_token = r.get<uint8_t>() != 0;
+  p.proof = r.bytes();
+  p.hello.fabric_addr = r.bytes();
+  return p;
+}
+
+/// The fabric address of a register frame: 1..256 bytes (FabricError naming `who` otherwise).
+inline std::vector<char> decode_register(const std::vector<char>& payload, const std::string& who) {
+  Reader r{payload, 0, who};
+  std::vector<char> addr = r.bytes();
+  if (addr.empty() || addr.size() > 256)
+    throw FabricError(who + ": registers a fabric address of " + std::to_string(addr.size()) + " bytes");
+  return addr;
+}
+
+/// A welcome as the computenode reads it. Throws FabricError naming `who` when the payload is
+/// short or lists more than kMaxRmaLanes lanes.
+inline Welcome decode_welcome(const std::vector<char>& payload, const std::string& who) {
+  Reader r{payload, 0, who};
+  Welcome wl;
+  wl.memnode_id = r.get<uint16_t>();
+  wl.mode = static_cast<Mode>(r.get<uint8_t>());
+  wl.region_base = r.get<uint64_t>();
+  wl.region_size = r.get<uint64_t>();
+  wl.region_key = r.get<uint64_t>();
+  wl.fabric_addr = r.bytes();
+  const auto lanes = r.get<uint16_t>();
+  if (lanes > kMaxRmaLanes)
+    throw FabricError(who + ": welcome lists " + std::to_string(lanes) + " RMA lanes (at most " +
+                      std::to_string(kMaxRmaLanes) + ")");
+  for (uint16_t i = 0; i < lanes; ++i) wl.rma_lanes.push_back(r.bytes());
+  r.need(kHeaderBlobBytes);
+  std::memcpy(wl.header.data(), payload.data() + r.at, kHeaderBlobBytes);
+  return wl;
+}
+
 inline bool wait_fd(int fd, short events, int timeout_ms) {
   pollfd p{fd, events, 0};
   int rc;
