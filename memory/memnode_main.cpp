@@ -167,6 +167,7 @@ int main(int argc, char** argv) {
       return static_cast<fabric::Mode>(h.mode);
     };
     cc.header = header_of;
+    cc.key_for = [&](uint32_t cn, const std::vector<char>& addr) { return server.client_key(cn, addr); };
     cc.on_join = [&](uint32_t cn, const std::vector<char>& addr) { server.add_client(cn, addr); };
     cc.on_register = [&](uint32_t cn, const std::vector<char>& addr) { server.add_client_address(cn, addr); };
     cc.on_forget = [&](uint32_t cn, const std::vector<char>& addr) { server.remove_client_address(cn, addr); };

@@ -116,6 +116,9 @@ class ControlServer {
     std::function<Mode()> mode;                                                 // current region mode
     std::function<std::array<char, kHeaderBlobBytes>()> header;                 // current header bytes
     std::function<void(uint32_t cn_id, const std::vector<char>& addr)> on_join;  // accepted computenode
+    // The region key of this computenode's welcome (its own registration, revoked through
+    // on_forget of its hello address); unset: region_key for everyone.
+    std::function<uint64_t(uint32_t cn_id, const std::vector<char>& addr)> key_for;
     std::function<void(uint32_t cn_id)> on_leave;
     std::function<void(uint32_t cn_id, const std::vector<char>& addr)> on_register;  // another endpoint
     // Each address a connection brought (hello, registrations) when that connection closes:

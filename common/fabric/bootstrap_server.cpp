@@ -197,16 +197,16 @@ void ControlServer::handle_hello(Pending& p, uint16_t version, uint16_t type, co
     if (mine != Mode::None && h.mode != Mode::None && mine != h.mode)
       return refuse(std::string("mode mismatch: memnode ") + std::to_string(c_.memnode_id) + " holds a " +
                     mode_name(mine) + " index, computenode asked for --mode " + mode_name(h.mode));
-    Writer w;
+    const auto hdr = c_.header ? c_.header() : std::array<char, kHeaderBlobBytes>{};
+    Writer w;  // from here nothing throws before on_join (key_for registers the computenode's key)
     w.put(c_.memnode_id);
     w.put(static_cast<uint8_t>(mine));
     w.put(c_.region_base);
     w.put(c_.region_size);
-    w.put(c_.region_key);
+    w.put(c_.key_for ? c_.key_for(h.cn_id, h.fabric_addr) : c_.region_key);
     w.bytes(c_.fabric_addr.data(), c_.fabric_addr.size());
     w.put(static_cast<uint16_t>(c_.rma_lanes.size()));
     for (const auto& l : c_.rma_lanes) w.bytes(l.data(), l.size());
-    auto hdr = c_.header ? c_.header() : std::array<char, kHeaderBlobBytes>{};
     w.b.insert(w.b.end(), hdr.begin(), hdr.end());
     if (c_.on_join) c_.on_join(h.cn_id, h.fabric_addr);
     if (!send_frame_now(fd, kControlVersion, kWelcome, w.b)) {

@@ -68,6 +68,8 @@ class RegionServer {
   std::vector<std::vector<char>> rma_lane_addresses() const;
   uint64_t remote_base() const;
   uint64_t key() const;
+  /// The key for the computenode whose hello carried `addr` (RegionBackend::client_key).
+  uint64_t client_key(uint32_t cn_id, const std::vector<char>& addr);
   std::string describe() const;
 
   void add_client(uint32_t cn_id, const std::vector<char>& fabric_addr);

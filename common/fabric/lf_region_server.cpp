@@ -49,6 +49,7 @@ class LfRegionServer final : public RegionBackend {
   std::vector<std::vector<char>> rma_lane_addresses() const override;
   uint64_t remote_base() const override;
   uint64_t key() const override;
+  uint64_t client_key(uint32_t cn_id, const std::vector<char>& addr) override;
   std::string describe() const override;
   void add_client(uint32_t cn_id, const std::vector<char>& fabric_addr) override;
   void remove_client(uint32_t cn_id) override;
@@ -66,6 +67,10 @@ class LfRegionServer final : public RegionBackend {
   std::unique_ptr<lf::RawEndpoint> ep;
   std::vector<std::unique_ptr<lf::RawEndpoint>> lanes;  // one-sided operations only
   std::unique_ptr<lf::MemoryRegion> region_mr;
+  Provider provider;
+  // tcp: the region registered once per admitted computenode (by hello address), closed when
+  // it leaves; region_mr's key is handed to nobody then.
+  std::map<std::string, std::unique_ptr<lf::MemoryRegion>> client_mrs;
   char* region = nullptr;
   uint64_t size = 0;
   uint16_t id = 0;
@@ -324,6 +329,7 @@ LfRegionServer::LfRegionServer(Provider p, const std::string& listen_host, char*
   m.region = region;
   m.size = size;
   m.id = memnode_id;
+  m.provider = p;
   m.region_mr = std::make_unique<lf::MemoryRegion>(m.domain, region, size, FI_REMOTE_READ | FI_REMOTE_WRITE,
                                                    random_region_key(*m.domain));
   m.region_mr->bind(m.ep->ep());
@@ -358,6 +364,19 @@ std::vector<std::vector<char>> LfRegionServer::rma_lane_addresses() const {
 }
 uint64_t LfRegionServer::remote_base() const { return this->region_mr->remote_base(); }
 uint64_t LfRegionServer::key() const { return this->region_mr->key(); }
+
+uint64_t LfRegionServer::client_key(uint32_t, const std::vector<char>& addr) {
+  // shm serves RMA from the initiator's side and checks no key: one registration is all.
+  if (this->provider != Provider::Tcp) return key();
+  auto mr = std::make_unique<lf::MemoryRegion>(this->domain, this->region, this->size,
+                                               FI_REMOTE_READ | FI_REMOTE_WRITE, random_region_key(*this->domain));
+  mr->bind(this->ep->ep());
+  for (auto& l : this->lanes) mr->bind(l->ep());
+  const uint64_t k = mr->key();
+  std::lock_guard g(this->mu);
+  this->client_mrs[std::string(addr.begin(), addr.end())] = std::move(mr);
+  return k;
+}
 std::string LfRegionServer::describe() const { return this->domain->describe(); }
 
 void LfRegionServer::add_client(uint32_t cn_id, const std::vector<char>& addr) { add_client_address(cn_id, addr); }
@@ -371,6 +390,7 @@ void LfRegionServer::add_client_address(uint32_t cn_id, const std::vector<char>&
 
 void LfRegionServer::remove_client_address(uint32_t cn_id, const std::vector<char>& addr) {
   std::lock_guard g(this->mu);
+  this->client_mrs.erase(std::string(addr.begin(), addr.end()));  // its key stops working
   auto it = this->member_av.find(std::string(addr.begin(), addr.end()));
   if (it == this->member_av.end()) return;
   auto m = this->members.find(it->second);

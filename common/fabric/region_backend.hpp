@@ -19,6 +19,11 @@ class RegionBackend {
   virtual std::vector<std::vector<char>> rma_lane_addresses() const = 0;
   virtual uint64_t remote_base() const = 0;
   virtual uint64_t key() const = 0;
+  /// The key the welcome of the computenode with hello address `addr` carries. Providers that
+  /// check keys (tcp) register the region once more for it, under a key of its own, and close
+  /// that registration when the address is forgotten (remove_client_address: its control
+  /// connection closed), so a computenode that left holds no key that works.
+  virtual uint64_t client_key(uint32_t /*cn_id*/, const std::vector<char>& /*addr*/) { return key(); }
   virtual std::string describe() const = 0;
   virtual void add_client(uint32_t cn_id, const std::vector<char>& fabric_addr) = 0;
   virtual void remove_client(uint32_t cn_id) = 0;

@@ -24,6 +24,9 @@ std::vector<char> RegionServer::fabric_address() const { return impl_->fabric_ad
 std::vector<std::vector<char>> RegionServer::rma_lane_addresses() const { return impl_->rma_lane_addresses(); }
 uint64_t RegionServer::remote_base() const { return impl_->remote_base(); }
 uint64_t RegionServer::key() const { return impl_->key(); }
+uint64_t RegionServer::client_key(uint32_t cn_id, const std::vector<char>& addr) {
+  return impl_->client_key(cn_id, addr);
+}
 std::string RegionServer::describe() const { return impl_->describe(); }
 void RegionServer::add_client(uint32_t cn_id, const std::vector<char>& addr) { impl_->add_client(cn_id, addr); }
 void RegionServer::remove_client(uint32_t cn_id) { impl_->remove_client(cn_id); }

@@ -116,15 +116,19 @@ struct Outsider {
 };
 
 /// What a computenode learns at connect time (the fabric address is no secret: `ss -ltn`
-/// shows the listening socket; the key is what the token guards).
-fabric::Welcome welcome_of(const std::string& memnode, const std::string& token, const std::vector<char>& me) {
-  fabric::ControlClient cc(memnode);
+/// shows the listening socket; the key is what the token guards). The key works while the
+/// control connection stays open: pass `keep` to hold it.
+fabric::Welcome welcome_of(const std::string& memnode, const std::string& token, const std::vector<char>& me,
+                           std::unique_ptr<fabric::ControlClient>* keep = nullptr, uint32_t cn_id = 9) {
+  auto cc = std::make_unique<fabric::ControlClient>(memnode);
   fabric::Hello h;
   h.provider = fabric::Provider::Tcp;
-  h.cn_id = 9;
+  h.cn_id = cn_id;
   h.token = token;
   h.fabric_addr = me;
-  return cc.handshake(h);
+  fabric::Welcome w = cc->handshake(h);
+  if (keep) *keep = std::move(cc);
+  return w;
 }
 
 /// A computenode admitted as `cn_id` with fabric address `addr`, for as long as the returned
@@ -205,7 +209,8 @@ TEST_CASE("security: without the region key an outsider's READ WRITE and atomics
   std::ofstream(dir.file("token")) << "sesame\n";
   Memnode m(dir, 3, "tcp", "127.0.0.1:0", {"--token-file", dir.file("token")});
   lf::RawEndpoint probe{lf::Domain::open(fabric::Provider::Tcp, "127.0.0.1"), false};
-  const fabric::Welcome w = welcome_of(m.address, "sesame", probe.name());
+  std::unique_ptr<fabric::ControlClient> session;
+  const fabric::Welcome w = welcome_of(m.address, "sesame", probe.name(), &session);
   const uint64_t header = w.region_base, data = w.region_base + w.region_size / 2;
 
   // With the key of the welcome, the client reads: it is a working client.
@@ -238,6 +243,34 @@ TEST_CASE("security: without the region key an outsider's READ WRITE and atomics
   const fabric::Welcome w2 = welcome_of(again.address, "sesame", probe.name());
   CHECK(w2.region_key != w.region_key);
   CHECK(w2.region_key != old_fixed_key);
+}
+
+TEST_CASE("security: over tcp each computenode gets a key of its own that stops working when it leaves",
+          "[integration][security]") {
+  TempDir dir;
+  std::ofstream(dir.file("token")) << "sesame\n";
+  Memnode m(dir, 1, "tcp", "127.0.0.1:0", {"--token-file", dir.file("token")});
+  lf::RawEndpoint a{lf::Domain::open(fabric::Provider::Tcp, "127.0.0.1"), false};
+  lf::RawEndpoint b{lf::Domain::open(fabric::Provider::Tcp, "127.0.0.1"), false};
+  std::unique_ptr<fabric::ControlClient> ca, cb;
+  const fabric::Welcome wa = welcome_of(m.address, "sesame", a.name(), &ca, 4);
+  const fabric::Welcome wb = welcome_of(m.address, "sesame", b.name(), &cb, 5);
+  CHECK(wa.region_key != wb.region_key);
+  REQUIRE(Outsider(wa.fabric_addr).read(wa.region_base, wa.region_key));
+  REQUIRE(Outsider(wb.fabric_addr).read(wb.region_base, wb.region_key));
+  // Computenode 4 leaves (its control connection closes): its key no longer reads or writes;
+  // computenode 5's still does.
+  ca.reset();
+  bool revoked = false;
+  for (int i = 0; i < 50 && !revoked; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    revoked = !Outsider(wa.fabric_addr).read(wa.region_base, wa.region_key);
+  }
+  CHECK(revoked);
+  const uint64_t data = wb.region_base + wb.region_size / 2;
+  Outsider(wa.fabric_addr).write(data, wa.region_key);
+  CHECK_FALSE(Outsider(wb.fabric_addr).landed(data, wb.region_key, std::chrono::milliseconds(300)));
+  CHECK(Outsider(wb.fabric_addr).read(wb.region_base, wb.region_key));
 }
 
 TEST_CASE("security: over tcp the data endpoint listens where the control port does", "[integration][security]") {
