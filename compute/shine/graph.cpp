@@ -69,6 +69,12 @@ GraphParams format_or_attach(fabric::Cluster& c, fabric::Endpoint& ep, const Gra
     ep.write(word_ptr(shine_word::kFormat), &done, 8);
     state = done;
   }
+  // A word no formatter writes is corruption, not a format in progress: no reason to wait.
+  if (state != 0 && state != shine_word::kFormatting && state != shine_word::kFormatted)
+    throw FabricError("memnode 0: shine format word " + std::to_string(state) + " at region offset " +
+                      std::to_string(mode_word_offset(shine_word::kFormat)) + " is none of 0, " +
+                      std::to_string(shine_word::kFormatting) + ", " + std::to_string(shine_word::kFormatted) +
+                      " (a corrupted region header?)");
   // Someone else formats: wait for it (bounded).
   auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
   while (state != shine_word::kFormatted) {
@@ -363,23 +369,39 @@ std::vector<Neighbor> Worker::select_heuristic(std::vector<Neighbor> cands, uint
   return kept;
 }
 
+namespace {
+// A lock is held for a few round trips. One still taken after this long belongs to a
+// computenode that died or stopped holding it: the waiter fails with an error instead of
+// spinning for ever (the lock word does not say who holds it, so nobody can take it over).
+constexpr auto kLockWaitLimit = std::chrono::seconds(10);
+}  // namespace
+
 Task<void> Worker::lock_node(RemotePtr n, unsigned level, OpContext& ctx) {
   const uint64_t unlocked = NodeHeader::make(level, false), locked = NodeHeader::make(level, true);
-  for (uint64_t spins = 0;; ++spins) {
+  const auto deadline = std::chrono::steady_clock::now() + kLockWaitLimit;
+  for (;;) {
     uint64_t old = co_await atomic(Op::compare_swap(n, unlocked, locked, nullptr), ctx);
     if (old == unlocked) co_return;
     if (!NodeHeader::valid(old) || NodeHeader::level(old) != level)
       throw FabricError("node at memnode " + std::to_string(n.node()) + " offset " + std::to_string(n.offset()) +
                         " has a corrupt header while locking it");
-    if (spins > 1000000) throw FabricError("node lock held for too long (a computenode died holding it?)");
+    if (std::chrono::steady_clock::now() > deadline)
+      throw FabricError("the lock of the node at memnode " + std::to_string(n.node()) + " offset " +
+                        std::to_string(n.offset()) + " is still held after " +
+                        std::to_string(kLockWaitLimit.count()) +
+                        " s: a computenode died or stopped holding it; the build cannot go on");
   }
 }
 
 Task<void> Worker::lock_entry(OpContext& ctx) {
-  for (uint64_t spins = 0;; ++spins) {
+  const auto deadline = std::chrono::steady_clock::now() + kLockWaitLimit;
+  for (;;) {
     uint64_t old = co_await atomic(Op::compare_swap(word_ptr(shine_word::kEntryLock), 0, 1, nullptr), ctx);
     if (old == 0) co_return;
-    if (spins > 1000000) throw FabricError("entry-point lock held for too long (a computenode died holding it?)");
+    if (std::chrono::steady_clock::now() > deadline)
+      throw FabricError("the entry-point lock (memnode 0 header) is still held after " +
+                        std::to_string(kLockWaitLimit.count()) +
+                        " s: a computenode died or stopped holding it; the build cannot go on");
   }
 }
 
