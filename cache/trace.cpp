@@ -121,7 +121,8 @@ TraceFile read_trace(const std::string& path) {
   }
   const uint64_t size = bytes.size();
   TraceFileHeader h{};
-  std::memcpy(static_cast<void*>(&h), bytes.data(), std::min<uint64_t>(size, sizeof h));
+  // An empty file has bytes.data() == nullptr, which memcpy must not get even for 0 bytes.
+  if (size > 0) std::memcpy(static_cast<void*>(&h), bytes.data(), std::min<uint64_t>(size, sizeof h));
 
   auto truncated_header = [&] {
     return FormatError(path, size,

@@ -44,6 +44,7 @@ void Checksum64::stripe(const unsigned char* p) {
 }
 
 void Checksum64::update(const void* data, size_t len) {
+  if (len == 0) return;  // data may be null (an empty vector's): memcpy must not see it
   auto p = static_cast<const unsigned char*>(data);
   total_ += len;
   if (npending_ > 0) {
