@@ -28,6 +28,8 @@ namespace dmhnsw::dhnsw {
 
 inline constexpr uint64_t kControlOffset = 2048;  // memnode 0, inside the header page
 inline constexpr uint32_t kMaxBuckets = 64;
+inline constexpr uint32_t kMaxLshBits = 6;  // hyperplanes: 2^6 sign patterns = kMaxBuckets
+static_assert(uint32_t{1} << kMaxLshBits == kMaxBuckets);
 inline constexpr uint32_t kMaxAckSlots = 64;    // computenode id % 64
 
 enum Phase : uint64_t { kIdle = 0, kBuilding = 1, kPublished = 2 };

@@ -30,6 +30,16 @@ using Clock = std::chrono::steady_clock;
 double secs(Clock::time_point a) { return std::chrono::duration<double>(Clock::now() - a).count(); }
 std::string num(uint64_t v) { return std::to_string(v); }
 
+/// Entries of the insert buffer are buffer_entry_bytes(dim) long (make_control); entry_bytes
+/// comes from memnode 0, and readers size their reads by it.
+void check_entry_bytes(const Control& c, uint32_t dim) {
+  if (c.entry_bytes != buffer_entry_bytes(dim))
+    throw std::runtime_error("memnode 0: d-HNSW control block at offset " +
+                             num(control_field(offsetof(Control, entry_bytes))) + ": insert buffer entries of " +
+                             num(c.entry_bytes) + " bytes, but those of vectors of dimension " + num(dim) + " are " +
+                             num(buffer_entry_bytes(dim)));
+}
+
 RemotePtr cfield(size_t field) { return RemotePtr(0, control_field(field)); }
 RemotePtr bucket_ptr(uint32_t b) { return cfield(offsetof(Control, bucket_words) + 8 * size_t{b}); }
 
@@ -349,14 +359,28 @@ Control read_control(fabric::Endpoint& ep) {
 }
 
 void check_control(const Control& c) {
-  if (c.buckets > kMaxBuckets || (c.buffer_bytes > 0 && (c.entry_bytes == 0 || c.bucket_capacity == 0)))
-    throw std::runtime_error("memnode 0: d-HNSW control block at offset " + num(kControlOffset) + ": " +
-                             num(c.buckets) + " buckets of " + num(c.bucket_capacity) + " entries of " +
-                             num(c.entry_bytes) + " bytes is not a valid insert buffer");
+  const std::string where = "memnode 0: d-HNSW control block at offset " + num(kControlOffset) + ": ";
+  // lsh_bucket and probe_buckets shift by every bit: more than the buckets need is corruption.
+  if (c.lsh_bits > kMaxLshBits)
+    throw std::runtime_error(where + "lsh_bits " + num(c.lsh_bits) + " at offset " +
+                             num(control_field(offsetof(Control, lsh_bits))) + " (at most " + num(kMaxLshBits) + ")");
+  // The buffer: buckets x bucket_capacity entries of entry_bytes, inside [buffer_offset, +buffer_bytes),
+  // every offset addressable by a RemotePtr. (Checked without overflow: each factor is 32-bit.)
+  const uint64_t bucket_bytes = uint64_t{c.bucket_capacity} * c.entry_bytes;
+  const bool bad_buffer =
+      c.buffer_bytes > 0 &&
+      (c.buckets == 0 || c.entry_bytes < sizeof(BufferEntryHeader) || c.bucket_capacity == 0 ||
+       bucket_bytes > c.buffer_bytes / c.buckets || c.buffer_offset > RemotePtr::kOffsetMask ||
+       c.buffer_bytes > RemotePtr::kOffsetMask + 1 - c.buffer_offset);
+  if (c.buckets > kMaxBuckets || bad_buffer)
+    throw std::runtime_error(where + num(c.buckets) + " buckets of " + num(c.bucket_capacity) + " entries of " +
+                             num(c.entry_bytes) + " bytes at offset " + num(c.buffer_offset) + " (" +
+                             num(c.buffer_bytes) + " bytes) is not a valid insert buffer");
 }
 
 AppendResult buffer_append(fabric::Endpoint& ep, const Control& c, const float* x, uint32_t dim, int64_t id) {
   if (c.buffer_bytes == 0 || c.buckets == 0) return AppendResult::Full;
+  check_entry_bytes(c, dim);
   const uint32_t b = lsh_bucket(x, dim, c.lsh_bits, c.lsh_seed) % c.buckets;
   const uint64_t old = ep.fetch_add(bucket_ptr(b), 1);
   if (bucket_state(old) != kBucketActive) return AppendResult::NotActive;
@@ -377,25 +401,32 @@ std::vector<BufferedVector> buffer_read(fabric::Endpoint& ep, const Control& c, 
                                         const std::vector<uint32_t>& buckets) {
   std::vector<BufferedVector> out;
   if (c.buffer_bytes == 0) return out;
+  check_entry_bytes(c, dim);
   std::vector<uint32_t> bs = buckets;
   if (bs.empty())
     for (uint32_t b = 0; b < c.buckets; ++b) bs.push_back(b);
+  // Entries are read kReadChunk bytes at a time at most: their count comes from memnode 0.
+  constexpr uint64_t kReadChunk = 4u << 20;
+  const uint64_t per_read = std::max<uint64_t>(1, kReadChunk / c.entry_bytes);
+  std::vector<char> buf;
   for (uint32_t b : bs) {
     const uint64_t w = c.bucket_words[b];
     if (bucket_state(w) == kBucketIdle) continue;
     const uint64_t n = std::min<uint64_t>(bucket_count(w), c.bucket_capacity);
-    if (n == 0) continue;
-    std::vector<char> buf(n * c.entry_bytes);
-    ep.read(RemotePtr(0, buffer_entry_offset(c, b, 0)), buf.data(), buf.size());
-    for (uint64_t i = 0; i < n; ++i) {
-      BufferEntryHeader h;
-      std::memcpy(&h, buf.data() + i * c.entry_bytes, sizeof h);
-      if (h.commit != c.generation) continue;  // being written, or left by an inserter that died
-      BufferedVector v;
-      v.id = h.id;
-      v.v.resize(dim);
-      std::memcpy(v.v.data(), buf.data() + i * c.entry_bytes + sizeof h, sizeof(float) * dim);
-      out.push_back(std::move(v));
+    for (uint64_t first = 0; first < n; first += per_read) {
+      const uint64_t m = std::min(per_read, n - first);
+      buf.resize(m * c.entry_bytes);
+      ep.read(RemotePtr(0, buffer_entry_offset(c, b, first)), buf.data(), buf.size());
+      for (uint64_t i = 0; i < m; ++i) {
+        BufferEntryHeader h;
+        std::memcpy(&h, buf.data() + i * c.entry_bytes, sizeof h);
+        if (h.commit != c.generation) continue;  // being written, or left by an inserter that died
+        BufferedVector v;
+        v.id = h.id;
+        v.v.resize(dim);
+        std::memcpy(v.v.data(), buf.data() + i * c.entry_bytes + sizeof h, sizeof(float) * dim);
+        out.push_back(std::move(v));
+      }
     }
   }
   return out;
