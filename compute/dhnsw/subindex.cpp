@@ -112,12 +112,122 @@ void check_graph(const faiss::HNSW& g, uint64_t count, int32_t entry_point, int3
       throw std::runtime_error(where(kNeighbors, j * 4) + ": neighbour id " + std::to_string(v) +
                                " outside -1.." + std::to_string(n - 1));
   }
+  // A search that moves to a neighbour at level l reads that neighbour's level-l list: it must
+  // have one (else Faiss reads the next node's lists, or past the end of the array).
+  for (uint64_t i = 0; i < count; ++i)
+    for (int l = 0; l < g.levels[i]; ++l)
+      for (size_t j = g.offsets[i] + static_cast<size_t>(g.cum_nneighbor_per_level[static_cast<size_t>(l)]);
+           j < g.offsets[i] + static_cast<size_t>(g.cum_nneighbor_per_level[static_cast<size_t>(l) + 1]); ++j) {
+        const int32_t v = g.neighbors[j];
+        if (v >= 0 && g.levels[static_cast<size_t>(v)] <= l)
+          throw std::runtime_error(where(kNeighbors, j * 4) + ": node " + num(i) + "'s level-" + std::to_string(l) +
+                                   " neighbour " + std::to_string(v) + " has only " +
+                                   std::to_string(g.levels[static_cast<size_t>(v)]) + " levels");
+      }
   const bool ok = count == 0 ? (entry_point == -1 && max_level == -1)
                              : (entry_point >= 0 && entry_point < n && g.levels[static_cast<size_t>(entry_point)] ==
                                                                             max_level + 1);
   if (!ok)
     throw std::runtime_error(where(kLevels, 0) + ": entry point " + std::to_string(entry_point) + " with max level " +
                              std::to_string(max_level) + " is not a top-level node of " + num(count) + " nodes");
+}
+
+/// Faiss 1.7.3's file of an IndexHNSWFlat over IndexFlatL2 or IndexFlatIP storage, as
+/// serialize_meta writes it (faiss/impl/index_write.cpp), walked before faiss::read_index sees
+/// it: Faiss sizes each vector by the length its bytes announce (up to 2^40 entries) before it
+/// reads the entries, leaks what it built so far when a later check throws, and does not check
+/// the HNSW tables against each other. Throws naming `what` and the byte offset.
+void check_meta_bytes(const char* data, size_t len, const std::string& what) {
+  size_t at = 0;
+  auto bad = [&](size_t off, const std::string& why) {
+    return std::runtime_error(what + ": meta-HNSW (" + num(len) + " bytes): byte " + num(off) + ": " + why);
+  };
+  auto get = [&](auto& v, const char* field) {
+    if (len - at < sizeof v) throw bad(at, std::string("truncated inside ") + field);
+    std::memcpy(&v, data + at, sizeof v);
+    at += sizeof v;
+  };
+  // A Faiss vector: a 64-bit entry count, then the entries (of `elem` bytes), which must be there.
+  auto vec = [&](size_t elem, const char* field) {
+    const size_t off = at;
+    uint64_t n = 0;
+    get(n, field);
+    if (n > (len - at) / elem)
+      throw bad(off, std::string(field) + ": " + num(n) + " entries of " + num(elem) + " bytes, " + num(len - at) +
+                         " bytes follow");
+    at += n * elem;
+    return n;
+  };
+  auto fourcc = [](const char* c) {
+    return uint32_t{uint8_t(c[0])} | uint32_t{uint8_t(c[1])} << 8 | uint32_t{uint8_t(c[2])} << 16 |
+           uint32_t{uint8_t(c[3])} << 24;
+  };
+  struct Header {
+    int32_t d = 0;
+    int64_t ntotal = 0;
+    int32_t metric = 0;
+  };
+  auto header = [&](const char* who) {  // write_index_header
+    Header h;
+    int64_t dummy = 0;
+    uint8_t trained = 0;
+    size_t off = at;
+    get(h.d, "d");
+    if (h.d < 1 || h.d > 65536) throw bad(off, std::string(who) + " dimension " + std::to_string(h.d));
+    off = at;
+    get(h.ntotal, "ntotal");
+    if (h.ntotal < 0 || h.ntotal > std::numeric_limits<int32_t>::max())
+      throw bad(off, std::string(who) + " ntotal " + std::to_string(h.ntotal));
+    get(dummy, "header");
+    get(dummy, "header");
+    get(trained, "is_trained");
+    off = at;
+    get(h.metric, "metric_type");
+    if (h.metric != faiss::METRIC_L2 && h.metric != faiss::METRIC_INNER_PRODUCT)
+      throw bad(off, std::string(who) + " metric " + std::to_string(h.metric) + " (L2 or inner product)");
+    return h;
+  };
+
+  uint32_t tag = 0;
+  get(tag, "fourcc");
+  if (tag != fourcc("IHNf")) throw bad(0, "not a Faiss IndexHNSWFlat");
+  const Header ih = header("index");
+  const uint64_t probas = vec(sizeof(double), "assign_probas");
+  const size_t cum_at = at + 8;
+  const uint64_t levels = vec(sizeof(int32_t), "cum_nneighbor_per_level");
+  if (levels < 2 || levels != probas + 1)
+    throw bad(cum_at - 8, "cum_nneighbor_per_level of " + num(levels) + " entries with " + num(probas) +
+                              " level probabilities");
+  for (uint64_t l = 0; l < levels; ++l) {
+    int32_t c = 0, prev = 0;
+    std::memcpy(&c, data + cum_at + 4 * l, 4);
+    if (l > 0) std::memcpy(&prev, data + cum_at + 4 * (l - 1), 4);
+    if (l == 0 ? c != 0 : c < prev)
+      throw bad(cum_at + 4 * l, "cum_nneighbor_per_level[" + num(l) + "] = " + std::to_string(c) +
+                                    " (0 first, never decreasing)");
+  }
+  const uint64_t n = static_cast<uint64_t>(ih.ntotal);
+  size_t off = at;
+  if (vec(sizeof(int32_t), "levels") != n) throw bad(off, "levels: not one per vector (" + num(n) + ")");
+  off = at;
+  if (vec(sizeof(uint64_t), "offsets") != n + 1) throw bad(off, "offsets: not one per vector and one more");
+  vec(sizeof(int32_t), "neighbors");
+  int32_t word = 0;
+  for (const char* field : {"entry_point", "max_level", "efConstruction", "efSearch"}) get(word, field);
+  off = at;
+  get(word, "upper_beam");
+  if (word != 1) throw bad(off, "upper_beam " + std::to_string(word) + " (Faiss's search allocates that many; 1 is written)");
+  off = at;
+  get(tag, "storage fourcc");
+  if (tag != fourcc(ih.metric == faiss::METRIC_L2 ? "IxF2" : "IxFI"))
+    throw bad(off, "the storage is not an IndexFlat of the index's metric");
+  const Header sh = header("storage");
+  if (sh.d != ih.d || sh.ntotal != ih.ntotal || sh.metric != ih.metric)
+    throw bad(off, "the storage's dimension, size or metric differs from the index's");
+  off = at;
+  if (vec(sizeof(float), "codes") != n * static_cast<uint64_t>(ih.d))
+    throw bad(off, "codes: not dimension x ntotal floats");
+  if (at != len) throw bad(at, num(len - at) + " unexpected bytes after the index");
 }
 
 }  // namespace
@@ -193,7 +303,10 @@ SubIndex deserialize_sub(const char* fetched, size_t len, const SubDesc& d, cons
   auto bad = [&](const std::string& place, const std::string& problem) -> std::runtime_error {
     return std::runtime_error(who + ": " + place + ": " + problem);
   };
-  const uint64_t need = fetch_range(d).second;
+  // The descriptor's sizes come from remote memory: a sum that would wrap is more than any buffer.
+  const uint64_t need = d.overflow_used > std::numeric_limits<uint64_t>::max() - d.block_bytes
+                            ? std::numeric_limits<uint64_t>::max()
+                            : fetch_range(d).second;
   if (len < need)
     throw bad("fetched buffer", "truncated: " + num(len) + " bytes, its fetch range (block " + num(d.block_bytes) +
                                     " + overflow " + num(d.overflow_used) + ") is " + num(need) + " bytes");
@@ -334,6 +447,7 @@ std::vector<char> serialize_meta(const faiss::IndexHNSWFlat& idx) {
 }
 
 std::unique_ptr<faiss::IndexHNSWFlat> deserialize_meta(const char* data, size_t len, const std::string& what) {
+  check_meta_bytes(data, len, what);
   faiss::VectorIOReader r;
   r.data.assign(reinterpret_cast<const uint8_t*>(data), reinterpret_cast<const uint8_t*>(data) + len);
   std::unique_ptr<faiss::Index> any;

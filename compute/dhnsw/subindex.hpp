@@ -60,7 +60,9 @@ SubIndex deserialize_sub(const char* fetched, size_t len, const SubDesc& d, cons
 
 /// The meta-HNSW as a Faiss index file (faiss::write_index into memory).
 std::vector<char> serialize_meta(const faiss::IndexHNSWFlat& idx);
-/// Reads a meta-HNSW written by serialize_meta. Faiss errors (and an index of another type)
+/// Reads a meta-HNSW written by serialize_meta. The bytes are checked against that layout
+/// first (type tags, metric, every length inside the buffer, the HNSW tables' sizes), so Faiss
+/// never sizes a vector from a corrupted length; Faiss errors (and an index of another type)
 /// are rethrown as std::runtime_error naming `what`.
 std::unique_ptr<faiss::IndexHNSWFlat> deserialize_meta(const char* data, size_t len, const std::string& what);
 
