@@ -192,7 +192,15 @@ Task<std::pair<RemotePtr, unsigned>> Worker::read_entry(OpContext& ctx) {
   fail(co_await s_.io(std::span<Op>(&op, 1), true, &ctx.io));
   uint64_t w[2];
   std::memcpy(w, b.data(), 16);
-  co_return std::pair{RemotePtr::from_raw(w[0]), static_cast<unsigned>(w[1])};
+  const RemotePtr ep = RemotePtr::from_raw(w[0]);
+  // Searches start there and inserts link into it: it must be a node's place in a data area
+  // (as every neighbour pointer followed), its level one a node can have.
+  if (!ep.is_null() && (!g_.plausible(ep) || w[1] > kMaxLevel))
+    throw FabricError("memnode 0: the shine entry point word at region offset " +
+                      std::to_string(mode_word_offset(shine_word::kEntryPoint)) + " names memnode " +
+                      std::to_string(ep.node()) + " offset " + std::to_string(ep.offset()) + " level " +
+                      std::to_string(w[1]) + ": not a node of this index (a corrupted region header?)");
+  co_return std::pair{ep, static_cast<unsigned>(w[1])};
 }
 
 Task<std::vector<Neighbor>> Worker::read_vectors(const std::vector<RemotePtr>& nodes, const float* q,
