@@ -22,12 +22,13 @@ done
 
 PKGS=(
   build-essential cmake ninja-build pkg-config
-  libtsan2  # gcc's ThreadSanitizer runtime (tests/cache: test_cache_tsan)
+  libtsan2 libasan8 libubsan1  # gcc's TSan, ASan and UBSan runtimes (test_cache_tsan; tools/test.sh --sanitize)
   libfabric-dev libfabric1 libibverbs-dev librdmacm-dev rdma-core ibverbs-utils
   libhnswlib-dev libfaiss-dev libopenblas-dev liblapack-dev
   libspdlog-dev libfmt-dev libcli11-dev catch2 libnuma-dev nlohmann-json3-dev
   libssl-dev  # OpenSSL's libcrypto: HMAC-SHA256 of the control hello
   python3-numpy python3-matplotlib iproute2 procps
+  nftables  # experiments/chaos: packet loss between network namespaces (this kernel has no netem)
 )
 if ((with_rxe)); then
   PKGS+=(
