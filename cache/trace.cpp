@@ -14,6 +14,7 @@
 #include <cstddef>
 #include <cstring>
 #include <filesystem>
+#include <limits>
 #include <map>
 #include <queue>
 #include <stdexcept>
@@ -244,8 +245,14 @@ CspResult replay(const std::vector<TraceFile>& files) {
     const uint32_t t = files[fi].records[c.next].t_us;
     uint64_t wraps = c.wraps;
     if (c.next > 0 && t < c.prev_t && c.prev_t - t > (uint32_t{1} << 31)) ++wraps;  // t_us wrapped
-    const int64_t us = static_cast<int64_t>((wraps << 32) + t);
-    return std::make_pair(files[fi].meta.start_unix_ns + us * 1000, wraps);
+    const uint64_t us = (wraps << 32) + t;
+    // The start time and the records come from the files: a time past int64 saturates (the
+    // record sorts last) instead of overflowing.
+    int64_t ns = 0, at = 0;
+    if (__builtin_mul_overflow(us, int64_t{1000}, &ns) ||
+        __builtin_add_overflow(files[fi].meta.start_unix_ns, ns, &at))
+      at = std::numeric_limits<int64_t>::max();
+    return std::make_pair(at, wraps);
   };
   using Item = std::tuple<int64_t, std::size_t, uint64_t>;  // time, file, wraps
   std::priority_queue<Item, std::vector<Item>, std::greater<Item>> heap;
