@@ -49,11 +49,16 @@ export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 # libfabric loads libinfinipath, whose SIGSEGV handler exits quietly: ASan keeps its own.
 export ASAN_OPTIONS=${ASAN_OPTIONS:-allow_user_segv_handler=0}
 failed=0
+tmp=""
+trap 'rm -rf "$tmp"' EXIT
 printf '%-16s %-8s %12s %8s %8s %8s %9s  %s\n' harness result execs exec/s cov ft corpus "peak rss / artifact"
 for h in "${harnesses[@]}"; do
   bin=$BUILD/bin/fuzz_$h
   work=$runs/$h
-  mkdir -p "$work/corpus" "$work/artifacts" "$work/tmp"
+  mkdir -p "$work/corpus" "$work/artifacts"
+  # The files of the harnesses that hand a path to their parser: in memory when there is a
+  # tmpfs (25 times the executions of a disk under other jobs' I/O).
+  tmp=$(mktemp -d /dev/shm/dmhnsw-fuzz.XXXXXX 2>/dev/null || { mkdir -p "$work/tmp" && echo "$work/tmp"; })
   cp tests/fuzz/corpus/"$h"/* "$work/corpus/"
   result=ok
   # The regression inputs first: each once (libFuzzer runs files given by name).
@@ -62,12 +67,12 @@ for h in "${harnesses[@]}"; do
     while IFS= read -r -d '' f; do regs+=("$f"); done < <(find tests/fuzz/regressions/"$h" -type f ! -name '.*' -print0 | sort -z)
   fi
   regressed=0
-  if ((${#regs[@]})) && ! TMPDIR=$work/tmp "$bin" -rss_limit_mb="$RSS" -malloc_limit_mb=$((RSS / 2)) "${regs[@]}" \
+  if ((${#regs[@]})) && ! TMPDIR=$tmp "$bin" -rss_limit_mb="$RSS" -malloc_limit_mb=$((RSS / 2)) "${regs[@]}" \
       >"$work/regressions.log" 2>&1; then
     regressed=1
   fi
   set +e
-  TMPDIR=$work/tmp "$bin" -max_total_time="$secs" -timeout=10 -rss_limit_mb="$RSS" -malloc_limit_mb=$((RSS / 2)) \
+  TMPDIR=$tmp "$bin" -max_total_time="$secs" -timeout=10 -rss_limit_mb="$RSS" -malloc_limit_mb=$((RSS / 2)) \
     -artifact_prefix="$work/artifacts/" -print_final_stats=1 "$work/corpus" >"$work/fuzz.log" 2>&1
   rc=$?
   set -e
@@ -77,7 +82,7 @@ for h in "${harnesses[@]}"; do
   # process (other jobs on the same cores), not a slow input: say so, and go on.
   stall=""
   if [[ $result == CRASH && $artifact == */timeout-* ]] &&
-      TMPDIR=$work/tmp timeout 60 "$bin" -timeout=10 -rss_limit_mb="$RSS" "$artifact" >"$work/timeout-rerun.log" 2>&1; then
+      TMPDIR=$tmp timeout 60 "$bin" -timeout=10 -rss_limit_mb="$RSS" "$artifact" >"$work/timeout-rerun.log" 2>&1; then
     result=ok
     stall=", a stall of the host (timeout not reproduced alone: $artifact)"
   fi
@@ -93,7 +98,7 @@ for h in "${harnesses[@]}"; do
   printf '%-16s %-8s %12s %8s %8s %8s %9s  %s\n' "$h" "$result" "$(stat number_of_executed_units)" \
     "$(stat average_exec_per_sec)" "${cov:-?}" "${ft:-?}" "${corp:-?}" "$detail"
   [[ $result == ok ]] || failed=1
-  rm -rf "$work/tmp"
+  rm -rf "$tmp"
 done
 echo "fuzz: logs, corpora and artifacts in $runs"
 if ((failed)); then
