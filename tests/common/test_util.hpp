@@ -18,6 +18,7 @@
 #include <catch2/catch.hpp>
 
 #include "common/dataset.hpp"
+#include "../sanitizer_reports.hpp"
 
 namespace dmhnsw::test {
 
@@ -105,6 +106,7 @@ inline RunResult run_tool(const TempDir& tmp, const std::string& tool, const std
   r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
   r.out = slurp(out);
   r.err = slurp(err);
+  sanitizer_reports::collect_child_output(r.err, tool);
   return r;
 }
 

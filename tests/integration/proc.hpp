@@ -20,6 +20,8 @@
 #include <thread>
 #include <vector>
 
+#include "../sanitizer_reports.hpp"
+
 namespace dmhnsw::testing {
 
 inline std::string bin(const std::string& name) { return std::string(DMHNSW_BIN_DIR) + "/" + name; }
@@ -108,6 +110,7 @@ class Proc {
     if (r == pid_) {
       done_ = true;
       code_ = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+      sanitizer_reports::collect_child_output(output(), argv_[0]);
     }
     return !done_;
   }
