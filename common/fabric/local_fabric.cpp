@@ -1,13 +1,53 @@
 #include "common/fabric/local_fabric.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
+#include <cstdint>
 #include <cstring>
 #include <deque>
 
 namespace dmhnsw::fabric {
 
 using Clock = std::chrono::steady_clock;
+
+namespace {
+
+// A region is memory that other endpoints (threads) read, write and update with atomics at the
+// same time, as a NIC would: READ and WRITE copy it in relaxed atomic 8-byte words where
+// aligned, bytes elsewhere, so a READ beside another thread's fetch_add or compare_swap (a board
+// counter polled while others add to it) is no data race (a plain memcpy was, for TSan and the
+// language). Each aligned word is read or written whole; nothing is ordered across words, as
+// with RDMA.
+template <typename T>
+T load_relaxed(const char* p) {
+  return std::atomic_ref<T>(*reinterpret_cast<T*>(const_cast<char*>(p))).load(std::memory_order_relaxed);
+}
+template <typename T>
+void store_relaxed(char* p, T v) {
+  std::atomic_ref<T>(*reinterpret_cast<T*>(p)).store(v, std::memory_order_relaxed);
+}
+
+void read_region(char* dst, const char* src, size_t len) {
+  for (; len > 0 && reinterpret_cast<uintptr_t>(src) % 8 != 0; --len) *dst++ = load_relaxed<char>(src++);
+  for (; len >= 8; len -= 8, src += 8, dst += 8) {
+    const uint64_t w = load_relaxed<uint64_t>(src);
+    std::memcpy(dst, &w, 8);
+  }
+  for (; len > 0; --len) *dst++ = load_relaxed<char>(src++);
+}
+
+void write_region(char* dst, const char* src, size_t len) {
+  for (; len > 0 && reinterpret_cast<uintptr_t>(dst) % 8 != 0; --len) store_relaxed<char>(dst++, *src++);
+  for (; len >= 8; len -= 8, src += 8, dst += 8) {
+    uint64_t w;
+    std::memcpy(&w, src, 8);
+    store_relaxed<uint64_t>(dst, w);
+  }
+  for (; len > 0; --len) store_relaxed<char>(dst++, *src++);
+}
+
+}  // namespace
 
 std::shared_ptr<LocalCluster> LocalCluster::create(uint16_t num_nodes, uint64_t region_bytes) {
   return std::shared_ptr<LocalCluster>(new LocalCluster(num_nodes, region_bytes));
@@ -168,8 +208,8 @@ class LocalEndpoint final : public Endpoint {
     }
     char* remote = cluster_->region(op.remote.node()) + op.remote.offset();
     switch (op.kind) {
-      case OpKind::Read: std::memcpy(op.local, remote, op.len); break;
-      case OpKind::Write: std::memcpy(remote, op.local, op.len); break;
+      case OpKind::Read: read_region(static_cast<char*>(op.local), remote, op.len); break;
+      case OpKind::Write: write_region(remote, static_cast<const char*>(op.local), op.len); break;
       case OpKind::FetchAdd: {
         std::atomic_ref<uint64_t> word(*reinterpret_cast<uint64_t*>(remote));
         *static_cast<uint64_t*>(op.local) = word.fetch_add(op.operand);
