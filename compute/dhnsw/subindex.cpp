@@ -83,7 +83,7 @@ struct Record {
 void check_graph(const faiss::HNSW& g, uint64_t count, int32_t entry_point, int32_t max_level,
                  const std::function<std::string(uint32_t, uint64_t)>& where) {
   const uint64_t max_levels = g.cum_nneighbor_per_level.size() - 1;  // levels Faiss's tables cover
-  if (max_level + 1 > static_cast<int64_t>(max_levels))
+  if (int64_t{max_level} + 1 > static_cast<int64_t>(max_levels))  // max_level comes from remote memory
     throw std::runtime_error(where(kLevels, 0) + ": max level " + std::to_string(max_level) +
                              " is beyond the " + num(max_levels) + " levels of an HNSW with this M");
   for (uint64_t i = 0; i < count; ++i) {
