@@ -66,8 +66,11 @@ struct Rows {
 // for x86-64-v4 (AVX-512), v3 (AVX2, FMA) and the baseline, and the loader picks one for the
 // CPU (GCC target_clones, an ifunc): k-means 1.8x faster than with the baseline alone on an
 // AVX-512 host (50k x 384, k = 224). Sums may differ in the last bits between those levels
-// (DMHNSW_SIMD, common/distance.hpp, does not apply here).
-#if defined(__x86_64__) && defined(__linux__) && defined(__GNUC__) && !defined(__clang__)
+// (DMHNSW_SIMD, common/distance.hpp, does not apply here). Not under ThreadSanitizer: gcc
+// instruments the ifunc's resolver, which the loader runs before the TSan runtime is set up
+// (every binary linking this crashed at load, SIGSEGV in dot44's resolver).
+#if defined(__x86_64__) && defined(__linux__) && defined(__GNUC__) && !defined(__clang__) && \
+    !defined(__SANITIZE_THREAD__)
 #define DMHNSW_KERNEL_CLONES \
   __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #else

@@ -13,9 +13,9 @@
 # and fails the test that started them. Any report fails: UBSan does not recover, ASan and TSan
 # halt on the first error, leaks are reported at exit. Suppressions, each with its reason, are
 # in tools/sanitizers/ and name only third-party libraries. Under TSan OpenMP runs one thread
-# per parallel region (OMP_NUM_THREADS=1): libgomp is not instrumented, so TSan cannot see its
-# barriers and would report every parallel loop's results as races; our own threads
-# (std::thread) are all checked.
+# per parallel region (OMP_THREAD_LIMIT=1, which also caps omp_set_num_threads): libgomp is not
+# instrumented, so TSan cannot see its barriers and reported the results of every parallel loop
+# (ours, Faiss's) as races; our own threads (std::thread) are all checked.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -49,7 +49,7 @@ case $sanitize in
   thread)
     BUILD=${BUILD_DIR:-build-tsan}
     export TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:suppressions=$supp/tsan.supp${TSAN_OPTIONS:+:$TSAN_OPTIONS}"
-    export OMP_NUM_THREADS=1
+    export OMP_THREAD_LIMIT=1
     ;;
   *)
     echo "test.sh: --sanitize $sanitize: use address,undefined or thread" >&2
