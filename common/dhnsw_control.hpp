@@ -71,7 +71,7 @@ static_assert(offsetof(Control, old_base) == 88);
 static_assert(offsetof(Control, rebuilds) == 104);
 static_assert(offsetof(Control, bucket_words) == 152);
 static_assert(offsetof(Control, acks) == 664);
-static_assert(sizeof(Control) == 1176 && kControlOffset + sizeof(Control) <= 4096);
+static_assert(sizeof(Control) == 1176 && kControlOffset + sizeof(Control) <= 3584);  // the presence table follows (common/presence.hpp)
 
 /// One buffered insert: commit word, id, then the vector; padded to 64 bytes.
 struct BufferEntryHeader {

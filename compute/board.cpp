@@ -5,6 +5,7 @@
 #include <stdexcept>
 #include <thread>
 
+#include "common/presence.hpp"
 #include "common/region.hpp"
 #include "compute/selftest.hpp"
 
@@ -12,7 +13,12 @@ namespace dmhnsw::compute {
 
 namespace {
 constexpr uint64_t kBarrierWord = 0;
+// Word i: generation + 1 of the last barrier computenode i arrived at (who is still missing).
+constexpr uint64_t kArrivedWords = 64;
 constexpr uint64_t kSlotsStart = 4096;
+static_assert(kArrivedWords + 8 * Board::kMaxCns <= kSlotsStart);
+// A missing peer's presence is checked this often while waiting: one small READ.
+constexpr auto kPresencePoll = std::chrono::milliseconds(250);
 // `stamp` is the generation + 1: a slot nobody wrote yet (all zeros) never matches, not
 // even for the first barrier's generation 0.
 struct SlotHeader {
@@ -38,6 +44,25 @@ Board::Board(fabric::Cluster& c, fabric::Endpoint& ep, uint32_t cn_id, uint32_t 
   // memnodes at the same time; two runs of the same kind at once are not supported.
   uint64_t index = group == "build" ? 0 : group == "insert" ? 1 : group == "query" ? 2 : 3;
   base_ = RemotePtr(0, h.scratch_offset + h.scratch_size / 2 + index * area);
+  Presence p{};
+  ep_.read(RemotePtr(0, kPresenceOffset), &p, sizeof p);
+  for (uint32_t i = 0; i < k_; ++i) departed_.push_back(i < kPresenceIds ? p.departed[i] : 0);
+}
+
+std::optional<uint32_t> Board::gone_peer(const std::function<bool(uint32_t)>& missing) {
+  const auto now = std::chrono::steady_clock::now();
+  if (now < next_presence_) return std::nullopt;
+  next_presence_ = now + kPresencePoll;
+  Presence p{};
+  ep_.read(RemotePtr(0, kPresenceOffset), &p, sizeof p);
+  for (uint32_t i = 0; i < k_; ++i)
+    if (i != cn_ && presence_gone(p, i, departed_[i]) && missing(i)) return i;
+  return std::nullopt;
+}
+
+std::string Board::gone_message(uint32_t i) const {
+  return "computenode " + std::to_string(i) + " left the run: its control connection to memnode 0 closed " +
+         "(killed, or dropped by the memnode after going silent)";
 }
 
 uint64_t Board::barrier(int timeout_s) {
@@ -45,11 +70,19 @@ uint64_t Board::barrier(int timeout_s) {
   uint64_t gen = old / k_;
   uint64_t target = (gen + 1) * k_;
   auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(timeout_s);
+  const uint64_t stamp = gen + 1;
+  ep_.write(base_ + kArrivedWords + 8 * uint64_t{cn_}, &stamp, 8);
   uint64_t v = old + 1;
   while (v < target) {
     if (std::chrono::steady_clock::now() > deadline)
       throw fabric::FabricError("barrier: only " + std::to_string(v - gen * k_) + " of " + std::to_string(k_) +
                                 " computenodes arrived within " + std::to_string(timeout_s) + " s");
+    const auto gone = gone_peer([&](uint32_t i) {
+      uint64_t a = 0;
+      ep_.read(base_ + kArrivedWords + 8 * uint64_t{i}, &a, 8);
+      return a < stamp;
+    });
+    if (gone) throw fabric::FabricError("barrier: " + gone_message(*gone) + " before arriving");
     std::this_thread::sleep_for(std::chrono::microseconds(200));  // bounded poll of a remote word
     ep_.read(base_ + kBarrierWord, &v, 8);
   }
@@ -79,6 +112,8 @@ std::vector<std::string> Board::gather(uint64_t gen, int timeout_s, const std::v
       if (std::chrono::steady_clock::now() > deadline)
         throw fabric::FabricError("computenode " + std::to_string(i) + " did not publish its results within " +
                                   std::to_string(timeout_s) + " s");
+      if (gone_peer([&](uint32_t j) { return j == i; }))
+        throw fabric::FabricError(gone_message(i) + " before it published its results");
       std::this_thread::sleep_for(std::chrono::microseconds(500));
     }
     out[i].resize(h.len);

@@ -3,7 +3,10 @@
 // one-sided operations only (computenodes never talk to each other): a barrier on a
 // FETCH_ADD counter, and a slot per computenode where it publishes its results for
 // computenode 0 to gather.
+#include <chrono>
 #include <cstdint>
+#include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -19,12 +22,13 @@ class Board {
   /// counters and slots, so a query run and an insert run can share the memnodes.
   Board(fabric::Cluster& c, fabric::Endpoint& ep, uint32_t cn_id, uint32_t num_cns, const std::string& group);
   /// Waits until all num_cns computenodes arrived; returns the barrier's generation (the
-  /// same number on every computenode). Fails after `timeout_s` naming how many arrived.
+  /// same number on every computenode). Fails after `timeout_s` naming how many arrived, or
+  /// as soon as memnode 0's presence table shows that a missing one left (common/presence.hpp).
   uint64_t barrier(int timeout_s = 600);
   /// Publishes `text` under generation `gen` in this computenode's slot.
   void publish(uint64_t gen, const std::string& text);
   /// Computenode 0: every computenode's text of generation `gen`, by cn id; the ones in
-  /// `skip` (gone) are not waited for and stay empty.
+  /// `skip` (gone) are not waited for and stay empty; one that left without publishing fails it.
   std::vector<std::string> gather(uint64_t gen, int timeout_s = 600, const std::vector<uint32_t>& skip = {});
 
  private:
@@ -32,6 +36,12 @@ class Board {
   fabric::Endpoint& ep_;
   uint32_t cn_, k_;
   RemotePtr base_;
+  std::vector<uint64_t> departed_;  // memnode 0's departures per id when this board started
+  std::chrono::steady_clock::time_point next_presence_{};
+
+  /// A computenode for which `missing` holds and that left since the board started.
+  std::optional<uint32_t> gone_peer(const std::function<bool(uint32_t)>& missing);
+  std::string gone_message(uint32_t i) const;
 };
 
 }  // namespace dmhnsw::compute

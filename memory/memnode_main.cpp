@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "common/fabric/fabric_cluster.hpp"
+#include "common/presence.hpp"
 #include "common/region.hpp"
 #include "common/units.hpp"
 #include "memory/admin_service.hpp"
@@ -109,6 +110,8 @@ int main(int argc, char** argv) {
     }
     RegionHeader hdr;
     std::memcpy(&hdr, mem.data(), sizeof hdr);
+    PresenceWriter presence(mem.data());
+    presence.reset();
 
     const unsigned lanes = rma_lanes >= 0 ? static_cast<unsigned>(rma_lanes) : prov == fabric::Provider::Shm ? 8u : 0u;
     // Over tcp the data endpoint listens where the control port does: without a token both stay
@@ -168,10 +171,16 @@ int main(int argc, char** argv) {
     };
     cc.header = header_of;
     cc.key_for = [&](uint32_t cn, const std::vector<char>& addr) { return server.client_key(cn, addr); };
-    cc.on_join = [&](uint32_t cn, const std::vector<char>& addr) { server.add_client(cn, addr); };
+    cc.on_join = [&](uint32_t cn, const std::vector<char>& addr) {
+      server.add_client(cn, addr);
+      presence.joined(cn);
+    };
     cc.on_register = [&](uint32_t cn, const std::vector<char>& addr) { server.add_client_address(cn, addr); };
     cc.on_forget = [&](uint32_t cn, const std::vector<char>& addr) { server.remove_client_address(cn, addr); };
-    cc.on_leave = [&](uint32_t cn) { server.remove_client(cn); };
+    cc.on_leave = [&](uint32_t cn) {
+      server.remove_client(cn);
+      presence.left(cn);
+    };
     fabric::ControlServer control(cc);
 
     std::atomic<bool> stop{false}, progress_done{false};

@@ -102,7 +102,8 @@ class ControlClient {
 /// Server side, run by the memnode: accepts computenodes, checks them, answers heartbeats.
 /// One thread serves every connection without blocking on any: a connection gets one deadline
 /// (kHelloMs) for its whole hello, at most kMaxPending wait for theirs, and a peer that does not
-/// take what it is sent is dropped, so a slow or silent client delays nobody.
+/// take what it is sent, or sends nothing for Config::silent_ms, is dropped, so a slow or
+/// silent client delays nobody.
 class ControlServer {
  public:
   struct Config {
@@ -124,6 +125,9 @@ class ControlServer {
     // Each address a connection brought (hello, registrations) when that connection closes:
     // two processes may use one computenode id, and one leaving must not unseat the other.
     std::function<void(uint32_t cn_id, const std::vector<char>& addr)> on_forget;
+    // A computenode pings every 500 ms; one that sends nothing for this long (stopped, or cut
+    // off without a FIN) is dropped like one that closed: its key revoked, its peers told.
+    int silent_ms = 15000;
   };
   explicit ControlServer(Config c);
   ~ControlServer();
@@ -143,6 +147,7 @@ class ControlServer {
     std::string from;
     std::vector<char> in;  // bytes of a frame not complete yet
     std::vector<std::vector<char>> addrs;  // the hello's fabric address and those registered since
+    Clock::time_point heard;               // its last bytes
   };
   struct Pending {  // connected, no complete hello yet
     int fd;
@@ -153,6 +158,7 @@ class ControlServer {
   };
   void accept_all();
   bool serve(Client& cl);  // false: drop the connection
+  void drop(Client& cl, const std::string& why);
   /// Answers a complete hello: welcome (the connection joins clients_) or refuse (closed).
   void handle_hello(Pending& p, uint16_t version, uint16_t type, const std::vector<char>& payload);
   Config c_;

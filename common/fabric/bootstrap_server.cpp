@@ -58,9 +58,12 @@ void ControlServer::run() {
     // Only connections, deadlines and stop() wake this thread: an idle memnode spends no CPU.
     auto now = Clock::now();
     int timeout = 5000;
-    for (const auto& p : pending_)
+    auto until = [&](Clock::time_point t) {
       timeout = std::min<int>(timeout, static_cast<int>(std::max<int64_t>(
-          0, std::chrono::duration_cast<std::chrono::milliseconds>(p.deadline - now).count() + 1)));
+          0, std::chrono::duration_cast<std::chrono::milliseconds>(t - now).count() + 1)));
+    };
+    for (const auto& p : pending_) until(p.deadline);
+    for (const auto& cl : clients_) until(cl.heard + std::chrono::milliseconds(c_.silent_ms));
     std::vector<pollfd> fds;
     fds.push_back({listen_fd_, POLLIN, 0});
     for (auto& cl : clients_) fds.push_back({cl.fd, POLLIN, 0});
@@ -70,17 +73,16 @@ void ControlServer::run() {
     if (rc < 0) continue;
     // Clients first, then connections waiting for their hello (indexes stay valid), then new ones.
     std::vector<Client> keep;
+    now = Clock::now();
     for (size_t i = 0; i < clients_.size(); ++i) {
       auto& cl = clients_[i];
-      if ((fds[1 + i].revents & (POLLIN | POLLHUP | POLLERR)) == 0 || serve(cl)) {
+      if ((fds[1 + i].revents & (POLLIN | POLLHUP | POLLERR)) != 0 && !serve(cl)) {
+        drop(cl, "disconnected");
+      } else if (now - cl.heard > std::chrono::milliseconds(c_.silent_ms)) {
+        drop(cl, "sent nothing for " + std::to_string(c_.silent_ms) + " ms (stopped or cut off): dropped");
+      } else {
         keep.push_back(std::move(cl));
-        continue;
       }
-      spdlog::info("computenode {} ({}) disconnected", cl.cn_id, cl.from);
-      if (c_.on_forget)
-        for (const auto& a : cl.addrs) c_.on_forget(cl.cn_id, a);
-      if (c_.on_leave) c_.on_leave(cl.cn_id);
-      ::close(cl.fd);
     }
     const size_t base = 1 + clients_.size();
     clients_ = std::move(keep);
@@ -112,9 +114,19 @@ void ControlServer::run() {
   }
 }
 
+void ControlServer::drop(Client& cl, const std::string& why) {
+  spdlog::info("computenode {} ({}) {}", cl.cn_id, cl.from, why);
+  if (c_.on_forget)
+    for (const auto& a : cl.addrs) c_.on_forget(cl.cn_id, a);
+  if (c_.on_leave) c_.on_leave(cl.cn_id);
+  ::close(cl.fd);
+}
+
 bool ControlServer::serve(Client& cl) {
   const std::string who = "computenode " + std::to_string(cl.cn_id) + " at " + cl.from;
+  const size_t had = cl.in.size();
   if (!read_available(cl.fd, cl.in)) return false;
+  if (cl.in.size() > had) cl.heard = Clock::now();
   try {
     ControlFrame f{};
     std::vector<char> payload;
@@ -217,7 +229,7 @@ void ControlServer::handle_hello(Pending& p, uint16_t version, uint16_t type, co
       return;
     }
     spdlog::info("accepted {} (mode {})", who, mode_name(h.mode));
-    clients_.push_back({fd, h.cn_id, from, std::move(p.in), {h.fabric_addr}});
+    clients_.push_back({fd, h.cn_id, from, std::move(p.in), {h.fabric_addr}, Clock::now()});
   } catch (const std::exception& e) {
     spdlog::warn("dropped {}: {}", who, e.what());
     ::close(fd);

@@ -8,6 +8,7 @@
 #include <stdexcept>
 
 #include "common/dataset.hpp"
+#include "common/presence.hpp"
 #include "common/region.hpp"
 #include "common/units.hpp"
 
@@ -82,9 +83,13 @@ nlohmann::json write_index(fabric::Cluster& c, fabric::Endpoint& ep, const Built
 
   WriteStats ws;
   const auto t0 = Clock::now();
-  for (uint16_t m = 0; m < n; ++m)  // the rest of the header page (memnode 0: the control block), groups, metadata
-    write_bytes(ep, m, sizeof(RegionHeader), built.regions[m].data() + sizeof(RegionHeader),
-                built.regions[m].size() - sizeof(RegionHeader), ws);
+  // The rest of the header page (memnode 0: the control block) but its presence table, which
+  // is the memnode's; then groups and metadata.
+  for (uint16_t m = 0; m < n; ++m) {
+    const std::vector<char>& r = built.regions[m];
+    write_bytes(ep, m, sizeof(RegionHeader), r.data() + sizeof(RegionHeader), kPresenceOffset - sizeof(RegionHeader), ws);
+    write_bytes(ep, m, kHeaderPageBytes, r.data() + kHeaderPageBytes, r.size() - kHeaderPageBytes, ws);
+  }
   fabric::Buffer buf = ep.alloc(sizeof(RegionHeader));
   uint64_t& bytes = ws.bytes;
   uint64_t& writes = ws.writes;

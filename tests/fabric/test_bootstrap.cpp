@@ -6,6 +6,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <set>
@@ -20,9 +21,10 @@ using namespace dmhnsw::fabric;
 namespace {
 struct Server {
   std::vector<std::string> joined;
+  std::atomic<int> left{0};
   std::unique_ptr<ControlServer> srv;
   std::thread th;
-  Server(const std::string& token, Mode mode, const std::string& listen = "127.0.0.1:0") {
+  Server(const std::string& token, Mode mode, const std::string& listen = "127.0.0.1:0", int silent_ms = 15000) {
     ControlServer::Config c;
     c.listen = listen;
     c.token = token;
@@ -39,6 +41,8 @@ struct Server {
       return h;
     };
     c.on_join = [this](uint32_t cn, const std::vector<char>&) { joined.push_back(std::to_string(cn)); };
+    c.on_leave = [this](uint32_t) { left.fetch_add(1); };
+    c.silent_ms = silent_ms;
     srv = std::make_unique<ControlServer>(c);
     th = std::thread([this] { srv->run(); });
   }
@@ -163,6 +167,30 @@ TEST_CASE("bootstrap: a hello sent a byte at a time and silent connections delay
   CHECK(steady_clock::now() - slow_start < seconds(5));
   ::close(slow);
   for (int fd : silent) ::close(fd);
+}
+
+TEST_CASE("bootstrap: a member that sends nothing for the silent time is dropped and one that pings stays",
+          "[bootstrap]") {
+  using namespace std::chrono;
+  Server s("s3cret", Mode::None, "127.0.0.1:0", 1000);
+  ControlClient quiet(s.srv->bound()), pinging(s.srv->bound());
+  quiet.handshake(hello("s3cret"));
+  pinging.handshake(hello("s3cret"));
+  const auto t0 = steady_clock::now();
+  bool quiet_dropped = false;
+  std::string why;
+  while (steady_clock::now() - t0 < milliseconds(2500)) {
+    REQUIRE(pinging.send_ping());
+    std::this_thread::sleep_for(milliseconds(250));
+    REQUIRE(pinging.drain(why));
+    if (!quiet_dropped && closed_by_server(quiet.fd())) {
+      quiet_dropped = true;
+      CHECK(steady_clock::now() - t0 < milliseconds(1900));
+    }
+  }
+  CHECK(quiet_dropped);
+  CHECK(s.left.load() == 1);  // on_leave ran for the silent one only: its key and presence go
+  CHECK(!closed_by_server(pinging.fd()));
 }
 
 namespace {

@@ -6,6 +6,7 @@
 
 #include "common/fabric/local_fabric.hpp"
 #include "common/region.hpp"
+#include "common/presence.hpp"
 #include "compute/board.hpp"
 
 using namespace dmhnsw;
@@ -56,4 +57,35 @@ TEST_CASE("board: a missing computenode makes the barrier fail naming how many a
   auto ep = c->make_endpoint(1u << 20);
   compute::Board b(*c, *ep, 0, 3, "query");
   CHECK_THROWS_WITH(b.barrier(1), Catch::Contains("only 1 of 3 computenodes arrived"));
+}
+
+TEST_CASE("board: a computenode that left per memnode 0's presence table fails the barrier and the gather at once naming it",
+          "[board]") {
+  using namespace std::chrono;
+  auto c = board_cluster();
+  PresenceWriter presence(c->region(0));  // what memnode 0's control server does
+  presence.joined(0);
+  presence.joined(1);
+  presence.joined(2);
+  auto ep = c->make_endpoint(1u << 20), ep2 = c->make_endpoint(1u << 20);
+  compute::Board b(*c, *ep, 0, 3, "build"), b2(*c, *ep2, 2, 3, "build");
+  std::thread arrives([&] { CHECK_THROWS(b2.barrier(3)); });  // cn 2 arrives, cn 1 never does
+  std::this_thread::sleep_for(milliseconds(300));
+  presence.left(1);  // cn 1's control connection closed (killed)
+  auto t0 = steady_clock::now();
+  CHECK_THROWS_WITH(b.barrier(60), Catch::Contains("computenode 1 left the run") && Catch::Contains("before arriving"));
+  CHECK(steady_clock::now() - t0 < seconds(2));
+  arrives.join();
+
+  // cn 2 went too, sharing its id with another process still connected: not gone.
+  presence.joined(2);
+  presence.left(2);
+  compute::Board g(*c, *ep, 0, 3, "insert");
+  g.publish(0, "mine");
+  CHECK_THROWS_WITH(g.gather(0, 1, {1}), Catch::Contains("computenode 2 did not publish its results within 1 s"));
+  presence.left(2);  // now no process holds id 2 and one left since the board started
+  t0 = steady_clock::now();
+  CHECK_THROWS_WITH(g.gather(0, 60, {1}), Catch::Contains("computenode 2 left the run") &&
+                                              Catch::Contains("before it published its results"));
+  CHECK(steady_clock::now() - t0 < seconds(2));
 }
