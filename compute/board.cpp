@@ -28,8 +28,15 @@ struct SlotHeader {
 static_assert(sizeof(SlotHeader) == 16);
 }  // namespace
 
-Board::Board(fabric::Cluster& c, fabric::Endpoint& ep, uint32_t cn_id, uint32_t num_cns, const std::string& group)
-    : c_(c), ep_(ep), cn_(cn_id), k_(num_cns) {
+std::vector<uint64_t> Board::departures(fabric::Endpoint& ep) {
+  Presence p{};
+  ep.read(RemotePtr(0, kPresenceOffset), &p, sizeof p);
+  return std::vector<uint64_t>(p.departed, p.departed + kPresenceIds);
+}
+
+Board::Board(fabric::Cluster& c, fabric::Endpoint& ep, uint32_t cn_id, uint32_t num_cns, const std::string& group,
+             const std::vector<uint64_t>& departed_since)
+    : c_(c), ep_(ep), cn_(cn_id), k_(num_cns), departed_(departed_since) {
   if (num_cns > kMaxCns)
     throw std::invalid_argument("--num-cns " + std::to_string(num_cns) + ": at most " + std::to_string(kMaxCns) +
                                 " computenodes per run");
@@ -44,9 +51,10 @@ Board::Board(fabric::Cluster& c, fabric::Endpoint& ep, uint32_t cn_id, uint32_t 
   // memnodes at the same time; two runs of the same kind at once are not supported.
   uint64_t index = group == "build" ? 0 : group == "insert" ? 1 : group == "query" ? 2 : 3;
   base_ = RemotePtr(0, h.scratch_offset + h.scratch_size / 2 + index * area);
-  Presence p{};
-  ep_.read(RemotePtr(0, kPresenceOffset), &p, sizeof p);
-  for (uint32_t i = 0; i < k_; ++i) departed_.push_back(i < kPresenceIds ? p.departed[i] : 0);
+  // Departures before that point are a previous run's, or a peer that left before this
+  // process came: that one is waited for like a peer not started yet (up to the timeout).
+  if (departed_.empty()) departed_ = departures(ep_);
+  departed_.resize(std::max<size_t>(departed_.size(), k_), 0);
 }
 
 std::optional<uint32_t> Board::gone_peer(const std::function<bool(uint32_t)>& missing) {

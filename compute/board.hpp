@@ -20,7 +20,12 @@ class Board {
   static constexpr uint32_t kGroups = 8, kMaxCns = 8;
   /// Runs of different kinds (`group`: "build", "insert" or "query") use separate barrier
   /// counters and slots, so a query run and an insert run can share the memnodes.
-  Board(fabric::Cluster& c, fabric::Endpoint& ep, uint32_t cn_id, uint32_t num_cns, const std::string& group);
+  /// `departed_since`: memnode 0's departures per id when this process connected
+  /// (RunContext::departed_at_connect); empty: read now.
+  Board(fabric::Cluster& c, fabric::Endpoint& ep, uint32_t cn_id, uint32_t num_cns, const std::string& group,
+        const std::vector<uint64_t>& departed_since = {});
+  /// Memnode 0's presence table's departures, by computenode id (common/presence.hpp).
+  static std::vector<uint64_t> departures(fabric::Endpoint& ep);
   /// Waits until all num_cns computenodes arrived; returns the barrier's generation (the
   /// same number on every computenode). Fails after `timeout_s` naming how many arrived, or
   /// as soon as memnode 0's presence table shows that a missing one left (common/presence.hpp).

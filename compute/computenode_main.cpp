@@ -12,6 +12,7 @@
 #include "common/json_file.hpp"
 #include "common/region.hpp"
 #include "common/units.hpp"
+#include "compute/board.hpp"
 #include "compute/dhnsw/epoch.hpp"
 #include "compute/dhnsw/insert.hpp"
 #include "compute/dhnsw/mixed.hpp"
@@ -275,7 +276,8 @@ int main(int argc, char** argv) {
       write_json_file(path, r, "--report");
       std::printf("report: %s\n", path.c_str());
     };
-    shine::RunContext rc{cluster.get(), cn_id, num_cns, provider};
+    shine::RunContext rc{cluster.get(), cn_id, num_cns, provider, {}};
+    rc.departed_at_connect = compute::Board::departures(*cluster->make_endpoint(1u << 20));
     auto rm = read_mode == "batch" ? shine::ReadMode::Batch : shine::ReadMode::PerRead;
     if (*rebuild) {
       if (mode != "dhnsw") throw std::invalid_argument("rebuild: only --mode dhnsw has epochs");

@@ -37,7 +37,7 @@ json run_query(const RunContext& rc, const QueryOptions& o) {
                                 std::to_string(wl.k()) + " ids per query");
   if (o.ef_search.empty()) throw std::invalid_argument("--ef-search: no value");
   const uint32_t K = rc.num_cns, self = rc.cn_id, dim = h.dim, k = o.engine.k;
-  compute::Board board(c, *control, self, K, "query");
+  compute::Board board(c, *control, self, K, "query", rc.departed_at_connect);
 
   std::vector<uint64_t> warm, measured;
   for (uint64_t i = self; i < wl.total(); i += K) (wl.is_warmup(i) ? warm : measured).push_back(i);

@@ -51,7 +51,7 @@ json run_build(const RunContext& rc, const BuildOptions& o) {
   std::vector<uint32_t> mine;
   for (size_t i = o.begin + rc.cn_id; i < end; i += rc.num_cns) mine.push_back(static_cast<uint32_t>(i));
 
-  compute::Board board(c, *control, rc.cn_id, rc.num_cns, o.format ? "build" : "insert");
+  compute::Board board(c, *control, rc.cn_id, rc.num_cns, o.format ? "build" : "insert", rc.departed_at_connect);
   if (o.format) board.barrier();  // everyone formatted/attached before anyone inserts
 
   std::atomic<size_t> next{0}, done{0};

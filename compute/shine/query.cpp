@@ -205,7 +205,7 @@ json run_query(const RunContext& rc, const QueryOptions& o) {
     throw std::invalid_argument("--workload " + o.workload + " has dimension " + std::to_string(wl.dim()) +
                                 ", the index " + std::to_string(p.dim));
   Graph g(c, p);
-  compute::Board board(c, *control, rc.cn_id, rc.num_cns, "query");
+  compute::Board board(c, *control, rc.cn_id, rc.num_cns, "query", rc.departed_at_connect);
   const uint32_t K = rc.num_cns, self = rc.cn_id;
 
   // ---- node cache

@@ -100,6 +100,38 @@ TEST_CASE("shine: 2 computenodes x 2 threads build over 2 memnodes, then query (
   }
 }
 
+TEST_CASE("shine: a builder killed mid-build makes the other fail within seconds naming it or the lock it held",
+          "[integration][shine]") {
+  // The survivor either reaches the build's last barrier (memnode 0's presence table shows its
+  // peer left) or waits on a node lock the dead builder held (10 s): never the barrier's 600 s.
+  Data d;
+  TempDir dir;
+  Memnode m0(dir, 0, "tcp"), m1(dir, 1, "tcp");
+  std::string mns = m0.address + "," + m1.address;
+  // Computenode 0 first, so that it formats the memnodes (one killed while formatting leaves
+  // the others waiting on the format word for 30 s).
+  Proc b0(cn("tcp", mns, 0, 2, {"build", "--data", d.base, "--m", "12", "--ef-construction", "80", "--threads", "1"}),
+          dir.file("b0.log"));
+  wait_for_output(b0, "connected", seconds(30));
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  Proc b1(cn("tcp", mns, 1, 2, {"build", "--data", d.base, "--m", "12", "--ef-construction", "80", "--threads", "1"}),
+          dir.file("b1.log"));
+  wait_for_output(b1, "connected", seconds(30));
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  REQUIRE(b1.running());
+  b1.signal(SIGKILL);
+  auto t0 = std::chrono::steady_clock::now();
+  int code = b0.wait(seconds(60));
+  double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  INFO(b0.output());
+  CHECK(code > 0);
+  CHECK(secs < 20.0);
+  const std::string out = b0.output();
+  CHECK((out.find("computenode 1 left the run") != std::string::npos ||
+         out.find("a computenode died or stopped holding it") != std::string::npos));
+  b1.wait(seconds(5));
+}
+
 TEST_CASE("shine: a memnode killed mid-query makes the computenode fail within 5 s naming it", "[integration][shine]") {
   Data d;
   TempDir dir;
