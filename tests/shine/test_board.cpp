@@ -69,13 +69,24 @@ TEST_CASE("board: a computenode that left per memnode 0's presence table fails t
   presence.joined(2);
   auto ep = c->make_endpoint(1u << 20), ep2 = c->make_endpoint(1u << 20);
   compute::Board b(*c, *ep, 0, 3, "build"), b2(*c, *ep2, 2, 3, "build");
-  std::thread arrives([&] { CHECK_THROWS(b2.barrier(3)); });  // cn 2 arrives, cn 1 never does
+  // cn 2 arrives, cn 1 never does. Catch2's assertions are not thread-safe (TSan reported this
+  // thread's CHECK_THROWS racing the main thread's on Catch's RunContext): the thread records
+  // whether the barrier threw and the main thread checks it after join.
+  bool arrives_threw = false;
+  std::thread arrives([&] {
+    try {
+      b2.barrier(3);
+    } catch (const std::exception&) {
+      arrives_threw = true;
+    }
+  });
   std::this_thread::sleep_for(milliseconds(300));
   presence.left(1);  // cn 1's control connection closed (killed)
   auto t0 = steady_clock::now();
   CHECK_THROWS_WITH(b.barrier(60), Catch::Contains("computenode 1 left the run") && Catch::Contains("before arriving"));
   CHECK(steady_clock::now() - t0 < seconds(2));
   arrives.join();
+  CHECK(arrives_threw);
 
   // cn 2 went too, sharing its id with another process still connected: not gone.
   presence.joined(2);
