@@ -137,6 +137,13 @@ void ControlClient::send_register(const std::vector<char>& fabric_addr) {
   send_frame(fd_, version_, kRegister, w.b, "memnode " + peer_);
 }
 
+void ControlClient::send_unregister(const std::vector<char>& fabric_addr) {
+  Writer w;
+  w.bytes(fabric_addr.data(), fabric_addr.size());
+  std::lock_guard g(send_mu_);
+  send_frame(fd_, version_, kUnregister, w.b, "memnode " + peer_);
+}
+
 bool ControlClient::send_ping() {
   std::lock_guard g(send_mu_);
   ControlFrame f{kControlMagic, version_, kPing, 0, 0};

@@ -86,6 +86,7 @@ class ControlClient {
   /// Tells the memnode another fabric address of this computenode (an endpoint it made);
   /// registered() grows by one when the memnode confirms (read by drain()).
   void send_register(const std::vector<char>& fabric_addr);
+  void send_unregister(const std::vector<char>& fabric_addr);
   uint64_t registered() const { return registered_.load(); }
   /// Reads pending frames after poll() said readable. Returns false on EOF or error.
   bool drain(std::string& why);

@@ -1,5 +1,7 @@
 // The memnode's side of the control protocol: one thread that accepts computenodes, checks
 // their hello against its challenge, and answers heartbeats, waiting on nobody.
+#include <algorithm>
+
 #include "common/fabric/control_wire.hpp"
 
 namespace dmhnsw::fabric {
@@ -135,6 +137,14 @@ bool ControlServer::serve(Client& cl) {
         const std::vector<char> addr = decode_register(payload, who);
         if (c_.on_register) c_.on_register(cl.cn_id, addr);
         cl.addrs.push_back(addr);
+      } else if (f.type == kUnregister) {
+        // Only an address this connection registered; the hello's (addrs[0]) stays its own.
+        const std::vector<char> addr = decode_register(payload, who);
+        if (auto it = cl.addrs.empty() ? cl.addrs.end() : std::find(cl.addrs.begin() + 1, cl.addrs.end(), addr);
+            it != cl.addrs.end()) {
+          cl.addrs.erase(it);
+          if (c_.on_forget) c_.on_forget(cl.cn_id, addr);
+        }
       }
       const uint16_t answer = f.type == kPing ? kPong : f.type == kRegister ? kRegistered : 0;
       if (answer != 0 && !send_frame_now(cl.fd, f.version, answer, {})) {

@@ -84,6 +84,18 @@ void ControlledCluster::mark_dead(size_t i, const std::string& why) {
   spdlog::error("memnode {} ({}) is unreachable: {}", i, peers_[i]->info.address, why);
 }
 
+void ControlledCluster::unregister_address(const std::vector<char>& fabric_addr) {
+  std::lock_guard g(register_mu_);
+  for (size_t i = 0; i < controls_.size(); ++i) {
+    if (peers_[i]->dead.load()) continue;
+    try {
+      controls_[i]->send_unregister(fabric_addr);
+    } catch (const FabricError& e) {
+      mark_dead(i, e.what());
+    }
+  }
+}
+
 void ControlledCluster::register_address(const std::vector<char>& fabric_addr) {
   std::lock_guard g(register_mu_);
   std::vector<uint64_t> want(controls_.size(), 0);

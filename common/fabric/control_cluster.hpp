@@ -52,6 +52,8 @@ class ControlledCluster : public Cluster {
   /// made) over the control connection and waits until each confirms, so that the endpoint's
   /// first message is not taken for a stranger's. Throws naming a memnode that does not.
   void register_address(const std::vector<char>& fabric_addr);
+  /// The endpoint of `fabric_addr` closed: the memnodes forget it (no answer awaited).
+  void unregister_address(const std::vector<char>& fabric_addr);
 
  protected:
   /// Handshakes with every memnode in --memnodes order; `hello_addr` gives the fabric address

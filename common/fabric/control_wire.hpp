@@ -28,9 +28,12 @@
 namespace dmhnsw::fabric::ctl {
 
 // kRegister: another fabric address of the computenode (an endpoint it made), answered by
-// kRegistered once the memnode takes messages from it.
+// kRegistered once the memnode takes messages from it. kUnregister (no answer): that endpoint
+// is closed; the memnode forgets the address (a long-lived computenode makes endpoints as it
+// goes, and each one kept cost the memnode an address-vector entry for good).
 enum FrameType : uint16_t {
-  kHello = 1, kWelcome = 2, kRefuse = 3, kPing = 4, kPong = 5, kChallenge = 6, kRegister = 7, kRegistered = 8
+  kHello = 1, kWelcome = 2, kRefuse = 3, kPing = 4, kPong = 5, kChallenge = 6, kRegister = 7, kRegistered = 8,
+  kUnregister = 9
 };
 constexpr size_t kNonceBytes = 32;  // the memnode's challenge, fresh for every connection
 constexpr uint32_t kMaxPayload = 64 * 1024;

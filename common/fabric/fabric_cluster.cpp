@@ -173,6 +173,7 @@ FabricEndpoint::~FabricEndpoint() {
   std::array<Completion, 32> buf;
   while (in_flight_ > 0 && Clock::now() < deadline) read_cq(buf);
   raw_.close();  // before pool_mr_ and pool_ (declared after raw_) go: posted receives point into pool_
+  cluster_->unregister_address(my_name_);
 }
 
 std::string FabricEndpoint::node_name(uint16_t node) const { return cluster_->node_name(node); }

@@ -163,4 +163,6 @@ fi_addr_t RawEndpoint::insert(const std::vector<char>& addr) {
   return out;
 }
 
+int RawEndpoint::remove(fi_addr_t a) { return fi_av_remove(av_.get(), &a, 1, 0); }
+
 }  // namespace dmhnsw::fabric::lf

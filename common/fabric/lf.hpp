@@ -105,6 +105,9 @@ class RawEndpoint {
   fid_cq* cq() const { return cq_.get(); }
   std::vector<char> name() const;
   fi_addr_t insert(const std::vector<char>& addr);
+  /// Removes an address inserted before (rxm also closes its connection to that peer);
+  /// returns the provider's code, 0 on success.
+  int remove(fi_addr_t a);
   const std::shared_ptr<Domain>& domain() const { return d_; }
   /// Closes the endpoint, then its counter, CQ and AV. An owner whose receive buffers or
   /// memory registrations are destroyed before this object calls it first: a provider may

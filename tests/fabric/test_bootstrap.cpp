@@ -6,9 +6,11 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <mutex>
 #include <set>
 #include <thread>
 #include <vector>
@@ -22,6 +24,8 @@ namespace {
 struct Server {
   std::vector<std::string> joined;
   std::atomic<int> left{0};
+  std::mutex mu;  // the server thread calls on_register and on_forget
+  std::vector<std::string> registered, forgotten;
   std::unique_ptr<ControlServer> srv;
   std::thread th;
   Server(const std::string& token, Mode mode, const std::string& listen = "127.0.0.1:0", int silent_ms = 15000) {
@@ -42,6 +46,14 @@ struct Server {
     };
     c.on_join = [this](uint32_t cn, const std::vector<char>&) { joined.push_back(std::to_string(cn)); };
     c.on_leave = [this](uint32_t) { left.fetch_add(1); };
+    c.on_register = [this](uint32_t, const std::vector<char>& a) {
+      std::lock_guard g(mu);
+      registered.emplace_back(a.begin(), a.end());
+    };
+    c.on_forget = [this](uint32_t, const std::vector<char>& a) {
+      std::lock_guard g(mu);
+      forgotten.emplace_back(a.begin(), a.end());
+    };
     c.silent_ms = silent_ms;
     srv = std::make_unique<ControlServer>(c);
     th = std::thread([this] { srv->run(); });
@@ -191,6 +203,43 @@ TEST_CASE("bootstrap: a member that sends nothing for the silent time is dropped
   CHECK(quiet_dropped);
   CHECK(s.left.load() == 1);  // on_leave ran for the silent one only: its key and presence go
   CHECK(!closed_by_server(pinging.fd()));
+}
+
+TEST_CASE("bootstrap: an unregistered endpoint address is forgotten at once and the hello's address only when the member leaves",
+          "[bootstrap]") {
+  using namespace std::chrono;
+  Server s("s3cret", Mode::None);
+  auto snapshot = [&s](std::vector<std::string> Server::*v) {
+    std::lock_guard g(s.mu);
+    return s.*v;
+  };
+  auto wait_for = [&](auto pred) {
+    const auto end = steady_clock::now() + seconds(3);
+    while (!pred() && steady_clock::now() < end) std::this_thread::sleep_for(milliseconds(10));
+    return pred();
+  };
+  {
+    ControlClient c(s.srv->bound());
+    Hello h = hello("s3cret");
+    c.handshake(h);
+    c.send_register({'e', '1'});
+    c.send_register({'e', '2'});
+    REQUIRE(wait_for([&] { return snapshot(&Server::registered).size() == 2; }));
+    c.send_unregister({'e', '1'});
+    c.send_unregister(h.fabric_addr);  // the hello's own address is not the client's to drop
+    c.send_unregister({'x', 'y'});     // never registered: nothing to forget
+    REQUIRE(wait_for([&] { return !snapshot(&Server::forgotten).empty(); }));
+    std::this_thread::sleep_for(milliseconds(200));
+    CHECK(snapshot(&Server::forgotten) == std::vector<std::string>{"e1"});
+  }
+  // Leaving forgets what is left: the hello's address and e2, not e1 a second time.
+  REQUIRE(wait_for([&] { return s.left.load() == 1; }));
+  auto f = snapshot(&Server::forgotten);
+  std::sort(f.begin() + 1, f.end());
+  const std::vector<char> hello_addr = hello("s3cret").fabric_addr;
+  std::vector<std::string> want{"e1", "e2", std::string(hello_addr.begin(), hello_addr.end())};
+  std::sort(want.begin() + 1, want.end());
+  CHECK(f == want);
 }
 
 namespace {
