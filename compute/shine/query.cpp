@@ -51,6 +51,7 @@ static_assert(sizeof(QueryMsg) == 24 && sizeof(ProgressMsg) == 24 && sizeof(Done
 static_assert(std::is_trivially_copyable_v<QueryMsg> && std::is_trivially_copyable_v<ProgressMsg>);
 /// Adaptive routing: a router waiting for its own queue to drain re-broadcasts its length this often.
 constexpr std::chrono::milliseconds kProgressEvery{2};
+constexpr std::chrono::seconds kNoteEvery{10};  // a progress line while a phase runs
 
 struct Item {
   uint32_t pos;
@@ -355,6 +356,10 @@ json run_query(const RunContext& rc, const QueryOptions& o) {
     std::exception_ptr router_error;
     auto t0 = Clock::now();
     auto deadline = t0 + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(min_seconds));
+    // A line every kNoteEvery while queries are answered: on a slow or lossy link a run that
+    // goes on is told from one that is stuck (which prints nothing).
+    std::atomic<uint64_t> answered{0};
+    std::atomic<int64_t> next_progress{(t0 + kNoteEvery).time_since_epoch().count()};
     std::thread router_thread([&] {
       try {
         router::RoutingPolicy rp(policy, K, self, o.route_batch, router::parse_quota_base(o.adaptive_quota),
@@ -484,6 +489,14 @@ json run_query(const RunContext& rc, const QueryOptions& o) {
             std::vector<Neighbor> res = co_await w.search(qv, o.k, ef, ctx);
             float lat = static_cast<float>(std::chrono::duration<double, std::micro>(Clock::now() - q0).count());
             ex.served(phase);
+            const uint64_t n = answered.fetch_add(1) + 1;
+            if (int64_t due = next_progress.load(); Clock::now().time_since_epoch().count() >= due &&
+                                                     next_progress.compare_exchange_strong(
+                                                         due, (Clock::now() + kNoteEvery).time_since_epoch().count())) {
+              const double secs = secs_since(t0);
+              spdlog::info("query phase {}: {} answered here in {:.0f} s ({:.1f} per s), {} queued", phase, n, secs,
+                           static_cast<double>(n) / secs, ex.queue_len(phase));
+            }
             const int32_t* gt = wl.groundtruth.row(it.pos);
             uint32_t hits = 0;
             for (const auto& r : res)

@@ -245,7 +245,7 @@ def one_run(phase, fault, k):
     hung = [p.name for p in cns if p is not victim and p.poll() is None]
     # Still running but still logging progress: slow (a loaded host), not hung; say which.
     sizes = {p.name: p.log.stat().st_size for p in cns if p.name in hung}
-    time.sleep(5)
+    time.sleep(12)  # query prints a progress line every 10 s
     progressing = [n for n in hung if next(p for p in cns if p.name == n).log.stat().st_size > sizes[n]]
     # Acknowledged inserts (before the memnodes stop), then every process stops.
     acked = []
