@@ -57,8 +57,14 @@ static_assert(offsetof(RegionHeader, mode_words) == 128);
 namespace shine_word {
 inline constexpr size_t kBump = 0, kEntryPoint = 1, kMaxLevel = 2, kM = 3, kEfConstruction = 4, kNodeCount = 5,
                         kEntryLock = 6, kFormat = 7, kSeed = 8;
-/// kFormat values: the region is being formatted by one computenode, then ready.
+/// kFormat values: the region is being formatted by one computenode, then ready. While
+/// formatting, the high 32 bits hold the formatter's computenode id + 1 (0: not said), so a
+/// waiter can tell from memnode 0's presence table that the formatter left.
 inline constexpr uint64_t kFormatting = 1, kFormatted = 2;
+constexpr bool is_formatting(uint64_t w) { return (w & 0xffffffffu) == kFormatting; }
+constexpr uint64_t formatting_by(int64_t cn_id) {
+  return kFormatting | (cn_id >= 0 ? static_cast<uint64_t>(cn_id + 1) << 32 : 0);
+}
 }
 /// d-HNSW mode words.
 namespace dhnsw_word {

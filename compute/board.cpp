@@ -68,6 +68,14 @@ std::optional<uint32_t> Board::gone_peer(const std::function<bool(uint32_t)>& mi
   return std::nullopt;
 }
 
+std::optional<uint32_t> Board::left_peer(fabric::Endpoint& ep) const {
+  Presence p{};
+  ep.read(RemotePtr(0, kPresenceOffset), &p, sizeof p);
+  for (uint32_t i = 0; i < k_; ++i)
+    if (i != cn_ && presence_gone(p, i, departed_[i])) return i;
+  return std::nullopt;
+}
+
 std::string Board::gone_message(uint32_t i) const {
   return "computenode " + std::to_string(i) + " left the run: its control connection to memnode 0 closed " +
          "(killed, or dropped by the memnode after going silent)";

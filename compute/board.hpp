@@ -35,6 +35,11 @@ class Board {
   /// Computenode 0: every computenode's text of generation `gen`, by cn id; the ones in
   /// `skip` (gone) are not waited for and stay empty; one that left without publishing fails it.
   std::vector<std::string> gather(uint64_t gen, int timeout_s = 600, const std::vector<uint32_t>& skip = {});
+  /// Another computenode of this run that left since the board started, per memnode 0's
+  /// presence table READ through `ep` (a long phase checks between barriers, from a thread
+  /// with an endpoint of its own; thread-safe beside barrier() on another endpoint).
+  std::optional<uint32_t> left_peer(fabric::Endpoint& ep) const;
+  std::string gone_message(uint32_t i) const;
 
  private:
   fabric::Cluster& c_;
@@ -46,7 +51,6 @@ class Board {
 
   /// A computenode for which `missing` holds and that left since the board started.
   std::optional<uint32_t> gone_peer(const std::function<bool(uint32_t)>& missing);
-  std::string gone_message(uint32_t i) const;
 };
 
 }  // namespace dmhnsw::compute

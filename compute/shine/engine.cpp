@@ -27,7 +27,7 @@ json run_build(const RunContext& rc, const BuildOptions& o) {
   GraphParams want = o.params;
   want.dim = static_cast<uint32_t>(data.d());
   auto control = c.make_endpoint(16u << 20);
-  GraphParams p = format_or_attach(c, *control, o.format ? &want : nullptr);
+  GraphParams p = format_or_attach(c, *control, o.format ? &want : nullptr, rc.cn_id);
   if (!o.format && p.dim != data.d())
     throw fabric::FabricError("--data " + o.data + " has dimension " + std::to_string(data.d()) + ", the index " +
                               std::to_string(p.dim));
@@ -63,19 +63,31 @@ json run_build(const RunContext& rc, const BuildOptions& o) {
   std::vector<uint64_t> per_memnode(c.memnodes().size(), 0);
   fabric::Counters counters;
   auto t0 = Clock::now();
+  // A watcher: progress lines, and a peer that left stops this share at once (the build
+  // cannot complete without it; its last barrier would only fail later).
   std::thread progress;
   std::atomic<bool> finished{false};
-  if (o.progress)
-    progress = std::thread([&] {
-      auto last = Clock::now();
-      while (!finished.load()) {
-        std::this_thread::sleep_for(std::chrono::milliseconds(100));
-        if (Clock::now() - last < std::chrono::seconds(2)) continue;
-        last = Clock::now();
-        size_t d = done.load();
-        spdlog::info("build: {} / {} inserted ({:.0f} inserts/s)", d, mine.size(), static_cast<double>(d) / secs_since(t0));
+  std::string peer_gone;  // set by the watcher before it sets stop
+  progress = std::thread([&, watch = rc.num_cns > 1 ? c.make_endpoint(1u << 20) : nullptr] {
+    auto last = Clock::now();
+    while (!finished.load()) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      if (watch && !stop.load()) {
+        try {
+          if (auto gone = board.left_peer(*watch)) {
+            peer_gone = board.gone_message(*gone);
+            stop.store(true);
+          }
+        } catch (const std::exception&) {
+          // memnode 0 unreachable: the workers' own operations fail and say so
+        }
       }
-    });
+      if (!o.progress || Clock::now() - last < std::chrono::seconds(2)) continue;
+      last = Clock::now();
+      size_t d = done.load();
+      spdlog::info("build: {} / {} inserted ({:.0f} inserts/s)", d, mine.size(), static_cast<double>(d) / secs_since(t0));
+    }
+  });
   try {
     parallel(c, o.threads, stop, [&](uint32_t t, fabric::Endpoint& ep) {
       compute::Scheduler s(ep);
@@ -111,6 +123,10 @@ json run_build(const RunContext& rc, const BuildOptions& o) {
   }
   finished.store(true);
   if (progress.joinable()) progress.join();
+  if (!peer_gone.empty())
+    throw fabric::FabricError(std::string(o.format ? "build" : "insert") + ": " + peer_gone + "; stopped after " +
+                              std::to_string(done.load()) + " of this computenode's " + std::to_string(mine.size()) +
+                              " rows");
   double secs = secs_since(t0);
 
   json mine_j = {{"cn_id", rc.cn_id}, {"inserted", mine.size()}, {"seconds", secs},

@@ -1,5 +1,7 @@
 #include "compute/shine/graph.hpp"
 
+#include "common/presence.hpp"
+
 #include <algorithm>
 #include <array>
 #include <chrono>
@@ -33,7 +35,7 @@ struct ByDistGreater {
 }  // namespace
 
 // ------------------------------------------------------------------ format / attach
-GraphParams format_or_attach(fabric::Cluster& c, fabric::Endpoint& ep, const GraphParams* wanted) {
+GraphParams format_or_attach(fabric::Cluster& c, fabric::Endpoint& ep, const GraphParams* wanted, int64_t self) {
   const auto n = c.memnodes().size();
   auto read_header = [&](uint16_t i) {
     RegionHeader h;
@@ -47,7 +49,7 @@ GraphParams format_or_attach(fabric::Cluster& c, fabric::Endpoint& ep, const Gra
                       " index, not shine");
   uint64_t state = h0.mode_words[shine_word::kFormat];
   if (state == 0 && wanted != nullptr &&
-      ep.compare_swap(word_ptr(shine_word::kFormat), 0, shine_word::kFormatting) == 0) {
+      ep.compare_swap(word_ptr(shine_word::kFormat), 0, shine_word::formatting_by(self)) == 0) {
     // We format: every memnode gets mode, dimension, metric and a bump pointer at its data area.
     for (uint16_t i = 0; i < n; ++i) {
       RegionHeader h = read_header(i);
@@ -62,7 +64,7 @@ GraphParams format_or_attach(fabric::Cluster& c, fabric::Endpoint& ep, const Gra
       h.mode_words[shine_word::kM] = wanted->m;
       h.mode_words[shine_word::kEfConstruction] = wanted->ef_construction;
       h.mode_words[shine_word::kSeed] = wanted->seed;
-      h.mode_words[shine_word::kFormat] = i == 0 ? shine_word::kFormatting : shine_word::kFormatted;
+      h.mode_words[shine_word::kFormat] = i == 0 ? shine_word::formatting_by(self) : shine_word::kFormatted;
       ep.write(RemotePtr(i, 0), &h, sizeof h);
     }
     uint64_t done = shine_word::kFormatted;
@@ -70,17 +72,29 @@ GraphParams format_or_attach(fabric::Cluster& c, fabric::Endpoint& ep, const Gra
     state = done;
   }
   // A word no formatter writes is corruption, not a format in progress: no reason to wait.
-  if (state != 0 && state != shine_word::kFormatting && state != shine_word::kFormatted)
+  if (state != 0 && !shine_word::is_formatting(state) && state != shine_word::kFormatted)
     throw FabricError("memnode 0: shine format word " + std::to_string(state) + " at region offset " +
                       std::to_string(mode_word_offset(shine_word::kFormat)) + " is none of 0, " +
-                      std::to_string(shine_word::kFormatting) + ", " + std::to_string(shine_word::kFormatted) +
-                      " (a corrupted region header?)");
-  // Someone else formats: wait for it (bounded).
+                      std::to_string(shine_word::kFormatting) + " (+ a formatter id), " +
+                      std::to_string(shine_word::kFormatted) + " (a corrupted region header?)");
+  // Someone else formats: wait for it (bounded), and fail at once if memnode 0 no longer has a
+  // control connection from the formatter (it died or was dropped mid-format).
   auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  auto next_presence = std::chrono::steady_clock::now();
   while (state != shine_word::kFormatted) {
     if (state == 0 && wanted == nullptr) throw FabricError("no shine index on the memnodes: run `computenode build` first");
     if (std::chrono::steady_clock::now() > deadline)
       throw FabricError("memnode 0: index still being formatted by another computenode after 30 s");
+    const uint64_t f = state >> 32;
+    if (f != 0 && f - 1 < kPresenceIds && std::chrono::steady_clock::now() >= next_presence) {
+      next_presence = std::chrono::steady_clock::now() + std::chrono::milliseconds(250);
+      uint64_t open = 0;
+      ep.read(RemotePtr(0, kPresenceOffset + offsetof(Presence, connected) + 8 * (f - 1)), &open, 8);
+      if (open == 0)
+        throw FabricError("computenode " + std::to_string(f - 1) + " left while formatting the shine index: memnode 0 (" +
+                          c.memnodes()[0].address + ") has no control connection from it; the region is half " +
+                          "formatted: restart the memnodes");
+    }
     std::this_thread::sleep_for(std::chrono::milliseconds(1));  // bounded wait on a peer's format
     ep.read(word_ptr(shine_word::kFormat), &state, 8);
   }

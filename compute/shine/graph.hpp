@@ -59,8 +59,9 @@ struct SearchStats {
 
 /// Formats the memnodes for a shine index (the first computenode to arrive does it), or
 /// attaches to an existing one. Returns the stored parameters; throws when `wanted` (if
-/// given) disagrees with a stored index, naming the parameter.
-GraphParams format_or_attach(fabric::Cluster& c, fabric::Endpoint& ep, const GraphParams* wanted);
+/// given) disagrees with a stored index, naming the parameter. `self`: this computenode's id,
+/// written while it formats so that others waiting fail at once if it leaves (-1: not said).
+GraphParams format_or_attach(fabric::Cluster& c, fabric::Endpoint& ep, const GraphParams* wanted, int64_t self = -1);
 
 /// The process-wide view of the graph: layout, bounds, distance kernel. Read-only, shared
 /// by all worker threads.

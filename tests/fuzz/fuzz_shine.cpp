@@ -37,7 +37,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   RegionHeader h;
   std::memcpy(&h, region, sizeof h);
   // A region some computenode is still formatting is waited for (up to 30 s): not fuzzed.
-  if (h.mode_words[shine_word::kFormat] == shine_word::kFormatting) return 0;
+  if (shine_word::is_formatting(h.mode_words[shine_word::kFormat])) return 0;
   try {
     const shine::GraphParams p = shine::format_or_attach(*cluster, *ep, nullptr);
     const shine::Graph g(*cluster, p);

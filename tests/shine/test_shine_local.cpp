@@ -2,10 +2,13 @@
 #include <catch2/catch.hpp>
 
 #include <cstring>
+#include <thread>
+#include <chrono>
 #include <random>
 #include <set>
 
 #include "common/fabric/local_fabric.hpp"
+#include "common/presence.hpp"
 #include "common/region.hpp"
 #include "common/shine_layout.hpp"
 #include "compute/shine/graph.hpp"
@@ -172,4 +175,36 @@ TEST_CASE("shine: attaching with other parameters names the mismatch", "[shine]"
   auto empty = make_cluster(1, 8u << 20);
   auto ep2 = empty->make_endpoint(8u << 20);
   CHECK_THROWS_WITH(format_or_attach(*empty, *ep2, nullptr), Catch::Contains("build"));
+}
+
+TEST_CASE("shine: a waiter fails at once when the computenode formatting the index has no control connection", "[shine]") {
+  auto c = make_cluster(1, 8u << 20);
+  auto ep = c->make_endpoint(8u << 20);
+  // Computenode 5 took the format word and left; memnode 0's presence table (zero in a
+  // LocalFabric region) has no connection from it.
+  const uint64_t word = shine_word::formatting_by(5);
+  ep->write(RemotePtr(0, mode_word_offset(shine_word::kFormat)), &word, 8);
+  auto t0 = std::chrono::steady_clock::now();
+  CHECK_THROWS_WITH(format_or_attach(*c, *ep, nullptr),
+                    Catch::Contains("computenode 5 left while formatting") && Catch::Contains("memnode 0"));
+  CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(5));
+  // While it holds a connection, the waiter waits (here: until the format completes).
+  const uint64_t one = 1;
+  t0 = std::chrono::steady_clock::now();
+  ep->write(RemotePtr(0, kPresenceOffset + offsetof(Presence, connected) + 8 * 5), &one, 8);
+  std::thread done([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(600));
+    auto ep2 = c->make_endpoint(1u << 20);
+    const uint64_t formatted = shine_word::kFormatted;
+    ep2->write(RemotePtr(0, mode_word_offset(shine_word::kFormat)), &formatted, 8);
+  });
+  std::string error;  // the header holds no real format, so attaching may fail after the wait
+  try {
+    format_or_attach(*c, *ep, nullptr);
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  done.join();
+  CHECK(std::chrono::steady_clock::now() - t0 >= std::chrono::milliseconds(600));
+  CHECK(error.find("left while formatting") == std::string::npos);
 }
