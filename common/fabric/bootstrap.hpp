@@ -128,7 +128,7 @@ class ControlServer {
     std::function<void(uint32_t cn_id, const std::vector<char>& addr)> on_forget;
     // A computenode pings every 500 ms; one that sends nothing for this long (stopped, or cut
     // off without a FIN) is dropped like one that closed: its key revoked, its peers told.
-    int silent_ms = 15000;
+    int silent_ms = 10000;  // 20 pings missed; its peers fail within 10 s, not after a lock or barrier timeout
   };
   explicit ControlServer(Config c);
   ~ControlServer();

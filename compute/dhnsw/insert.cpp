@@ -327,14 +327,20 @@ void Inserter::insert(const float* x, const int64_t* ids, size_t n) {
       } catch (const CommitDoesNotFit& e) {
         if (merge_) throw;
         // The group's shared gap is full: rebuild (as master, or wait for the one who is).
-        spdlog::info("dhnsw insert: {}: starting an online rebuild", e.what());
         RebuildOptions ro;
         ro.lease_ms = std::max<uint32_t>(t_.lease_ms, 2000);
-        ro.wait_for_master = false;  // another master works: its inserts go to the buffer meanwhile
+        const auto now = std::chrono::steady_clock::now();
+        if (!skipped_since_) spdlog::info("dhnsw insert: {}: starting an online rebuild", e.what());
+        // Another master works: its inserts go to the buffer meanwhile, so do not wait for it.
+        // But a master that died after publishing leaves its word set and no buffer open:
+        // once we were turned away for a whole lease, watch the word and take it over.
+        ro.wait_for_master = skipped_since_ && now - *skipped_since_ > std::chrono::milliseconds(ro.lease_ms);
         nlohmann::json rr = run_rebuild(c_, ep_, cn_id_, ro);
-        if (rr.contains("skipped"))
+        if (rr.contains("skipped")) {
+          if (!skipped_since_) skipped_since_ = now;
           std::this_thread::sleep_for(std::chrono::milliseconds(50));
-        else {
+        } else {
+          skipped_since_.reset();
           ++st_.rebuilds;
           st_.rebuild_reports.push_back(rr);
         }
@@ -343,7 +349,9 @@ void Inserter::insert(const float* x, const int64_t* ids, size_t n) {
         break;
       }
       if (r == Outcome::Done) {
+        skipped_since_.reset();
       } else if (r == Outcome::EpochMoved) {
+        skipped_since_.reset();
         ++st_.epoch_moves;
         reload();
         reroute = true;

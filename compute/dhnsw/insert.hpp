@@ -17,7 +17,9 @@
 // (lock_word: owner, ticket). A waiter that sees the same word for a whole lease takes the lock
 // over, so a computenode killed while holding it blocks the group for about one lease.
 // A holder is assumed not to stall longer than a lease between its own checks.
+#include <chrono>
 #include <cstdint>
+#include <optional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -89,6 +91,8 @@ class Inserter {
   bool merge_ = false;
   int pause_in_commit_ms_ = 0;  // DMHNSW_TEST_PAUSE_IN_COMMIT_MS: tests kill a writer inside a commit
   InsertStats st_;
+  /// Since when a rebuild we asked for was turned away (another master's word set).
+  std::optional<std::chrono::steady_clock::time_point> skipped_since_;
 };
 
 struct InsertOptions {

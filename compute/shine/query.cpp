@@ -360,6 +360,16 @@ json run_query(const RunContext& rc, const QueryOptions& o) {
     // goes on is told from one that is stuck (which prints nothing).
     std::atomic<uint64_t> answered{0};
     std::atomic<int64_t> next_progress{(t0 + kNoteEvery).time_since_epoch().count()};
+    auto note_progress = [&] {
+      if (int64_t due = next_progress.load(); Clock::now().time_since_epoch().count() >= due &&
+                                               next_progress.compare_exchange_strong(
+                                                   due, (Clock::now() + kNoteEvery).time_since_epoch().count())) {
+        const double secs = secs_since(t0);
+        const uint64_t n = answered.load();
+        spdlog::info("query phase {}: {} answered here in {:.0f} s ({:.1f} per s), {} queued", phase, n, secs,
+                     static_cast<double>(n) / secs, ex.queue_len(phase));
+      }
+    };
     std::thread router_thread([&] {
       try {
         router::RoutingPolicy rp(policy, K, self, o.route_batch, router::parse_quota_base(o.adaptive_quota),
@@ -475,6 +485,14 @@ json run_query(const RunContext& rc, const QueryOptions& o) {
             if (stop.load()) co_return;
             if (!ex.pop(phase, it)) {
               if (ex.finished(phase, self, need_done, router_done.load())) co_return;
+              // Waiting on peers' messages performs no remote operation, so nothing else here
+              // would notice a memnode the heartbeat found dead (a partition): the graph spans
+              // every memnode, so this run cannot go on without it.
+              for (uint16_t m = 0; m < c.memnodes().size(); ++m)
+                if (!c.alive(m))
+                  throw fabric::FabricError("memnode " + std::to_string(m) + " (" + c.memnodes()[m].address +
+                                            ") is gone while waiting for routed queries: " + c.dead_reason(m));
+              note_progress();  // also while idle: waiting on a slow peer is not being stuck
               if (Clock::now() > next_note) {
                 spdlog::debug("waiting: router {}, {}", router_done.load() ? "done" : "busy", ex.describe(phase));
                 next_note = Clock::now() + std::chrono::seconds(2);
@@ -489,14 +507,8 @@ json run_query(const RunContext& rc, const QueryOptions& o) {
             std::vector<Neighbor> res = co_await w.search(qv, o.k, ef, ctx);
             float lat = static_cast<float>(std::chrono::duration<double, std::micro>(Clock::now() - q0).count());
             ex.served(phase);
-            const uint64_t n = answered.fetch_add(1) + 1;
-            if (int64_t due = next_progress.load(); Clock::now().time_since_epoch().count() >= due &&
-                                                     next_progress.compare_exchange_strong(
-                                                         due, (Clock::now() + kNoteEvery).time_since_epoch().count())) {
-              const double secs = secs_since(t0);
-              spdlog::info("query phase {}: {} answered here in {:.0f} s ({:.1f} per s), {} queued", phase, n, secs,
-                           static_cast<double>(n) / secs, ex.queue_len(phase));
-            }
+            answered.fetch_add(1);
+            note_progress();
             const int32_t* gt = wl.groundtruth.row(it.pos);
             uint32_t hits = 0;
             for (const auto& r : res)

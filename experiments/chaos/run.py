@@ -244,9 +244,16 @@ def one_run(phase, fault, k):
         victim.p.send_signal(signal.SIGCONT)
     hung = [p.name for p in cns if p is not victim and p.poll() is None]
     # Still running but still logging progress: slow (a loaded host), not hung; say which.
+    # A shine query prints "N answered here" every 10 s, also while it waits for routed queries
+    # from a slower peer: the run is progressing when the answers of all its computenodes grew.
+    def answered():
+        return sum(int(m[-1]) if (m := re.findall(r"(\d+) answered here", p.text())) else 0 for p in cns)
     sizes = {p.name: p.log.stat().st_size for p in cns if p.name in hung}
+    before = answered()
     time.sleep(12)  # query prints a progress line every 10 s
-    progressing = [n for n in hung if next(p for p in cns if p.name == n).log.stat().st_size > sizes[n]]
+    grew = answered() > before
+    progressing = [n for n in hung if (grew if phase == "shine-query" else
+                                       next(p for p in cns if p.name == n).log.stat().st_size > sizes[n])]
     # Acknowledged inserts (before the memnodes stop), then every process stops.
     acked = []
     if phase == "dhnsw-insert":
@@ -294,9 +301,12 @@ def one_run(phase, fault, k):
         after = None if p.end is None else round(p.end - t_fault, 1)
         res["survivors"].append({"name": p.name, "exit": code, "after_fault_s": after, "error_names_peer": named,
                                  "last_error": last_err})
-    ok = not res["hung"] and all(s["exit"] == 0 or (s["error_names_peer"] and s["after_fault_s"] is not None and
-                                             s["after_fault_s"] <= args.bound_s)
-                          for s in res["survivors"]) and lost in (None, 0)
+    # A survivor still answering at 60 s (a lossy or slow link) is slow, not stuck: it counts
+    # as expected, and the table says so.
+    ok = not res["hung"] and all(s["exit"] == 0 or s["name"] in progressing or
+                                 (s["error_names_peer"] and s["after_fault_s"] is not None and
+                                  s["after_fault_s"] <= args.bound_s)
+                                 for s in res["survivors"]) and lost in (None, 0)
     res["expected"] = ok
     return res
 
