@@ -51,6 +51,8 @@ ap.add_argument("--phases", default=",".join(PHASES))
 ap.add_argument("--faults", default=",".join(FAULTS))
 ap.add_argument("--seed", type=int, default=1)
 ap.add_argument("--bound-s", type=float, default=15, help="a survivor ends within this long after the fault")
+ap.add_argument("--victim", default="", help="kill or stop this process (memnode0, cn1, inserter0, querier, ...) "
+                                           "instead of a random one, where the phase has it")
 ap.add_argument("--out", default=str(HERE))
 args = ap.parse_args()
 rng = random.Random(args.seed)
@@ -213,6 +215,8 @@ def one_run(phase, fault, k):
     if fault in ("kill-memnode", "stop-memnode", "kill-cn", "stop-cn"):
         pool = mns if "memnode" in fault else [c for c in cns if c.poll() is None] or cns
         victim = rng.choice(pool)
+        if args.victim and any(p.name == args.victim for p in pool):
+            victim = next(p for p in pool if p.name == args.victim)
         victim.p.send_signal(signal.SIGKILL if fault.startswith("kill") else signal.SIGSTOP)
         if "memnode" in fault:
             i = mns.index(victim)
