@@ -20,6 +20,7 @@
 #include "compute/dhnsw/query.hpp"
 #include "compute/memnode_cpu.hpp"
 #include "compute/selftest.hpp"
+#include "compute/serve/serve.hpp"
 #include "compute/shine/engine.hpp"
 #include "compute/store.hpp"
 #include <fstream>
@@ -235,6 +236,8 @@ int main(int argc, char** argv) {
   query->add_flag("--no-regroup", no_regroup, "dhnsw ablation: each query fetches its own partitions (no sharing, no cache)");
   query->add_flag("--no-doorbell", no_doorbell, "dhnsw ablation: one READ per post, each waited for");
   query->add_flag("--no-pipeline", no_pipeline, "dhnsw ablation: fetch, deserialize and search in sequence on one thread");
+  serve::ServeOptions svo;
+  auto* serve_cmd = serve::add_serve_subcommand(app, svo);
   for (auto* sc : {build, insert, query})
     sc->add_option("--read-mode", read_mode, "batch: a candidate's neighbours in one doorbell; per-read: one READ each")
         ->capture_default_str()
@@ -258,7 +261,7 @@ int main(int argc, char** argv) {
     const fabric::WireModel wm = fabric::parse_wire(wire);
     auto cluster = fabric::with_wire(fabric::connect_cluster(co), wm);
     spdlog::info("connected to {} memnode(s) over {}", cluster->memnodes().size(), provider);
-    if (!*build && !*insert && !*query && !*rebuild) print_headers(*cluster);
+    if (!*build && !*insert && !*query && !*rebuild && !*serve_cmd) print_headers(*cluster);
     // Runs that write a report measure the memnodes' CPU over the run (memnode_cpu).
     std::unique_ptr<compute::MemnodeCpuMeter> cpu;
     if (!build_report.empty() || !query_report.empty()) cpu = std::make_unique<compute::MemnodeCpuMeter>(*cluster);
@@ -279,6 +282,11 @@ int main(int argc, char** argv) {
     shine::RunContext rc{cluster.get(), cn_id, num_cns, provider, {}};
     rc.departed_at_connect = compute::Board::departures(*cluster->make_endpoint(1u << 20));
     auto rm = read_mode == "batch" ? shine::ReadMode::Batch : shine::ReadMode::PerRead;
+    if (*serve_cmd) {
+      svo.mode = mode;
+      svo.token = co.token;
+      return serve::run_serve(rc, svo);
+    }
     if (*rebuild) {
       if (mode != "dhnsw") throw std::invalid_argument("rebuild: only --mode dhnsw has epochs");
       auto ep = cluster->make_endpoint(64u << 20);

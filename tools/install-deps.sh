@@ -27,6 +27,10 @@ PKGS=(
   libhnswlib-dev libfaiss-dev libopenblas-dev liblapack-dev
   libspdlog-dev libfmt-dev libcli11-dev catch2 libnuma-dev nlohmann-json3-dev
   libssl-dev  # OpenSSL's libcrypto: HMAC-SHA256 of the control hello
+  libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc  # computenode serve (proto/dmhnsw.proto)
+  libcpp-httplib-dev  # computenode serve --metrics-listen (Prometheus text exposition)
+  python3-venv python3-pip  # the Python client: a virtualenv and pip install ./python
+  python3-grpcio python3-protobuf python3-setuptools python3-wheel  # the Python client offline (python/README.md)
   python3-numpy python3-matplotlib iproute2 procps
   nftables  # experiments/chaos: packet loss between network namespaces (this kernel has no netem)
 )

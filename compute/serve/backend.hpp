@@ -1,0 +1,68 @@
+#pragma once
+// What `computenode serve` answers with: one backend per mode, behind the gRPC glue
+// (service.cpp). A backend takes already-validated batches (dimension, k, finite values) and
+// may be called from many gRPC threads at once.
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <stdexcept>
+#include <string>
+
+#include "compute/dhnsw/pipeline.hpp"
+#include "compute/run_context.hpp"
+#include "compute/serve/metrics.hpp"
+
+namespace dmhnsw::serve {
+
+struct IndexInfo {
+  std::string mode, metric, provider;
+  uint32_t dim = 0, memnodes = 0, computenode = 0;
+  uint64_t count = 0, epoch = 0;
+  uint32_t partitions = 0;  // dhnsw: sub-HNSWs (the largest probe); shine: 0
+};
+
+/// A request field the backend refuses (the service answers INVALID_ARGUMENT with it).
+struct BadRequest : std::invalid_argument {
+  using std::invalid_argument::invalid_argument;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual IndexInfo info() = 0;
+  /// n queries of info().dim floats; writes n x k ids (-1 where fewer were found) and distances.
+  virtual void search(const float* queries, size_t n, uint32_t k, uint32_t ef, uint32_t probe, int64_t* ids,
+                      float* distances) = 0;
+  /// Inserts n vectors under `ids` (checked by the service: >= 0, distinct within the request);
+  /// every one is in the index when this returns. Throws BadRequest for an id the mode cannot
+  /// take (naming it).
+  virtual void insert(const float* x, const int64_t* ids, size_t n) = 0;
+};
+
+/// What every backend counts into the registry (the remote operations of its queries and
+/// inserts, the caches, the index), created once so the hot path does not look them up.
+struct BackendMetrics {
+  explicit BackendMetrics(Registry& r, const std::string& mode);
+  Counter &reads, &writes, &atomics, &doorbells, &bytes;
+  Counter &queries, &inserted;
+  Counter &cache_lookups, &cache_hits;  // shine: the node cache; dhnsw: the sub-HNSW cache
+  Histogram& batch_queries;             // dhnsw: queries per pipeline batch
+  Gauge &epoch, &vectors;
+};
+
+struct ShineServeOptions {
+  uint32_t threads = 2;      // worker threads, each with its own endpoint
+  uint32_t coroutines = 8;   // queries in flight per thread
+  uint32_t ef_search = 64;   // when a request gives none
+  uint64_t cache_bytes = 0;  // the node cache (cooling table); 0: none
+  double admit_probability = 0.01;
+};
+std::unique_ptr<Backend> make_shine_backend(const compute::RunContext& rc, const ShineServeOptions& o,
+                                            BackendMetrics& m);
+
+/// dhnsw: concurrent requests are gathered into batches of up to engine.batch queries, closed
+/// engine.max_wait_us after the first one arrived, and go through the pipeline together.
+std::unique_ptr<Backend> make_dhnsw_backend(const compute::RunContext& rc, const dhnsw::EngineOptions& engine,
+                                            BackendMetrics& m);
+
+}  // namespace dmhnsw::serve

@@ -1,0 +1,45 @@
+// `computenode serve`'s flags, next to the code they configure.
+#include <CLI/CLI.hpp>
+
+#include "compute/serve/serve.hpp"
+
+namespace dmhnsw::serve {
+
+CLI::App* add_serve_subcommand(CLI::App& app, ServeOptions& o) {
+  auto* s = app.add_subcommand("serve", "answer applications' searches over gRPC (proto/dmhnsw.proto; the Python "
+                                        "client in python/) until SIGTERM");
+  s->add_option("--listen", o.listen, "HOST:PORT of the gRPC service (port 0: any free port, printed); a "
+                                      "non-loopback host needs the cluster token")
+      ->capture_default_str();
+  s->add_option("--metrics-listen", o.metrics_listen,
+                "HOST:PORT of the Prometheus metrics (GET /metrics; port 0: any free port, printed); with a "
+                "cluster token a scrape must send Authorization: Bearer TOKEN");
+  s->add_option("--max-k", o.max_k, "largest k a request may ask for (dhnsw: the k its engine searches with)")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  s->add_option("--max-batch", o.max_batch, "most query vectors per request")->capture_default_str()->check(CLI::PositiveNumber);
+  s->add_option("--max-message-bytes", o.max_message_bytes, "largest request or answer")->capture_default_str();
+  s->add_option("--grace-seconds", o.grace_s, "on SIGTERM, in-flight calls get this long")->capture_default_str();
+  s->add_option("--ef-search", o.shine.ef_search, "efSearch when a request gives none")->capture_default_str();
+  s->add_option("--threads", o.shine.threads, "shine: worker threads")->capture_default_str()->check(CLI::PositiveNumber);
+  s->add_option("--coroutines", o.shine.coroutines, "shine: queries in flight per worker thread")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  s->add_option("--cache", o.shine.cache_bytes,
+                "shine: bytes of the node cache (cooling table) searches go through, e.g. 64MiB (0: none; inserts "
+                "by others leave cached neighbour lists stale until evicted)")
+      ->capture_default_str()
+      ->transform(CLI::AsSizeValue(false));
+  s->add_option("--admit-probability", o.shine.admit_probability, "shine: node cache admission of level-0 nodes")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 1.0));
+  s->add_option("--batch", o.dhnsw.batch, "dhnsw: most queries per batch")->capture_default_str()->check(CLI::PositiveNumber);
+  s->add_option("--max-wait-us", o.dhnsw.max_wait_us, "dhnsw: a batch closes this long after its first query arrived")
+      ->capture_default_str();
+  s->add_option("--probe", o.dhnsw.probe, "dhnsw: partitions searched per query")->capture_default_str()->check(CLI::PositiveNumber);
+  s->add_option("--cache-subs", o.dhnsw.cache_subs, "dhnsw: deserialized sub-HNSWs kept across batches (-1: 10 % of them)")
+      ->capture_default_str();
+  return s;
+}
+
+}  // namespace dmhnsw::serve

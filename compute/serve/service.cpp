@@ -1,0 +1,318 @@
+// The gRPC side of `computenode serve`: checks every request (answering INVALID_ARGUMENT
+// naming the field), the cluster token, hands the batch to the mode's backend, and counts
+// every call into the metrics (compute/serve/metrics.hpp).
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/health_check_service_interface.h>
+#include <openssl/crypto.h>
+#include <spdlog/spdlog.h>
+
+#include <atomic>
+#include <cmath>
+#include <csignal>
+#include <cstring>
+#include <optional>
+#include <thread>
+#include <unordered_map>
+
+#include "common/fabric/transport.hpp"
+#include "compute/serve/metrics.hpp"
+#include "compute/serve/serve.hpp"
+#include "dmhnsw.grpc.pb.h"
+
+namespace dmhnsw::serve {
+namespace {
+
+namespace pb = ::dmhnsw::v1;
+using grpc::ServerContext;
+using grpc::Status;
+using grpc::StatusCode;
+
+std::atomic<int> g_signal{0};
+extern "C" void on_signal(int s) { g_signal.store(s); }
+
+Status bad(const std::string& why) { return Status(StatusCode::INVALID_ARGUMENT, why); }
+
+/// The batch in `vectors` as n rows of `dim` floats, or why not (naming the field).
+std::optional<std::string> check_vectors(const std::string& bytes, uint32_t dim, uint32_t want_dim, uint32_t max_batch,
+                                         size_t& n) {
+  if (dim != want_dim)
+    return "dim: " + std::to_string(dim) + ", the index has dimension " + std::to_string(want_dim);
+  if (bytes.empty()) return std::string("vectors: empty batch");
+  if (bytes.size() % (4ull * dim) != 0)
+    return "vectors: " + std::to_string(bytes.size()) + " bytes is not a whole number of rows of " + std::to_string(dim) +
+           " float32 (" + std::to_string(4ull * dim) + " bytes each)";
+  n = bytes.size() / (4ull * dim);
+  if (n > max_batch)
+    return "vectors: " + std::to_string(n) + " rows, at most " + std::to_string(max_batch) + " per request";
+  for (size_t i = 0; i < n * dim; ++i) {
+    float v;
+    std::memcpy(&v, bytes.data() + 4 * i, 4);
+    if (!std::isfinite(v))
+      return "vectors: row " + std::to_string(i / dim) + ", element " + std::to_string(i % dim) + " is not finite";
+  }
+  return std::nullopt;
+}
+
+const char* code_name(StatusCode c) {
+  switch (c) {
+    case StatusCode::OK: return "OK";
+    case StatusCode::CANCELLED: return "CANCELLED";
+    case StatusCode::INVALID_ARGUMENT: return "INVALID_ARGUMENT";
+    case StatusCode::DEADLINE_EXCEEDED: return "DEADLINE_EXCEEDED";
+    case StatusCode::UNAUTHENTICATED: return "UNAUTHENTICATED";
+    case StatusCode::UNAVAILABLE: return "UNAVAILABLE";
+    case StatusCode::UNIMPLEMENTED: return "UNIMPLEMENTED";
+    case StatusCode::RESOURCE_EXHAUSTED: return "RESOURCE_EXHAUSTED";
+    case StatusCode::INTERNAL: return "INTERNAL";
+    default: return "OTHER";
+  }
+}
+
+/// Per-method call counters and latency, looked up once.
+struct MethodMetrics {
+  MethodMetrics(Registry& r, const std::string& method)
+      : registry(r), name(method),
+        calls(r.counter("dmhnsw_requests_total", "gRPC calls answered, by method", {{"method", method}})),
+        latency(r.histogram("dmhnsw_request_duration_seconds", "time from a call's arrival to its answer, by method",
+                            latency_buckets(), {{"method", method}})) {}
+  Registry& registry;
+  std::string name;
+  Counter& calls;
+  Histogram& latency;
+};
+
+class Service final : public pb::Search::Service {
+ public:
+  Service(Backend& b, const ServeOptions& o, Registry& r)
+      : b_(b), o_(o), info_(b.info()), r_(r), search_m_(r, "Search"), insert_m_(r, "Insert"), info_m_(r, "Info"),
+        inflight_(r.gauge("dmhnsw_requests_in_flight", "gRPC calls being answered")) {}
+
+  Status Search(ServerContext* ctx, const pb::SearchRequest* req, pb::SearchResponse* resp) override {
+    return counted(search_m_, [&] { return search(ctx, req, resp); });
+  }
+  Status Insert(ServerContext* ctx, const pb::InsertRequest* req, pb::InsertResponse* resp) override {
+    return counted(insert_m_, [&] { return insert(ctx, req, resp); });
+  }
+  Status Info(ServerContext* ctx, const pb::InfoRequest* req, pb::InfoResponse* resp) override {
+    return counted(info_m_, [&] { return info(ctx, req, resp); });
+  }
+
+ private:
+  template <class F>
+  Status counted(MethodMetrics& m, F&& f) {
+    const auto t0 = std::chrono::steady_clock::now();
+    inflight_.add(1);
+    Status s = f();
+    inflight_.add(-1);
+    m.calls.add();
+    m.latency.observe(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    if (!s.ok())
+      r_.counter("dmhnsw_request_errors_total", "gRPC calls refused or failed, by method and status code",
+                 {{"method", m.name}, {"code", code_name(s.error_code())}})
+          .add();
+    return s;
+  }
+
+  Status search(ServerContext* ctx, const pb::SearchRequest* req, pb::SearchResponse* resp) {
+    if (auto s = authorize(ctx); !s.ok()) return s;
+    size_t n = 0;
+    if (auto why = check_vectors(req->vectors(), req->dim(), info_.dim, o_.max_batch, n)) return bad(*why);
+    if (req->k() == 0 || req->k() > o_.max_k)
+      return bad("k: " + std::to_string(req->k()) + ", want 1 .. " + std::to_string(o_.max_k));
+    if (req->ef_search() > 100000) return bad("ef_search: " + std::to_string(req->ef_search()) + ", at most 100000");
+    if (info_.mode == "shine" && req->probe() != 0) return bad("probe: only a dhnsw index has partitions to probe");
+    if (info_.partitions != 0 && req->probe() > info_.partitions)
+      return bad("probe: " + std::to_string(req->probe()) + ", the index has " + std::to_string(info_.partitions) +
+                 " partitions");
+    const uint32_t k = req->k();
+    // The request's bytes are not aligned for float: one copy.
+    std::vector<float> q(n * info_.dim);
+    std::memcpy(q.data(), req->vectors().data(), q.size() * sizeof(float));
+    resp->mutable_ids()->Resize(static_cast<int>(n * k), -1);
+    resp->mutable_distances()->Resize(static_cast<int>(n * k), 0.0f);
+    try {
+      b_.search(q.data(), n, k, req->ef_search(), req->probe(), resp->mutable_ids()->mutable_data(),
+                resp->mutable_distances()->mutable_data());
+    } catch (const BadRequest& e) {
+      return bad(e.what());
+    } catch (const fabric::FabricError& e) {
+      return Status(StatusCode::UNAVAILABLE, e.what());
+    } catch (const std::exception& e) {
+      return Status(StatusCode::INTERNAL, e.what());
+    }
+    resp->set_n(static_cast<uint32_t>(n));
+    resp->set_k(k);
+    return Status::OK;
+  }
+
+  Status insert(ServerContext* ctx, const pb::InsertRequest* req, pb::InsertResponse* resp) {
+    if (auto s = authorize(ctx); !s.ok()) return s;
+    size_t n = 0;
+    if (auto why = check_vectors(req->vectors(), req->dim(), info_.dim, o_.max_batch, n)) return bad(*why);
+    if (static_cast<size_t>(req->ids_size()) != n)
+      return bad("ids: " + std::to_string(req->ids_size()) + " ids for " + std::to_string(n) + " vectors");
+    std::unordered_map<int64_t, int> seen;
+    for (int i = 0; i < req->ids_size(); ++i) {
+      const int64_t id = req->ids(i);
+      if (id < 0) return bad("ids: element " + std::to_string(i) + " is " + std::to_string(id) + ", want >= 0");
+      auto [it, fresh] = seen.emplace(id, i);
+      if (!fresh)
+        return bad("ids: id " + std::to_string(id) + " appears twice (elements " + std::to_string(it->second) +
+                   " and " + std::to_string(i) + ")");
+    }
+    std::vector<float> x(n * info_.dim);
+    std::memcpy(x.data(), req->vectors().data(), x.size() * sizeof(float));
+    try {
+      b_.insert(x.data(), req->ids().data(), n);
+    } catch (const BadRequest& e) {
+      return bad(e.what());
+    } catch (const fabric::FabricError& e) {
+      return Status(StatusCode::UNAVAILABLE, e.what());
+    } catch (const std::exception& e) {
+      return Status(StatusCode::INTERNAL, e.what());
+    }
+    resp->set_inserted(static_cast<uint32_t>(n));
+    return Status::OK;
+  }
+
+  Status info(ServerContext* ctx, const pb::InfoRequest*, pb::InfoResponse* resp) {
+    if (auto s = authorize(ctx); !s.ok()) return s;
+    IndexInfo i;
+    try {
+      i = b_.info();
+    } catch (const std::exception& e) {
+      return Status(StatusCode::UNAVAILABLE, e.what());
+    }
+    resp->set_mode(i.mode);
+    resp->set_dim(i.dim);
+    resp->set_metric(i.metric);
+    resp->set_count(i.count);
+    resp->set_memnodes(i.memnodes);
+    resp->set_epoch(i.epoch);
+    resp->set_provider(i.provider);
+    resp->set_max_k(o_.max_k);
+    resp->set_max_batch(o_.max_batch);
+    resp->set_computenode(i.computenode);
+    return Status::OK;
+  }
+
+  Status authorize(ServerContext* ctx) const {
+    if (o_.token.empty()) return Status::OK;
+    const auto& md = ctx->client_metadata();
+    auto it = md.find("dmhnsw-token");
+    if (it == md.end()) return Status(StatusCode::UNAUTHENTICATED, "no dmhnsw-token in the call's metadata");
+    const auto& got = it->second;
+    if (got.size() != o_.token.size() || CRYPTO_memcmp(got.data(), o_.token.data(), got.size()) != 0)
+      return Status(StatusCode::UNAUTHENTICATED, "dmhnsw-token: not this cluster's token");
+    return Status::OK;
+  }
+
+  Backend& b_;
+  const ServeOptions& o_;
+  IndexInfo info_;
+  Registry& r_;
+  MethodMetrics search_m_, insert_m_, info_m_;
+  Gauge& inflight_;
+};
+
+/// HOST and PORT of HOST:PORT (naming the flag when it is not that); the host may be [v6].
+std::pair<std::string, int> split_listen(const std::string& flag, const std::string& v) {
+  const auto colon = v.rfind(':');
+  if (colon == std::string::npos || colon == 0) throw std::invalid_argument(flag + " " + v + ": want HOST:PORT");
+  int port = -1;
+  try {
+    size_t used = 0;
+    port = std::stoi(v.substr(colon + 1), &used);
+    if (used != v.size() - colon - 1) port = -1;
+  } catch (const std::exception&) {
+  }
+  if (port < 0 || port > 65535) throw std::invalid_argument(flag + " " + v + ": the port is not a number 0 .. 65535");
+  return {v.substr(0, colon), port};
+}
+
+bool loopback(const std::string& host) {
+  return host == "localhost" || host.rfind("127.", 0) == 0 || host == "[::1]" || host == "::1";
+}
+
+}  // namespace
+
+BackendMetrics::BackendMetrics(Registry& r, const std::string& mode)
+    : reads(r.counter("dmhnsw_remote_reads_total", "one-sided READs posted to the memnodes", {{"mode", mode}})),
+      writes(r.counter("dmhnsw_remote_writes_total", "one-sided WRITEs posted to the memnodes", {{"mode", mode}})),
+      atomics(r.counter("dmhnsw_remote_atomics_total", "FETCH_ADD and COMPARE_SWAP posted", {{"mode", mode}})),
+      doorbells(r.counter("dmhnsw_doorbells_total", "posts of one or more remote operations", {{"mode", mode}})),
+      bytes(r.counter("dmhnsw_remote_bytes_total", "bytes read or written remotely", {{"mode", mode}})),
+      queries(r.counter("dmhnsw_queries_total", "query vectors answered", {{"mode", mode}})),
+      inserted(r.counter("dmhnsw_inserted_vectors_total", "vectors inserted and acknowledged", {{"mode", mode}})),
+      cache_lookups(r.counter("dmhnsw_cache_lookups_total",
+                              "lookups in the node cache (shine) or the sub-HNSW cache (dhnsw)",
+                              {{"cache", mode == "shine" ? "node" : "sub_hnsw"}})),
+      cache_hits(r.counter("dmhnsw_cache_hits_total", "lookups that found their entry",
+                           {{"cache", mode == "shine" ? "node" : "sub_hnsw"}})),
+      batch_queries(r.histogram("dmhnsw_batch_queries", "queries per d-HNSW pipeline batch", size_buckets(65536))),
+      epoch(r.gauge("dmhnsw_epoch", "the index's epoch (d-HNSW rebuilds)")),
+      vectors(r.gauge("dmhnsw_index_vectors", "vectors in the index when last asked (Info)")) {}
+
+int run_serve(const compute::RunContext& rc, const ServeOptions& o) {
+  const std::string host = split_listen("--listen", o.listen).first;
+  if (o.token.empty() && !loopback(host))
+    throw std::invalid_argument("--listen " + o.listen + ": a non-loopback address needs the cluster token "
+                                "(--token-file or DMHNSW_TOKEN), which clients then send as metadata");
+  std::optional<std::pair<std::string, int>> metrics_at;
+  if (!o.metrics_listen.empty()) {
+    metrics_at = split_listen("--metrics-listen", o.metrics_listen);
+    if (o.token.empty() && !loopback(metrics_at->first))
+      throw std::invalid_argument("--metrics-listen " + o.metrics_listen +
+                                  ": a non-loopback address needs the cluster token, which scrapers then send as "
+                                  "Authorization: Bearer TOKEN");
+  }
+  if (o.max_k == 0) throw std::invalid_argument("--max-k: at least 1");
+
+  Registry registry;
+  BackendMetrics bm(registry, o.mode);
+  std::unique_ptr<Backend> backend;
+  if (o.mode == "shine") {
+    backend = make_shine_backend(rc, o.shine, bm);
+  } else if (o.mode == "dhnsw") {
+    dhnsw::EngineOptions eo = o.dhnsw;
+    eo.k = o.max_k;
+    eo.ef_search = o.shine.ef_search;
+    backend = make_dhnsw_backend(rc, eo, bm);
+  } else {
+    throw std::invalid_argument("--mode " + o.mode + ": serve needs shine or dhnsw");
+  }
+  Service service(*backend, o, registry);
+  std::unique_ptr<MetricsServer> metrics;
+  if (metrics_at) {
+    metrics = std::make_unique<MetricsServer>(registry, metrics_at->first, metrics_at->second, o.token);
+    std::printf("metrics on %s:%d\n", metrics_at->first.c_str(), metrics->port());
+  }
+
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort(o.listen, grpc::InsecureServerCredentials(), &port);
+  builder.SetMaxReceiveMessageSize(static_cast<int>(o.max_message_bytes));
+  builder.SetMaxSendMessageSize(static_cast<int>(o.max_message_bytes));
+  builder.RegisterService(&service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (!server || port == 0) throw std::runtime_error("--listen " + o.listen + ": could not listen there");
+  server->GetHealthCheckService()->SetServingStatus(true);
+  std::printf("serving %s on %s:%d\n", o.mode.c_str(), host.c_str(), port);
+  std::fflush(stdout);
+  spdlog::info("serving {} on {}:{}", o.mode, host, port);
+
+  std::signal(SIGTERM, on_signal);
+  std::signal(SIGINT, on_signal);
+  while (g_signal.load() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  spdlog::info("signal {}: no new calls; in-flight calls get {} s", g_signal.load(), o.grace_s);
+  server->GetHealthCheckService()->SetServingStatus(false);
+  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(o.grace_s));
+  server->Wait();
+  metrics.reset();
+  backend.reset();
+  spdlog::info("stopped");
+  return 0;
+}
+
+}  // namespace dmhnsw::serve

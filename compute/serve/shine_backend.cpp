@@ -1,0 +1,249 @@
+// shine behind the service: worker threads, each with its own endpoint, scheduler and
+// Worker, run up to `coroutines` searches or inserts at a time from one shared queue; searches
+// go through the node cache (cooling table) when --cache gives it room. (Routing live
+// requests to the computenode whose cache fits them is not done here yet: each serving
+// computenode answers what it is sent.)
+#include <spdlog/spdlog.h>
+
+#include <atomic>
+#include <chrono>
+#include <limits>
+#include <condition_variable>
+#include <deque>
+#include <future>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "cache/node_cache.hpp"
+#include "common/region.hpp"
+#include "compute/coro.hpp"
+#include "compute/serve/backend.hpp"
+#include "compute/shine/graph.hpp"
+
+namespace dmhnsw::serve {
+namespace {
+
+struct Job {
+  const float* q;
+  bool insert;     // else a search
+  uint32_t label;  // insert
+  uint32_t k, ef;  // search
+  int64_t* ids;
+  float* dist;
+  std::promise<void>* done;  // shared by the jobs of one request
+  std::atomic<size_t>* left;
+  std::exception_ptr* error;
+  std::mutex* error_mu;
+};
+
+class ShineBackend final : public Backend {
+ public:
+  ShineBackend(const compute::RunContext& rc, const ShineServeOptions& o, BackendMetrics& m)
+      : rc_(rc), o_(o), m_(m), control_(rc.cluster->make_endpoint(8u << 20)),
+        p_(shine::format_or_attach(*rc.cluster, *control_, nullptr)), g_(*rc.cluster, p_) {
+    if (o_.cache_bytes > 0) {
+      cache::NodeCacheConfig cc;
+      cc.dim = p_.dim;
+      cc.capacity_bytes = o_.cache_bytes;
+      cc.admit_probability = o_.admit_probability;
+      cc.seed = p_.seed * 1000;
+      ncache_ = std::make_unique<cache::NodeCache>(cc);
+      spdlog::info("serve: node cache of {} entries ({} MiB), level-0 admission p={}", ncache_->capacity_entries(),
+                   o_.cache_bytes >> 20, o_.admit_probability);
+    }
+    for (uint32_t t = 0; t < o_.threads; ++t) threads_.emplace_back([this, t] { work(t); });
+  }
+  ~ShineBackend() override {
+    {
+      std::lock_guard g(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    for (auto& t : threads_) t.join();
+  }
+
+  IndexInfo info() override {
+    IndexInfo i;
+    i.mode = "shine";
+    i.metric = std::string(to_string(p_.metric));
+    i.provider = rc_.provider;
+    i.dim = p_.dim;
+    i.memnodes = static_cast<uint32_t>(rc_.cluster->memnodes().size());
+    i.computenode = rc_.cn_id;
+    std::lock_guard g(control_mu_);
+    control_->read(RemotePtr(0, mode_word_offset(shine_word::kNodeCount)), &i.count, 8);
+    m_.vectors.set(static_cast<double>(i.count));
+    return i;
+  }
+
+  void search(const float* queries, size_t n, uint32_t k, uint32_t ef, uint32_t, int64_t* ids,
+              float* distances) override {
+    std::vector<Job> jobs(n);
+    for (size_t i = 0; i < n; ++i)
+      jobs[i] = Job{queries + i * p_.dim, false, 0, k, ef == 0 ? o_.ef_search : std::max(ef, k), ids + i * k,
+                    distances + i * k, nullptr, nullptr, nullptr, nullptr};
+    submit(jobs);
+  }
+
+  void insert(const float* x, const int64_t* ids, size_t n) override {
+    for (size_t i = 0; i < n; ++i)
+      if (ids[i] < 0 || ids[i] > std::numeric_limits<uint32_t>::max())
+        throw BadRequest("ids: element " + std::to_string(i) + " is " + std::to_string(ids[i]) +
+                         "; a shine index labels vectors with 32-bit ids (0 .. 4294967295)");
+    std::vector<Job> jobs(n);
+    for (size_t i = 0; i < n; ++i)
+      jobs[i] = Job{x + i * p_.dim, true, static_cast<uint32_t>(ids[i]), 0, 0, nullptr, nullptr, nullptr, nullptr,
+                    nullptr, nullptr};
+    submit(jobs);
+  }
+
+ private:
+  /// Queues the jobs of one request and waits for all of them; rethrows the first failure.
+  void submit(std::vector<Job>& jobs) {
+    std::promise<void> done;
+    std::atomic<size_t> left{jobs.size()};
+    std::exception_ptr error;
+    std::mutex error_mu;
+    {
+      std::lock_guard g(mu_);
+      for (Job& j : jobs) {
+        j.done = &done;
+        j.left = &left;
+        j.error = &error;
+        j.error_mu = &error_mu;
+        queue_.push_back(j);
+      }
+    }
+    cv_.notify_all();
+    done.get_future().wait();
+    if (error) std::rethrow_exception(error);
+  }
+
+  void work(uint32_t t) {
+    while (!stopping()) {
+      try {
+        rounds(t);
+      } catch (const std::exception& e) {
+        spdlog::error("serve: worker {}: {}; starting over with a new endpoint", t, e.what());
+        std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      }
+    }
+  }
+
+  bool stopping() {
+    std::lock_guard g(mu_);
+    return stop_ && queue_.empty();
+  }
+
+  /// Takes up to `coroutines` queued queries at a time and answers them; returns when the
+  /// backend stops, throws when this thread's endpoint failed (after failing its round).
+  void rounds(uint32_t t) {
+    auto ep = rc_.cluster->make_endpoint(32u << 20);
+    compute::Scheduler s(*ep);
+    shine::Worker w(g_, s, p_.seed * 1000003 + rc_.cn_id * 1009 + t);
+    std::vector<shine::OpContext> ctxs(o_.coroutines);
+    for (;;) {
+      std::vector<Job> jobs;
+      {
+        std::unique_lock g(mu_);
+        cv_.wait(g, [&] { return stop_ || !queue_.empty(); });
+        if (stop_ && queue_.empty()) return;
+        while (!queue_.empty() && jobs.size() < o_.coroutines) {
+          jobs.push_back(queue_.front());
+          queue_.pop_front();
+        }
+      }
+      std::vector<char> finished(jobs.size(), 0);
+      std::vector<compute::IoStats> before(jobs.size());
+      for (size_t j = 0; j < jobs.size(); ++j) {
+        before[j] = ctxs[j].io;
+        ctxs[j].node_cache = jobs[j].insert ? nullptr : ncache_.get();
+        s.spawn(one(w, jobs[j], ctxs[j], finished[j]));
+      }
+      try {
+        s.run();
+      } catch (...) {
+        for (size_t j = 0; j < jobs.size(); ++j)
+          if (!finished[j]) finish(jobs[j], std::current_exception());
+        throw;
+      }
+      count(ctxs, before, jobs.size());
+    }
+  }
+
+  /// Adds the round's remote operations and node-cache counts to the metrics.
+  void count(const std::vector<shine::OpContext>& ctxs, const std::vector<compute::IoStats>& before, size_t n) {
+    for (size_t j = 0; j < n; ++j) {
+      const compute::IoStats& a = ctxs[j].io;
+      const compute::IoStats& b = before[j];
+      m_.reads.add(a.reads - b.reads);
+      m_.writes.add(a.writes - b.writes);
+      m_.atomics.add(a.atomics - b.atomics);
+      m_.doorbells.add(a.doorbells - b.doorbells);
+      m_.bytes.add(a.bytes - b.bytes);
+    }
+    if (ncache_) {
+      const cache::NodeCacheStats now = ncache_->stats();
+      std::lock_guard g(cache_mu_);
+      if (now.lookups > cache_seen_.lookups) m_.cache_lookups.add(now.lookups - cache_seen_.lookups);
+      if (now.hits > cache_seen_.hits) m_.cache_hits.add(now.hits - cache_seen_.hits);
+      cache_seen_.lookups = std::max(now.lookups, cache_seen_.lookups);
+      cache_seen_.hits = std::max(now.hits, cache_seen_.hits);
+    }
+  }
+
+  compute::Task<void> one(shine::Worker& w, Job j, shine::OpContext& ctx, char& finished) {
+    std::exception_ptr err;
+    try {
+      if (j.insert) {
+        co_await w.insert(j.q, j.label, ctx);
+        m_.inserted.add();
+      } else {
+        std::vector<shine::Neighbor> res = co_await w.search(j.q, j.k, j.ef, ctx);
+        for (uint32_t i = 0; i < j.k; ++i) {
+          j.ids[i] = i < res.size() ? static_cast<int64_t>(res[i].label) : -1;
+          j.dist[i] = i < res.size() ? res[i].dist : std::numeric_limits<float>::infinity();
+        }
+        m_.queries.add();
+      }
+    } catch (...) {
+      err = std::current_exception();
+    }
+    finished = 1;
+    finish(j, err);
+  }
+
+  static void finish(const Job& j, std::exception_ptr err) {
+    if (err) {
+      std::lock_guard g(*j.error_mu);
+      if (!*j.error) *j.error = err;
+    }
+    if (j.left->fetch_sub(1) == 1) j.done->set_value();
+  }
+
+  compute::RunContext rc_;
+  ShineServeOptions o_;
+  BackendMetrics& m_;
+  std::unique_ptr<cache::NodeCache> ncache_;
+  std::mutex cache_mu_;
+  cache::NodeCacheStats cache_seen_;
+  std::unique_ptr<fabric::Endpoint> control_;
+  std::mutex control_mu_;
+  shine::GraphParams p_;
+  shine::Graph g_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Job> queue_;
+  bool stop_ = false;
+  std::vector<std::thread> threads_;
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_shine_backend(const compute::RunContext& rc, const ShineServeOptions& o,
+                                            BackendMetrics& m) {
+  return std::make_unique<ShineBackend>(rc, o, m);
+}
+
+}  // namespace dmhnsw::serve

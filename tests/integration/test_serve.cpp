@@ -1,0 +1,352 @@
+// `computenode serve` as applications see it: real memnodes, a real index of each mode, the
+// service in its own process, and calls through the generated gRPC client: answers against
+// the workload's exact ground truth, every malformed request refused naming its field while
+// the service goes on answering, the cluster token, health, and SIGTERM.
+#include <catch2/catch.hpp>
+#include <grpcpp/generic/generic_stub.h>
+#include <grpcpp/grpcpp.h>
+#include <httplib.h>
+
+#include <cmath>
+#include <condition_variable>
+#include <mutex>
+#include <cstring>
+#include <limits>
+#include <regex>
+
+#include "common/workload.hpp"
+#include "dmhnsw.grpc.pb.h"
+#include "proc.hpp"
+
+using namespace dmhnsw;
+using namespace dmhnsw::testing;
+using namespace std::chrono;
+namespace pb = dmhnsw::v1;
+
+namespace {
+
+const char* kToken = "DMHNSW_TOKEN=serve-test-token";
+
+/// Starts `serve` and reads the port it printed.
+struct Server {
+  std::unique_ptr<Proc> proc;
+  std::string address;
+  Server(const TempDir& dir, const std::string& mode, const std::string& mns, std::vector<std::string> extra) {
+    std::vector<std::string> rest{"serve", "--listen", "127.0.0.1:0"};
+    rest.insert(rest.end(), extra.begin(), extra.end());
+    proc = std::make_unique<Proc>(computenode_args(mode, "tcp", mns, 0, 1, rest), dir.file("serve-" + mode + ".log"),
+                                  std::vector<std::string>{kToken});
+    REQUIRE(wait_for_output(*proc, "serving " + mode + " on", seconds(120)));
+    std::smatch m;
+    const std::string out = proc->output();
+    REQUIRE(std::regex_search(out, m, std::regex("serving \\w+ on (127\\.0\\.0\\.1:\\d+)")));
+    address = m[1];
+    if (std::regex_search(out, m, std::regex("metrics on 127\\.0\\.0\\.1:(\\d+)"))) metrics_port = std::stoi(m[1]);
+  }
+  int metrics_port = 0;
+};
+
+struct Client {
+  std::shared_ptr<grpc::Channel> ch;
+  std::unique_ptr<pb::Search::Stub> stub;
+  std::string token;
+  explicit Client(const std::string& address, std::string t = "serve-test-token")
+      : ch(grpc::CreateChannel(address, grpc::InsecureChannelCredentials())), stub(pb::Search::NewStub(ch)),
+        token(std::move(t)) {}
+  void prepare(grpc::ClientContext& c) const {
+    if (!token.empty()) c.AddMetadata("dmhnsw-token", token);
+    c.set_deadline(system_clock::now() + seconds(60));
+  }
+  grpc::Status search(const pb::SearchRequest& r, pb::SearchResponse& out) const {
+    grpc::ClientContext c;
+    prepare(c);
+    return stub->Search(&c, r, &out);
+  }
+  grpc::Status insert(const pb::InsertRequest& r, pb::InsertResponse& out) const {
+    grpc::ClientContext c;
+    prepare(c);
+    return stub->Insert(&c, r, &out);
+  }
+  grpc::Status info(pb::InfoResponse& out) const {
+    grpc::ClientContext c;
+    prepare(c);
+    return stub->Info(&c, pb::InfoRequest{}, &out);
+  }
+};
+
+pb::SearchRequest request(const float* q, size_t n, uint32_t dim, uint32_t k) {
+  pb::SearchRequest r;
+  r.set_vectors(std::string(reinterpret_cast<const char*>(q), n * dim * sizeof(float)));
+  r.set_dim(dim);
+  r.set_k(k);
+  return r;
+}
+
+/// recall@10 of the workload's measured queries asked in requests of 37 (not a batch size).
+double recall_at_10(const Client& cl, const Workload& wl) {
+  const uint32_t dim = static_cast<uint32_t>(wl.dim());
+  double hits = 0;
+  uint64_t asked = 0;
+  for (uint64_t i = wl.warmup_count; i < wl.total(); i += 37) {
+    const size_t n = std::min<uint64_t>(37, wl.total() - i);
+    pb::SearchResponse resp;
+    auto s = cl.search(request(wl.queries.row(i), n, dim, 10), resp);
+    REQUIRE(s.error_message() == "");
+    REQUIRE(s.ok());
+    REQUIRE(resp.n() == n);
+    REQUIRE(resp.ids_size() == static_cast<int>(n * 10));
+    for (size_t j = 0; j < n; ++j) {
+      const int32_t* gt = wl.groundtruth.row(i + j);
+      for (int a = 0; a < 10; ++a)
+        for (int g = 0; g < 10; ++g)
+          if (resp.ids(static_cast<int>(j * 10 + a)) == gt[g]) hits += 1;
+      // distances ascend
+      for (int a = 1; a < 10; ++a)
+        CHECK(resp.distances(static_cast<int>(j * 10 + a)) >= resp.distances(static_cast<int>(j * 10 + a - 1)));
+    }
+    asked += n;
+  }
+  return hits / (10.0 * static_cast<double>(asked));
+}
+
+/// Every malformed request is refused naming its field, and a good one is answered after it.
+void check_bad_requests(const Client& cl, const Workload& wl, uint32_t max_k) {
+  const uint32_t dim = static_cast<uint32_t>(wl.dim());
+  const float* q = wl.queries.row(wl.warmup_count);
+  auto refused = [&](pb::SearchRequest r, const std::string& field) {
+    pb::SearchResponse resp;
+    auto s = cl.search(r, resp);
+    INFO(field << ": " << s.error_message());
+    CHECK(s.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
+    CHECK(s.error_message().rfind(field, 0) == 0);
+  };
+  refused(request(q, 1, dim - 1, 10), "dim");                     // wrong dimension
+  auto r = request(q, 1, dim, 10);
+  r.set_k(0);
+  refused(r, "k");
+  r.set_k(max_k + 1);
+  refused(r, "k");
+  std::vector<float> nan(q, q + dim);
+  nan[3] = std::numeric_limits<float>::quiet_NaN();
+  refused(request(nan.data(), 1, dim, 10), "vectors");
+  nan[3] = std::numeric_limits<float>::infinity();
+  refused(request(nan.data(), 1, dim, 10), "vectors");
+  refused(request(q, 0, dim, 10), "vectors");                      // empty batch
+  auto ragged = request(q, 1, dim, 10);
+  ragged.mutable_vectors()->pop_back();
+  refused(ragged, "vectors");
+  r = request(q, 1, dim, 10);
+  r.set_ef_search(1u << 30);
+  refused(r, "ef_search");
+  {
+    // Over the message size limit (--max-message-bytes 4MiB): refused by gRPC itself.
+    const size_t rows = (4u << 20) / (4 * dim) + 1000;
+    std::vector<float> big(dim * rows, 0.5f);
+    pb::SearchResponse resp;
+    auto s = cl.search(request(big.data(), rows, dim, 10), resp);
+    CHECK(s.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED);
+  }
+  pb::SearchResponse resp;
+  auto s = cl.search(request(q, 1, dim, 10), resp);
+  CHECK(s.ok());
+  CHECK(resp.ids_size() == 10);
+  CHECK(resp.ids(0) == wl.groundtruth.row(wl.warmup_count)[0]);
+}
+
+pb::InsertRequest insert_request(const float* x, size_t n, uint32_t dim, const std::vector<int64_t>& ids) {
+  pb::InsertRequest r;
+  r.set_vectors(std::string(reinterpret_cast<const char*>(x), n * dim * sizeof(float)));
+  r.set_dim(dim);
+  for (int64_t id : ids) r.add_ids(id);
+  return r;
+}
+
+/// Inserts 20 new vectors (the workload's first queries, each shifted differently) under new ids: each is then
+/// its own nearest neighbour, Info counts them, and malformed inserts (ids that do not match
+/// the rows, a negative or repeated id, an id the index already holds) are refused naming the
+/// field while the service goes on.
+void check_inserts(const Client& cl, const Workload& wl, const std::string& mode) {
+  const uint32_t dim = static_cast<uint32_t>(wl.dim());
+  const size_t n = 20;
+  std::vector<float> x(wl.queries.row(0), wl.queries.row(0) + n * dim);
+  for (float& v : x) v += 0.25f;
+  for (size_t i = 0; i < n; ++i) x[i * dim] += 0.37f * static_cast<float>(i + 1);  // the workload repeats queries
+  std::vector<int64_t> ids;
+  for (size_t i = 0; i < n; ++i) ids.push_back(1000000 + static_cast<int64_t>(i));
+  pb::InfoResponse before;
+  REQUIRE(cl.info(before).ok());
+
+  auto refused = [&](const pb::InsertRequest& r, const std::string& what) {
+    pb::InsertResponse resp;
+    auto s = cl.insert(r, resp);
+    INFO(what << ": " << s.error_message());
+    CHECK(s.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
+    CHECK(s.error_message().rfind("ids", 0) == 0);
+  };
+  refused(insert_request(x.data(), n, dim, std::vector<int64_t>(ids.begin(), ids.end() - 1)), "one id short");
+  auto neg = ids;
+  neg[3] = -7;
+  refused(insert_request(x.data(), n, dim, neg), "a negative id");
+  auto twice = ids;
+  twice[5] = twice[2];
+  refused(insert_request(x.data(), n, dim, twice), "an id twice");
+  if (mode == "shine") {
+    auto wide = ids;
+    wide[0] = int64_t{1} << 33;
+    refused(insert_request(x.data(), n, dim, wide), "a 34-bit id");
+  }
+
+  pb::InsertResponse ins;
+  auto s = cl.insert(insert_request(x.data(), n, dim, ids), ins);
+  REQUIRE(s.error_message() == "");
+  CHECK(ins.inserted() == n);
+  if (mode == "dhnsw") {
+    // an id the index holds now
+    refused(insert_request(x.data(), 1, dim, {ids[0]}), "an id the index holds");
+  }
+  pb::InfoResponse after;
+  REQUIRE(cl.info(after).ok());
+  CHECK(after.count() == before.count() + n);
+  pb::SearchResponse resp;
+  s = cl.search(request(x.data(), n, dim, 1), resp);
+  REQUIRE(s.ok());
+  REQUIRE(resp.ids_size() == static_cast<int>(n));
+  for (size_t i = 0; i < n; ++i) {
+    CHECK(resp.ids(static_cast<int>(i)) == ids[i]);
+    CHECK(resp.distances(static_cast<int>(i)) < 1e-3f);
+  }
+}
+
+/// The Prometheus endpoint: refused without the token, and with it the counters of what the
+/// test did (searches and their remote READs, the refused calls by code).
+void check_metrics(int port, const std::string& mode) {
+  REQUIRE(port > 0);
+  httplib::Client http("127.0.0.1", port);
+  http.set_connection_timeout(5);
+  http.set_read_timeout(10);
+  auto no = http.Get("/metrics");
+  REQUIRE(no);
+  CHECK(no->status == 401);
+  auto yes = http.Get("/metrics", {{"Authorization", "Bearer serve-test-token"}});
+  REQUIRE(yes);
+  REQUIRE(yes->status == 200);
+  const std::string& t = yes->body;
+  INFO(t);
+  auto value = [&](const std::string& series) {
+    const auto at = t.find("\n" + series + " ");
+    if (at == std::string::npos) return -1.0;
+    return std::stod(t.substr(at + series.size() + 2));
+  };
+  CHECK(value("dmhnsw_requests_total{method=\"Search\"}") > 10);
+  CHECK(value("dmhnsw_requests_total{method=\"Insert\"}") >= 5);
+  CHECK(value("dmhnsw_request_errors_total{method=\"Search\",code=\"INVALID_ARGUMENT\"}") >= 7);
+  CHECK(value("dmhnsw_request_errors_total{method=\"Info\",code=\"UNAUTHENTICATED\"}") >= 2);
+  CHECK(value("dmhnsw_queries_total{mode=\"" + mode + "\"}") >= 350);
+  CHECK(value("dmhnsw_remote_reads_total{mode=\"" + mode + "\"}") > 0);
+  CHECK(value("dmhnsw_remote_bytes_total{mode=\"" + mode + "\"}") > 0);
+  CHECK(value("dmhnsw_inserted_vectors_total{mode=\"" + mode + "\"}") == 20);
+  CHECK(value("dmhnsw_request_duration_seconds_count{method=\"Search\"}") > 10);
+  CHECK(t.find("dmhnsw_request_duration_seconds_bucket{method=\"Search\",le=\"+Inf\"}") != std::string::npos);
+  if (mode == "dhnsw") {
+    CHECK(value("dmhnsw_batch_queries_count") > 0);
+    CHECK(value("dmhnsw_cache_lookups_total{cache=\"sub_hnsw\"}") > 0);
+  } else {
+    CHECK(value("dmhnsw_cache_lookups_total{cache=\"node\"}") > 0);
+  }
+}
+
+void check_service(const TempDir& dir, const std::string& mode, const std::string& mns, const SmallData& d,
+                   std::vector<std::string> extra, double min_recall) {
+  const Workload wl = read_workload(d.wl);
+  Server srv(dir, mode, mns, extra);
+  Client cl(srv.address);
+  pb::InfoResponse info;
+  REQUIRE(cl.info(info).ok());
+  CHECK(info.mode() == mode);
+  CHECK(info.dim() == wl.dim());
+  CHECK(info.metric() == "l2");
+  CHECK(info.memnodes() == 2);
+  CHECK(info.count() >= 3000);
+  CHECK(info.provider() == "tcp");
+  const double recall = recall_at_10(cl, wl);
+  INFO(mode << " recall@10 " << recall);
+  CHECK(recall >= min_recall);
+  check_bad_requests(cl, wl, info.max_k());
+  check_inserts(cl, wl, mode);
+
+  // The cluster token: a call without it or with another is refused, and nothing is answered.
+  for (const std::string t : {"", "not-the-token"}) {
+    Client outsider(srv.address, t);
+    pb::InfoResponse i;
+    auto s = outsider.info(i);
+    CHECK(s.error_code() == grpc::StatusCode::UNAUTHENTICATED);
+    pb::SearchResponse resp;
+    s = outsider.search(request(wl.queries.row(0), 1, static_cast<uint32_t>(wl.dim()), 10), resp);
+    CHECK(s.error_code() == grpc::StatusCode::UNAUTHENTICATED);
+    CHECK(resp.ids_size() == 0);
+  }
+  // Standard health service.
+  {
+    grpc::GenericStub generic(cl.ch);
+    grpc::ClientContext c;
+    c.set_deadline(system_clock::now() + seconds(10));
+    // grpc.health.v1.HealthCheckRequest{service: ""} is the empty message; SERVING is field 1 = 1.
+    grpc::ByteBuffer out;
+    grpc::Slice empty("");
+    grpc::ByteBuffer in(&empty, 1);
+    grpc::Status st;
+    std::mutex mu;
+    std::condition_variable cv;
+    bool done = false;
+    generic.UnaryCall(&c, "/grpc.health.v1.Health/Check", grpc::StubOptions(), &in, &out, [&](grpc::Status s) {
+      std::lock_guard g(mu);
+      st = s;
+      done = true;
+      cv.notify_all();
+    });
+    std::unique_lock g(mu);
+    cv.wait_for(g, seconds(10), [&] { return done; });
+    CHECK(st.ok());
+    std::vector<grpc::Slice> slices;
+    REQUIRE(out.Dump(&slices).ok());
+    std::string bytes;
+    for (auto& s : slices) bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
+    CHECK(bytes == std::string("\x08\x01", 2));
+  }
+  check_metrics(srv.metrics_port, mode);
+  // SIGTERM: a clean exit.
+  srv.proc->signal(SIGTERM);
+  CHECK(srv.proc->wait(seconds(20)) == 0);
+}
+
+}  // namespace
+
+TEST_CASE("serve: shine and dhnsw answer gRPC searches with the recall of query and refuse bad requests",
+          "[integration][serve]") {
+  SmallData d(400);
+  TempDir dir;
+  {
+    Memnode m0(dir, 0, "tcp", "127.0.0.1:0", {}, {}, {kToken}), m1(dir, 1, "tcp", "127.0.0.1:0", {}, {}, {kToken});
+    const std::string mns = m0.address + "," + m1.address;
+    auto b = run(computenode_args("shine", "tcp", mns, 0, 1, {"build", "--data", d.base, "--ef-construction", "80"}), dir,
+                 "shine-build", seconds(300), {kToken});
+    REQUIRE(b.code == 0);
+    check_service(dir, "shine", mns, d,
+                  {"--max-message-bytes", "4194304", "--ef-search", "64", "--cache", "1MiB", "--metrics-listen",
+                   "127.0.0.1:0"},
+                  0.95);
+  }
+  {
+    Memnode m0(dir, 0, "tcp", "127.0.0.1:0", {}, {}, {kToken}), m1(dir, 1, "tcp", "127.0.0.1:0", {}, {}, {kToken});
+    const std::string mns = m0.address + "," + m1.address;
+    auto b = run(computenode_args("dhnsw", "tcp", mns, 0, 1,
+                                  {"build", "--data", d.base, "--partitions", "8", "--m", "16", "--ef-construction", "80"}),
+                 dir, "dhnsw-build", seconds(300), {kToken});
+    INFO(b.output);
+    REQUIRE(b.code == 0);
+    check_service(dir, "dhnsw", mns, d,
+                  {"--max-message-bytes", "4194304", "--probe", "4", "--batch", "64", "--max-wait-us", "2000",
+                   "--metrics-listen", "127.0.0.1:0"},
+                  0.9);
+  }
+}
