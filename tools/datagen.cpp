@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "common/dataset.hpp"
+#include "common/progress.hpp"
 #include "common/workload.hpp"
 
 namespace {
@@ -61,16 +62,14 @@ FloatMatrix sample(const char* what, std::size_t n, std::size_t d, const std::ve
                    std::size_t clusters, double spread, std::uint64_t seed, Quantizer& quant) {
   dmhnsw::Rng rng(seed);
   FloatMatrix m(n, d);
-  const std::size_t step = std::max<std::size_t>(1, n / 10);
+  dmhnsw::Progress progress(std::string("datagen ") + what, n, "vectors");
   for (std::size_t i = 0; i < n; ++i) {
     const double* c = centres.data() + rng.uniform(clusters) * d;
     float* row = m.mutable_row(i);
     for (std::size_t j = 0; j < d; ++j) row[j] = quant(c[j] + spread * rng.normal());
-    if (n >= 100000 && (i + 1) % step == 0) {
-      std::printf("datagen: %s %zu/%zu (%.0f%%)\n", what, i + 1, n, 100.0 * (i + 1) / n);
-      std::fflush(stdout);
-    }
+    progress.add();
   }
+  progress.finish();
   return m;
 }
 

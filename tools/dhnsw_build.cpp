@@ -99,6 +99,7 @@ int main(int argc, char** argv) {
                 std::string(to_string(metric)).c_str());
     std::fflush(stdout);
 
+    o.progress = true;
     const dhnsw::BuiltIndex built = dhnsw::build_index(m.data(), m.n(), static_cast<uint32_t>(m.d()), metric, o);
     const auto infos = dhnsw::write_images(built, out_path);
 

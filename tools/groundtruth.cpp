@@ -20,6 +20,7 @@
 
 #include "common/dataset.hpp"
 #include "common/distance.hpp"
+#include "common/progress.hpp"
 
 namespace {
 
@@ -100,6 +101,7 @@ int main(int argc, char** argv) {
     dmhnsw::FloatMatrix dist(nq, k);
     std::vector<float> bd(batch * k);
     std::vector<faiss::Index::idx_t> bl(batch * k);
+    dmhnsw::Progress progress("groundtruth", nq, "queries");
     for (std::size_t q = 0; q < nq; q += batch) {
       const std::size_t c = std::min(batch, nq - q);
       index->search(static_cast<faiss::Index::idx_t>(c), block(queries, q, c, scratch),
@@ -116,11 +118,9 @@ int main(int argc, char** argv) {
           dist_row[j] = bd[i * k + j];
         }
       }
-      if (nq > batch) {
-        std::printf("groundtruth: %zu/%zu queries (%.0f%%)\n", q + c, nq, 100.0 * (q + c) / nq);
-        std::fflush(stdout);
-      }
+      progress.add(c);
     }
+    progress.finish();
 
     const bool with_dist = dmhnsw::format_from_path(out_path) == dmhnsw::FileFormat::Ibin;
     dmhnsw::write_ids(out_path, ids, with_dist ? &dist : nullptr);

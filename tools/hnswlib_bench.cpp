@@ -47,6 +47,7 @@
 #include "common/distance.hpp"
 #include "common/hnswlib_space.hpp"
 #include "common/json_file.hpp"
+#include "common/progress.hpp"
 #include "common/workload.hpp"
 
 namespace {
@@ -360,10 +361,14 @@ int main(int argc, char** argv) {
     hnswlib::HierarchicalNSW<float> index(&space, n, m, ef_construction, seed);
 
     const auto build_start = Clock::now();
+    dmhnsw::Progress progress("hnswlib build", n, "vectors");
     index.addPoint(base.row(0), 0);  // the entry point, alone (as hnswlib's ParallelFor users do)
+    progress.add();
     parallel_for(1, n, threads, [&](std::size_t i) {
       index.addPoint(base.row(i), static_cast<hnswlib::labeltype>(i));
+      progress.add();
     });
+    progress.finish();
     const double build_seconds = seconds_since(build_start);
     std::printf("build: %zu vectors in %.3f s (%.0f inserts/s), %u threads\n", n, build_seconds,
                 static_cast<double>(n) / build_seconds, threads);

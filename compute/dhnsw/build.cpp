@@ -15,6 +15,7 @@
 #include <stdexcept>
 #include <thread>
 
+#include "common/progress.hpp"
 #include "common/region.hpp"
 #include "compute/dhnsw/subindex.hpp"
 #include "router/balanced_partition.hpp"
@@ -127,6 +128,10 @@ BuiltIndex build_index(const float* data, size_t n, uint32_t dim, Metric metric,
   const faiss::MetricType fmetric = metric == Metric::IP ? faiss::METRIC_INNER_PRODUCT : faiss::METRIC_L2;
   std::vector<std::unique_ptr<faiss::IndexHNSWFlat>> subs(P);
   std::unique_ptr<faiss::IndexHNSWFlat> meta;
+  ProgressOptions po;
+  po.enabled = opts.progress;
+  // Counted a sub-HNSW at a time (one Faiss add each): P is about sqrt(n), often enough.
+  Progress progress("dhnsw build (sub-HNSWs)", n, "vectors", po);
   run_pool(size_t{P} + 1, threads, [&](size_t t) {
     if (t == P) {
       meta = std::make_unique<faiss::IndexHNSWFlat>(
@@ -144,7 +149,9 @@ BuiltIndex build_index(const float* data, size_t n, uint32_t dim, Metric metric,
     idx->hnsw.efConstruction = static_cast<int>(opts.ef_construction);
     idx->add(static_cast<faiss::Index::idx_t>(ids.size()), vecs.data());
     subs[t] = std::move(idx);
+    progress.add(ids.size());
   });
+  progress.finish();
   out.seconds_build_subs = since(t0);
 
   // ---- 3. layout and serialization

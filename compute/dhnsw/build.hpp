@@ -49,6 +49,9 @@ struct BuildOptions {
   /// The shared insert buffer used while a rebuild runs (common/dhnsw_control.hpp), on memnode
   /// 0 after its groups; a first build only.
   uint64_t insert_buffer_bytes = 16ull << 20;
+  /// A progress display (common/progress.hpp) of the vectors put into sub-HNSWs; off for the
+  /// rebuilds a serving computenode runs in the background.
+  bool progress = false;
 };
 
 /// The partitions resolved from BuildOptions::partitions for n vectors.

@@ -128,6 +128,7 @@ nlohmann::json run_online_build(const compute::RunContext& rc, const OnlineBuild
   if (!data.contiguous()) data = data.copy();
   BuildOptions bo = o.build;
   bo.memnodes = static_cast<uint32_t>(c.memnodes().size());
+  bo.progress = true;
   auto ep = c.make_endpoint((kChunk * kPerDoorbell) + (8u << 20));
   // Fail early, before minutes of building, on a memnode that holds an index already.
   for (uint16_t m = 0; m < c.memnodes().size(); ++m)

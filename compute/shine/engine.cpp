@@ -1,7 +1,5 @@
 #include "compute/shine/engine.hpp"
 
-#include <spdlog/spdlog.h>
-
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -10,6 +8,7 @@
 #include <thread>
 
 #include "common/dataset.hpp"
+#include "common/progress.hpp"
 #include "common/workload.hpp"
 #include "compute/board.hpp"
 #include "compute/shine/run_util.hpp"
@@ -54,7 +53,7 @@ json run_build(const RunContext& rc, const BuildOptions& o) {
   compute::Board board(c, *control, rc.cn_id, rc.num_cns, o.format ? "build" : "insert", rc.departed_at_connect);
   if (o.format) board.barrier();  // everyone formatted/attached before anyone inserts
 
-  std::atomic<size_t> next{0}, done{0};
+  std::atomic<size_t> next{0};
   std::atomic<bool> stop{false};
   std::mutex mu;
   VectorCache vcache(o.cache_bytes, p.dim);
@@ -63,29 +62,28 @@ json run_build(const RunContext& rc, const BuildOptions& o) {
   std::vector<uint64_t> per_memnode(c.memnodes().size(), 0);
   fabric::Counters counters;
   auto t0 = Clock::now();
-  // A watcher: progress lines, and a peer that left stops this share at once (the build
-  // cannot complete without it; its last barrier would only fail later).
-  std::thread progress;
+  ProgressOptions po;
+  po.enabled = o.progress;
+  std::string what = o.format ? "shine build" : "shine insert";
+  if (rc.num_cns > 1) what += " (computenode " + std::to_string(rc.cn_id) + ")";
+  Progress inserted(what, mine.size(), "vectors", po);  // counts this computenode's inserts
+  // A watcher: a peer that left stops this share at once (the build cannot complete without
+  // it; its last barrier would only fail later).
+  std::thread watcher;
   std::atomic<bool> finished{false};
   std::string peer_gone;  // set by the watcher before it sets stop
-  progress = std::thread([&, watch = rc.num_cns > 1 ? c.make_endpoint(1u << 20) : nullptr] {
-    auto last = Clock::now();
+  if (rc.num_cns > 1) watcher = std::thread([&, watch = c.make_endpoint(1u << 20)] {
     while (!finished.load()) {
       std::this_thread::sleep_for(std::chrono::milliseconds(100));
-      if (watch && !stop.load()) {
-        try {
-          if (auto gone = board.left_peer(*watch)) {
-            peer_gone = board.gone_message(*gone);
-            stop.store(true);
-          }
-        } catch (const std::exception&) {
-          // memnode 0 unreachable: the workers' own operations fail and say so
+      if (stop.load()) continue;
+      try {
+        if (auto gone = board.left_peer(*watch)) {
+          peer_gone = board.gone_message(*gone);
+          stop.store(true);
         }
+      } catch (const std::exception&) {
+        // memnode 0 unreachable: the workers' own operations fail and say so
       }
-      if (!o.progress || Clock::now() - last < std::chrono::seconds(2)) continue;
-      last = Clock::now();
-      size_t d = done.load();
-      spdlog::info("build: {} / {} inserted ({:.0f} inserts/s)", d, mine.size(), static_cast<double>(d) / secs_since(t0));
     }
   });
   try {
@@ -101,7 +99,7 @@ json run_build(const RunContext& rc, const BuildOptions& o) {
           if (i >= mine.size()) co_return;
           uint32_t row = mine[i];
           co_await w.insert(data.row(row), row, ctx);
-          done.fetch_add(1);
+          inserted.add();
         }
       };
       for (auto& ctx : ctxs) s.spawn(loop(ctx));
@@ -118,14 +116,15 @@ json run_build(const RunContext& rc, const BuildOptions& o) {
     });
   } catch (...) {
     finished.store(true);
-    if (progress.joinable()) progress.join();
+    if (watcher.joinable()) watcher.join();
     throw;
   }
   finished.store(true);
-  if (progress.joinable()) progress.join();
+  if (watcher.joinable()) watcher.join();
+  if (peer_gone.empty()) inserted.finish();  // else the error below says how far it got
   if (!peer_gone.empty())
     throw fabric::FabricError(std::string(o.format ? "build" : "insert") + ": " + peer_gone + "; stopped after " +
-                              std::to_string(done.load()) + " of this computenode's " + std::to_string(mine.size()) +
+                              std::to_string(inserted.done()) + " of this computenode's " + std::to_string(mine.size()) +
                               " rows");
   double secs = secs_since(t0);
 
@@ -146,7 +145,7 @@ json run_build(const RunContext& rc, const BuildOptions& o) {
   }
   json per_cn = json::array();
   double max_secs = 0;
-  uint64_t bytes_written = 0, ops = 0, doorbells = 0, inserted = 0;
+  uint64_t bytes_written = 0, ops = 0, doorbells = 0, inserted_all = 0;
   std::vector<uint64_t> nodes_on(c.memnodes().size(), 0);
   for (auto& text : board.gather(gen)) {
     json j = json::parse(text);
@@ -156,7 +155,7 @@ json run_build(const RunContext& rc, const BuildOptions& o) {
     bytes_written += j["io"]["bytes"].get<uint64_t>();
     ops += j["ops"].get<uint64_t>();
     doorbells += j["doorbells"].get<uint64_t>();
-    inserted += j["inserted"].get<uint64_t>();
+    inserted_all += j["inserted"].get<uint64_t>();
     per_cn.push_back(j);
   }
   // Nodes per memnode: the bump pointers tell the bytes used; node count from memnode 0.
@@ -171,8 +170,8 @@ json run_build(const RunContext& rc, const BuildOptions& o) {
   uint64_t nodes = 0;
   control->read(RemotePtr(0, mode_word_offset(shine_word::kNodeCount)), &nodes, 8);
   report["seconds"] = max_secs;
-  report["inserted"] = inserted;
-  report["inserts_per_s"] = static_cast<double>(inserted) / std::max(max_secs, 1e-9);
+  report["inserted"] = inserted_all;
+  report["inserts_per_s"] = static_cast<double>(inserted_all) / std::max(max_secs, 1e-9);
   report["remote_bytes"] = bytes_written;
   report["ops"] = ops;
   report["doorbells"] = doorbells;

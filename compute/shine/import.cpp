@@ -1,16 +1,14 @@
 #include "compute/shine/import.hpp"
 
-#include <spdlog/spdlog.h>
-
 #include <algorithm>
 #include <array>
 #include <chrono>
 #include <cmath>
 #include <cstring>
 #include <limits>
-#include <numeric>
 #include <stdexcept>
 
+#include "common/progress.hpp"
 #include "common/region.hpp"
 #include "common/shine_layout.hpp"
 #include "compute/shine/graph.hpp"
@@ -349,14 +347,15 @@ json import_hnswlib(fabric::Cluster& c, const HnswlibFile& f, const ImportOption
   // Records: consecutive per memnode, cut into chunks of one WRITE each, `per_bell` WRITEs per
   // doorbell; one batch is filled while the previous one is in flight.
   const auto t0 = Clock::now();
-  const uint64_t total_bytes = std::accumulate(p.used.begin(), p.used.end(), uint64_t{0});
   std::array<std::vector<Buffer>, 2> bufs;
   for (auto& set : bufs)
     for (uint32_t k = 0; k < per_bell; ++k) set.push_back(ep->alloc(chunk));
   std::array<std::vector<Op>, 2> ops;
   size_t mn = 0, next = 0, in_flight = 0, cur = 0;
   uint64_t written = 0, nodes_done = 0, record_writes = 0, batches = 0;
-  auto last_progress = Clock::now();
+  ProgressOptions po;
+  po.enabled = o.progress;
+  Progress progress("shine import", f.count(), "nodes", po);
   for (;;) {
     ops[cur].clear();
     while (ops[cur].size() < per_bell) {
@@ -386,15 +385,10 @@ json import_hnswlib(fabric::Cluster& c, const HnswlibFile& f, const ImportOption
     record_writes += in_flight;
     ++batches;
     cur ^= 1;
-    if (o.progress && Clock::now() - last_progress > std::chrono::seconds(2)) {
-      last_progress = Clock::now();
-      const double s = secs_since(t0);
-      spdlog::info("import: {} / {} nodes written ({:.0f} MiB of {:.0f}, {:.0f} MiB/s)", nodes_done, f.count(),
-                   static_cast<double>(written) / (1 << 20), static_cast<double>(total_bytes) / (1 << 20),
-                   static_cast<double>(written) / (1 << 20) / std::max(s, 1e-9));
-    }
+    progress.set(nodes_done);
   }
   if (in_flight > 0) ep->wait_all(in_flight);
+  progress.finish();
   const double write_secs = secs_since(t0);
 
   // The index becomes visible only now: node count, then the entry point (pointer + level).
