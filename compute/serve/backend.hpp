@@ -11,6 +11,7 @@
 #include "compute/dhnsw/pipeline.hpp"
 #include "compute/run_context.hpp"
 #include "compute/serve/metrics.hpp"
+#include "compute/serve/shine_router.hpp"
 
 namespace dmhnsw::serve {
 
@@ -56,9 +57,10 @@ struct ShineServeOptions {
   uint32_t ef_search = 64;   // when a request gives none
   uint64_t cache_bytes = 0;  // the node cache (cooling table); 0: none
   double admit_probability = 0.01;
+  RouteOptions route;        // routing of live requests between serving computenodes
 };
 std::unique_ptr<Backend> make_shine_backend(const compute::RunContext& rc, const ShineServeOptions& o,
-                                            BackendMetrics& m);
+                                            BackendMetrics& m, Registry& r);
 
 /// dhnsw: concurrent requests are gathered into batches of up to engine.batch queries, closed
 /// engine.max_wait_us after the first one arrived, and go through the pipeline together.

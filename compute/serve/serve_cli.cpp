@@ -33,6 +33,23 @@ CLI::App* add_serve_subcommand(CLI::App& app, ServeOptions& o) {
   s->add_option("--admit-probability", o.shine.admit_probability, "shine: node cache admission of level-0 nodes")
       ->capture_default_str()
       ->check(CLI::Range(0.0, 1.0));
+  s->add_option("--routing", o.shine.route.policy,
+                "shine: none | best-fit | balanced | adaptive: each query of a search goes to the serving "
+                "computenode (--cn-id of --num-cns, all serving) whose cache fits it, through the relay")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"none", "best-fit", "balanced", "adaptive"}));
+  s->add_option("--route-batch", o.shine.route.batch, "shine routing: b, queries per routing batch")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  s->add_option("--route-threshold", o.shine.route.threshold, "shine adaptive routing: t, queue length that is not backlog")
+      ->capture_default_str();
+  s->add_option("--kmeans-seed", o.shine.route.kmeans_seed, "shine routing: seed of the partitioning (the same on every "
+                                                            "serving computenode)")
+      ->capture_default_str();
+  s->add_option("--route-timeout-ms", o.shine.route.timeout_ms,
+                "shine routing: a routed query not answered this long is answered here")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
   s->add_option("--batch", o.dhnsw.batch, "dhnsw: most queries per batch")->capture_default_str()->check(CLI::PositiveNumber);
   s->add_option("--max-wait-us", o.dhnsw.max_wait_us, "dhnsw: a batch closes this long after its first query arrived")
       ->capture_default_str();

@@ -272,7 +272,7 @@ int run_serve(const compute::RunContext& rc, const ServeOptions& o) {
   BackendMetrics bm(registry, o.mode);
   std::unique_ptr<Backend> backend;
   if (o.mode == "shine") {
-    backend = make_shine_backend(rc, o.shine, bm);
+    backend = make_shine_backend(rc, o.shine, bm, registry);
   } else if (o.mode == "dhnsw") {
     dhnsw::EngineOptions eo = o.dhnsw;
     eo.k = o.max_k;

@@ -1,8 +1,8 @@
 // shine behind the service: worker threads, each with its own endpoint, scheduler and
 // Worker, run up to `coroutines` searches or inserts at a time from one shared queue; searches
-// go through the node cache (cooling table) when --cache gives it room. (Routing live
-// requests to the computenode whose cache fits them is not done here yet: each serving
-// computenode answers what it is sent.)
+// go through the node cache (cooling table) when --cache gives it room. With --routing and
+// several serving computenodes, a search's queries first go through the LiveRouter
+// (shine_router.hpp) to the computenode whose cache fits each of them.
 #include <spdlog/spdlog.h>
 
 #include <atomic>
@@ -10,7 +10,7 @@
 #include <limits>
 #include <condition_variable>
 #include <deque>
-#include <future>
+#include <functional>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -19,27 +19,46 @@
 #include "common/region.hpp"
 #include "compute/coro.hpp"
 #include "compute/serve/backend.hpp"
+#include "compute/serve/shine_router.hpp"
 #include "compute/shine/graph.hpp"
 
 namespace dmhnsw::serve {
 namespace {
 
+/// A search (a LiveQuery, from this computenode's callers or routed here) or an insert.
 struct Job {
-  const float* q;
-  bool insert;     // else a search
-  uint32_t label;  // insert
-  uint32_t k, ef;  // search
-  int64_t* ids;
-  float* dist;
-  std::promise<void>* done;  // shared by the jobs of one request
-  std::atomic<size_t>* left;
-  std::exception_ptr* error;
-  std::mutex* error_mu;
+  LiveQuery op;
+  bool insert = false;
+  uint32_t label = 0;  // insert
+};
+
+/// The jobs of one request: done() of each counts down; wait() rethrows the first failure.
+class RequestLatch {
+ public:
+  explicit RequestLatch(size_t n) : left_(n) {}
+  std::function<void(std::exception_ptr)> callback() {
+    return [this](std::exception_ptr err) {
+      std::lock_guard g(mu_);
+      if (err && !error_) error_ = err;
+      if (--left_ == 0) cv_.notify_all();
+    };
+  }
+  void wait() {
+    std::unique_lock g(mu_);
+    cv_.wait(g, [&] { return left_ == 0; });
+    if (error_) std::rethrow_exception(error_);
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  size_t left_;
+  std::exception_ptr error_;
 };
 
 class ShineBackend final : public Backend {
  public:
-  ShineBackend(const compute::RunContext& rc, const ShineServeOptions& o, BackendMetrics& m)
+  ShineBackend(const compute::RunContext& rc, const ShineServeOptions& o, BackendMetrics& m, Registry& r)
       : rc_(rc), o_(o), m_(m), control_(rc.cluster->make_endpoint(8u << 20)),
         p_(shine::format_or_attach(*rc.cluster, *control_, nullptr)), g_(*rc.cluster, p_) {
     if (o_.cache_bytes > 0) {
@@ -53,8 +72,19 @@ class ShineBackend final : public Backend {
                    o_.cache_bytes >> 20, o_.admit_probability);
     }
     for (uint32_t t = 0; t < o_.threads; ++t) threads_.emplace_back([this, t] { work(t); });
+    if (o_.route.policy != "none" && rc.num_cns > 1) {
+      LiveRouter::Hooks h;
+      h.run_here = [this](LiveQuery q) { enqueue(Job{std::move(q), false, 0}); };
+      h.queue_len = [this] {
+        std::lock_guard g(mu_);
+        return static_cast<uint64_t>(queue_.size());
+      };
+      std::lock_guard g(control_mu_);
+      router_ = std::make_unique<LiveRouter>(rc, g_, *control_, o_.route, std::move(h), r);
+    }
   }
   ~ShineBackend() override {
+    router_.reset();  // first: answers routed here go out while the workers still run
     {
       std::lock_guard g(mu_);
       stop_ = true;
@@ -79,11 +109,17 @@ class ShineBackend final : public Backend {
 
   void search(const float* queries, size_t n, uint32_t k, uint32_t ef, uint32_t, int64_t* ids,
               float* distances) override {
-    std::vector<Job> jobs(n);
+    RequestLatch latch(n);
+    std::vector<LiveQuery> qs(n);
     for (size_t i = 0; i < n; ++i)
-      jobs[i] = Job{queries + i * p_.dim, false, 0, k, ef == 0 ? o_.ef_search : std::max(ef, k), ids + i * k,
-                    distances + i * k, nullptr, nullptr, nullptr, nullptr};
-    submit(jobs);
+      qs[i] = LiveQuery{queries + i * p_.dim, k, ef == 0 ? o_.ef_search : std::max(ef, k), ids + i * k,
+                        distances + i * k, latch.callback()};
+    if (router_) {
+      router_->route(qs);
+    } else {
+      for (LiveQuery& q : qs) enqueue(Job{std::move(q), false, 0});
+    }
+    latch.wait();
   }
 
   void insert(const float* x, const int64_t* ids, size_t n) override {
@@ -91,33 +127,25 @@ class ShineBackend final : public Backend {
       if (ids[i] < 0 || ids[i] > std::numeric_limits<uint32_t>::max())
         throw BadRequest("ids: element " + std::to_string(i) + " is " + std::to_string(ids[i]) +
                          "; a shine index labels vectors with 32-bit ids (0 .. 4294967295)");
-    std::vector<Job> jobs(n);
+    RequestLatch latch(n);
     for (size_t i = 0; i < n; ++i)
-      jobs[i] = Job{x + i * p_.dim, true, static_cast<uint32_t>(ids[i]), 0, 0, nullptr, nullptr, nullptr, nullptr,
-                    nullptr, nullptr};
-    submit(jobs);
+      enqueue(Job{LiveQuery{x + i * p_.dim, 0, 0, nullptr, nullptr, latch.callback()}, true,
+                  static_cast<uint32_t>(ids[i])});
+    latch.wait();
   }
 
  private:
-  /// Queues the jobs of one request and waits for all of them; rethrows the first failure.
-  void submit(std::vector<Job>& jobs) {
-    std::promise<void> done;
-    std::atomic<size_t> left{jobs.size()};
-    std::exception_ptr error;
-    std::mutex error_mu;
+  /// Hands a job to the workers; after shutdown began it fails at once (nobody would run it).
+  void enqueue(Job j) {
     {
       std::lock_guard g(mu_);
-      for (Job& j : jobs) {
-        j.done = &done;
-        j.left = &left;
-        j.error = &error;
-        j.error_mu = &error_mu;
-        queue_.push_back(j);
+      if (!stop_) {
+        queue_.push_back(std::move(j));
+        cv_.notify_one();
+        return;
       }
     }
-    cv_.notify_all();
-    done.get_future().wait();
-    if (error) std::rethrow_exception(error);
+    j.op.done(std::make_exception_ptr(std::runtime_error("serve: shutting down")));
   }
 
   void work(uint32_t t) {
@@ -150,7 +178,7 @@ class ShineBackend final : public Backend {
         cv_.wait(g, [&] { return stop_ || !queue_.empty(); });
         if (stop_ && queue_.empty()) return;
         while (!queue_.empty() && jobs.size() < o_.coroutines) {
-          jobs.push_back(queue_.front());
+          jobs.push_back(std::move(queue_.front()));
           queue_.pop_front();
         }
       }
@@ -165,7 +193,7 @@ class ShineBackend final : public Backend {
         s.run();
       } catch (...) {
         for (size_t j = 0; j < jobs.size(); ++j)
-          if (!finished[j]) finish(jobs[j], std::current_exception());
+          if (!finished[j]) jobs[j].op.done(std::current_exception());
         throw;
       }
       count(ctxs, before, jobs.size());
@@ -193,17 +221,18 @@ class ShineBackend final : public Backend {
     }
   }
 
-  compute::Task<void> one(shine::Worker& w, Job j, shine::OpContext& ctx, char& finished) {
+  compute::Task<void> one(shine::Worker& w, const Job& j, shine::OpContext& ctx, char& finished) {
     std::exception_ptr err;
+    const LiveQuery& q = j.op;
     try {
       if (j.insert) {
-        co_await w.insert(j.q, j.label, ctx);
+        co_await w.insert(q.q, j.label, ctx);
         m_.inserted.add();
       } else {
-        std::vector<shine::Neighbor> res = co_await w.search(j.q, j.k, j.ef, ctx);
-        for (uint32_t i = 0; i < j.k; ++i) {
-          j.ids[i] = i < res.size() ? static_cast<int64_t>(res[i].label) : -1;
-          j.dist[i] = i < res.size() ? res[i].dist : std::numeric_limits<float>::infinity();
+        std::vector<shine::Neighbor> res = co_await w.search(q.q, q.k, q.ef, ctx);
+        for (uint32_t i = 0; i < q.k; ++i) {
+          q.ids[i] = i < res.size() ? static_cast<int64_t>(res[i].label) : -1;
+          q.dist[i] = i < res.size() ? res[i].dist : std::numeric_limits<float>::infinity();
         }
         m_.queries.add();
       }
@@ -211,15 +240,7 @@ class ShineBackend final : public Backend {
       err = std::current_exception();
     }
     finished = 1;
-    finish(j, err);
-  }
-
-  static void finish(const Job& j, std::exception_ptr err) {
-    if (err) {
-      std::lock_guard g(*j.error_mu);
-      if (!*j.error) *j.error = err;
-    }
-    if (j.left->fetch_sub(1) == 1) j.done->set_value();
+    q.done(err);
   }
 
   compute::RunContext rc_;
@@ -237,13 +258,14 @@ class ShineBackend final : public Backend {
   std::deque<Job> queue_;
   bool stop_ = false;
   std::vector<std::thread> threads_;
+  std::unique_ptr<LiveRouter> router_;
 };
 
 }  // namespace
 
 std::unique_ptr<Backend> make_shine_backend(const compute::RunContext& rc, const ShineServeOptions& o,
-                                            BackendMetrics& m) {
-  return std::make_unique<ShineBackend>(rc, o, m);
+                                            BackendMetrics& m, Registry& r) {
+  return std::make_unique<ShineBackend>(rc, o, m, r);
 }
 
 }  // namespace dmhnsw::serve

@@ -31,10 +31,12 @@ const char* kToken = "DMHNSW_TOKEN=serve-test-token";
 struct Server {
   std::unique_ptr<Proc> proc;
   std::string address;
-  Server(const TempDir& dir, const std::string& mode, const std::string& mns, std::vector<std::string> extra) {
+  Server(const TempDir& dir, const std::string& mode, const std::string& mns, std::vector<std::string> extra,
+         uint32_t cn_id = 0, uint32_t num_cns = 1) {
     std::vector<std::string> rest{"serve", "--listen", "127.0.0.1:0"};
     rest.insert(rest.end(), extra.begin(), extra.end());
-    proc = std::make_unique<Proc>(computenode_args(mode, "tcp", mns, 0, 1, rest), dir.file("serve-" + mode + ".log"),
+    proc = std::make_unique<Proc>(computenode_args(mode, "tcp", mns, cn_id, num_cns, rest),
+                                  dir.file("serve-" + mode + std::to_string(cn_id) + ".log"),
                                   std::vector<std::string>{kToken});
     REQUIRE(wait_for_output(*proc, "serving " + mode + " on", seconds(120)));
     std::smatch m;
@@ -217,6 +219,24 @@ void check_inserts(const Client& cl, const Workload& wl, const std::string& mode
   }
 }
 
+/// GET /metrics with the token.
+std::string scrape(int port) {
+  httplib::Client http("127.0.0.1", port);
+  http.set_connection_timeout(5);
+  http.set_read_timeout(10);
+  auto r = http.Get("/metrics", {{"Authorization", "Bearer serve-test-token"}});
+  REQUIRE(r);
+  REQUIRE(r->status == 200);
+  return r->body;
+}
+
+/// The value of one series in a scrape, or -1 when it is not there.
+double series(const std::string& t, const std::string& name) {
+  const auto at = t.find("\n" + name + " ");
+  if (at == std::string::npos) return -1.0;
+  return std::stod(t.substr(at + name.size() + 2));
+}
+
 /// The Prometheus endpoint: refused without the token, and with it the counters of what the
 /// test did (searches and their remote READs, the refused calls by code).
 void check_metrics(int port, const std::string& mode) {
@@ -349,4 +369,47 @@ TEST_CASE("serve: shine and dhnsw answer gRPC searches with the recall of query 
                    "--metrics-listen", "127.0.0.1:0"},
                   0.9);
   }
+}
+
+TEST_CASE("serve: shine routes live queries to the serving computenode whose partition fits and around one that died",
+          "[integration][serve]") {
+  SmallData d(400);
+  TempDir dir;
+  Memnode m0(dir, 0, "tcp", "127.0.0.1:0", {}, {}, {kToken}), m1(dir, 1, "tcp", "127.0.0.1:0", {}, {}, {kToken});
+  const std::string mns = m0.address + "," + m1.address;
+  auto b = run(computenode_args("shine", "tcp", mns, 0, 1, {"build", "--data", d.base, "--ef-construction", "80"}), dir,
+               "shine-build", seconds(300), {kToken});
+  REQUIRE(b.code == 0);
+  const Workload wl = read_workload(d.wl);
+  const std::vector<std::string> flags{"--routing", "best-fit", "--cache", "1MiB", "--metrics-listen", "127.0.0.1:0",
+                                       "--route-timeout-ms", "3000"};
+  Server s0(dir, "shine", mns, flags, 0, 2), s1(dir, "shine", mns, flags, 1, 2);
+  Client c0(s0.address);
+  // Every query asked at computenode 0: best-fit sends about half of them to computenode 1.
+  const double recall = recall_at_10(c0, wl);
+  INFO("recall@10 through routing " << recall);
+  CHECK(recall >= 0.95);
+  const std::string t0 = scrape(s0.metrics_port), t1 = scrape(s1.metrics_port);
+  INFO(t0);
+  const double to_peer = series(t0, "dmhnsw_routed_total{to=\"peer\"}"),
+               to_self = series(t0, "dmhnsw_routed_total{to=\"self\"}");
+  CHECK(to_peer > 50);
+  CHECK(to_self > 50);
+  CHECK(series(t1, "dmhnsw_routed_in_total") == to_peer);
+  CHECK(series(t0, "dmhnsw_route_fallbacks_total{why=\"timeout\"}") <= 0);
+
+  // Computenode 1 dies: computenode 0 answers everything itself within seconds.
+  s1.proc->signal(SIGKILL);
+  REQUIRE(s1.proc->wait(seconds(10)) != 0);
+  const auto t = steady_clock::now();
+  const double after = recall_at_10(c0, wl);
+  CHECK(after >= 0.95);
+  CHECK(steady_clock::now() - t < seconds(60));
+  const std::string t2 = scrape(s0.metrics_port);
+  INFO(t2);
+  // Nothing was lost: every query was answered here or by the peer (before it died).
+  CHECK(series(t2, "dmhnsw_queries_total{mode=\"shine\"}") + series(t1, "dmhnsw_queries_total{mode=\"shine\"}") >=
+        2 * 400);
+  s0.proc->signal(SIGTERM);
+  CHECK(s0.proc->wait(seconds(20)) == 0);
 }
