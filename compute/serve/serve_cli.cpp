@@ -46,6 +46,14 @@ CLI::App* add_serve_subcommand(CLI::App& app, ServeOptions& o) {
   s->add_option("--kmeans-seed", o.shine.route.kmeans_seed, "shine routing: seed of the partitioning (the same on every "
                                                             "serving computenode)")
       ->capture_default_str();
+  s->add_option("--adaptive-quota", o.shine.route.quota,
+                "shine adaptive routing: demand (quotas follow each computenode's first-choice demand, scaled by "
+                "the queues' backlog above --route-threshold) or even (equal shares scaled by the queues)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"demand", "even"}));
+  s->add_option("--route-wait-us", o.shine.route.wait_us,
+                "shine routing: queries of concurrent requests are gathered this long into one routing choice")
+      ->capture_default_str();
   s->add_option("--route-timeout-ms", o.shine.route.timeout_ms,
                 "shine routing: a routed query not answered this long is answered here")
       ->capture_default_str()

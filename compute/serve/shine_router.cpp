@@ -64,8 +64,8 @@ LiveRouter::LiveRouter(const compute::RunContext& rc, const shine::Graph& g, fab
   const size_t n = smp.size(dim_);
   router::Clustering cl = router::balanced_kmeans(smp.vectors.data(), n, dim_, K, g.params().metric, ko);
   oracle_ = router::Oracle(cl.centroids, K, dim_, g.params().metric, cl.offsets);
-  policy_ = std::make_unique<router::RoutingPolicy>(policy, K, rc.cn_id, o_.batch, router::QuotaBase::Even,
-                                                    o_.threshold);
+  policy_ = std::make_unique<router::RoutingPolicy>(policy, K, rc.cn_id, o_.batch,
+                                                    router::parse_quota_base(o_.quota), o_.threshold);
   spdlog::info("serve: routing {} over {} serving computenodes: level {} ({} sampled), partitions of sizes [{}]; "
                "{:.2f} s",
                o_.policy, K, smp.level, n, fmt::join(cl.sizes, ", "),
@@ -77,9 +77,16 @@ LiveRouter::LiveRouter(const compute::RunContext& rc, const shine::Graph& g, fab
   cb.gone = [this](uint32_t cn, const std::string&) { gone(cn); };
   relay_ = std::make_unique<compute::RelayClient>(*rc.cluster, rc.cn_id, K, cb);
   watcher_ = std::thread([this] { watch(); });
+  router_ = std::thread([this] { router_loop(); });
 }
 
 LiveRouter::~LiveRouter() {
+  {
+    std::lock_guard g(rq_mu_);
+    stop_router_ = true;
+  }
+  rq_cv_.notify_all();
+  router_.join();  // routes what was queued
   {
     std::lock_guard g(stop_mu_);
     stop_ = true;
@@ -99,6 +106,38 @@ LiveRouter::~LiveRouter() {
 }
 
 void LiveRouter::route(std::vector<LiveQuery>& qs) {
+  {
+    std::lock_guard g(rq_mu_);
+    if (rq_.empty()) first_at_ = std::chrono::steady_clock::now();
+    for (LiveQuery& q : qs) rq_.push_back(std::move(q));
+  }
+  rq_cv_.notify_one();
+}
+
+void LiveRouter::router_loop() {
+  std::vector<LiveQuery> batch;
+  for (;;) {
+    {
+      std::unique_lock g(rq_mu_);
+      rq_cv_.wait(g, [&] { return stop_router_ || !rq_.empty(); });
+      if (rq_.empty()) return;  // stopping, nothing left
+      uint32_t room;
+      {
+        std::lock_guard p(policy_mu_);
+        room = o_.batch - in_batch_;
+      }
+      rq_cv_.wait_until(g, first_at_ + std::chrono::microseconds(o_.wait_us),
+                        [&] { return stop_router_ || rq_.size() >= room; });
+      const size_t n = std::min<size_t>(rq_.size(), room);
+      batch.assign(std::make_move_iterator(rq_.begin()), std::make_move_iterator(rq_.begin() + static_cast<std::ptrdiff_t>(n)));
+      rq_.erase(rq_.begin(), rq_.begin() + static_cast<std::ptrdiff_t>(n));
+      if (!rq_.empty()) first_at_ = std::chrono::steady_clock::now();
+    }
+    dispatch(batch);
+  }
+}
+
+void LiveRouter::dispatch(std::vector<LiveQuery>& qs) {
   const uint32_t K = rc_.num_cns, self = rc_.cn_id;
   std::vector<uint32_t> targets(qs.size(), self);
   {

@@ -33,6 +33,12 @@ struct RouteOptions {
   uint32_t threshold = 1000;    // t: adaptive's queue length that is not backlog
   uint64_t kmeans_seed = 1;     // the partitioning's seed: the same on every serving computenode
   uint32_t timeout_ms = 5000;   // a routed query not answered this long runs here
+  uint32_t wait_us = 1000;      // queries of concurrent requests gathered this long into one choice
+  // adaptive: what the queue weights scale (router::QuotaBase). "demand" (the default here):
+  // each computenode's first-choice demand, so with no backlog above the threshold queries go
+  // to their best fit; "even" (query's default): equal shares, which with the short queues of a
+  // live service swing a whole batch to whichever computenode's queue was shorter.
+  std::string quota = "demand";
 };
 
 /// One query of a request, wherever it runs; `done` is called exactly once.
@@ -57,7 +63,8 @@ class LiveRouter {
   LiveRouter(const LiveRouter&) = delete;
   LiveRouter& operator=(const LiveRouter&) = delete;
 
-  /// Sends each query where the policy says; those for this computenode go to run_here.
+  /// Queues the queries for routing; the router thread sends each where the policy says
+  /// (those for this computenode go to run_here). Never blocks on the network.
   void route(std::vector<LiveQuery>& qs);
 
  private:
@@ -66,6 +73,12 @@ class LiveRouter {
     uint32_t target;
     std::chrono::steady_clock::time_point sent;
   };
+  /// Gathers queued queries (up to the rest of the routing batch, or wait_us after the first
+  /// arrived) so that the policy chooses for many at once: within a choice, the queries moved
+  /// off a full computenode are those nearest a partition boundary (least regret), as in
+  /// `query`'s router, which routes whole batches.
+  void router_loop();
+  void dispatch(std::vector<LiveQuery>& qs);
   void deliver(uint32_t from, const char* body, size_t len);
   void bounce(uint32_t to, const char* body, size_t len);
   void gone(uint32_t cn);
@@ -92,6 +105,12 @@ class LiveRouter {
   std::mutex stop_mu_;
   std::condition_variable stop_cv_;
   std::thread watcher_;
+  std::mutex rq_mu_;
+  std::condition_variable rq_cv_;
+  std::vector<LiveQuery> rq_;  // waiting for the router thread
+  std::chrono::steady_clock::time_point first_at_;
+  bool stop_router_ = false;
+  std::thread router_;
 };
 
 }  // namespace dmhnsw::serve
