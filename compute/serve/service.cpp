@@ -81,6 +81,22 @@ struct MethodMetrics {
   Histogram& latency;
 };
 
+/// Runs a backend call: a refused field is INVALID_ARGUMENT, a memnode that failed UNAVAILABLE,
+/// anything else INTERNAL, each with the backend's message.
+template <class F>
+Status answered(F&& f) {
+  try {
+    f();
+  } catch (const BadRequest& e) {
+    return bad(e.what());
+  } catch (const fabric::FabricError& e) {
+    return Status(StatusCode::UNAVAILABLE, e.what());
+  } catch (const std::exception& e) {
+    return Status(StatusCode::INTERNAL, e.what());
+  }
+  return Status::OK;
+}
+
 class Service final : public pb::Search::Service {
  public:
   Service(Backend& b, const ServeOptions& o, Registry& r)
@@ -130,16 +146,12 @@ class Service final : public pb::Search::Service {
     std::memcpy(q.data(), req->vectors().data(), q.size() * sizeof(float));
     resp->mutable_ids()->Resize(static_cast<int>(n * k), -1);
     resp->mutable_distances()->Resize(static_cast<int>(n * k), 0.0f);
-    try {
-      b_.search(q.data(), n, k, req->ef_search(), req->probe(), resp->mutable_ids()->mutable_data(),
-                resp->mutable_distances()->mutable_data());
-    } catch (const BadRequest& e) {
-      return bad(e.what());
-    } catch (const fabric::FabricError& e) {
-      return Status(StatusCode::UNAVAILABLE, e.what());
-    } catch (const std::exception& e) {
-      return Status(StatusCode::INTERNAL, e.what());
-    }
+    if (Status s = answered([&] {
+          b_.search(q.data(), n, k, req->ef_search(), req->probe(), resp->mutable_ids()->mutable_data(),
+                    resp->mutable_distances()->mutable_data());
+        });
+        !s.ok())
+      return s;
     resp->set_n(static_cast<uint32_t>(n));
     resp->set_k(k);
     return Status::OK;
@@ -162,15 +174,7 @@ class Service final : public pb::Search::Service {
     }
     std::vector<float> x(n * info_.dim);
     std::memcpy(x.data(), req->vectors().data(), x.size() * sizeof(float));
-    try {
-      b_.insert(x.data(), req->ids().data(), n);
-    } catch (const BadRequest& e) {
-      return bad(e.what());
-    } catch (const fabric::FabricError& e) {
-      return Status(StatusCode::UNAVAILABLE, e.what());
-    } catch (const std::exception& e) {
-      return Status(StatusCode::INTERNAL, e.what());
-    }
+    if (Status s = answered([&] { b_.insert(x.data(), req->ids().data(), n); }); !s.ok()) return s;
     resp->set_inserted(static_cast<uint32_t>(n));
     return Status::OK;
   }

@@ -247,16 +247,9 @@ void check_metrics(int port, const std::string& mode) {
   auto no = http.Get("/metrics");
   REQUIRE(no);
   CHECK(no->status == 401);
-  auto yes = http.Get("/metrics", {{"Authorization", "Bearer serve-test-token"}});
-  REQUIRE(yes);
-  REQUIRE(yes->status == 200);
-  const std::string& t = yes->body;
+  const std::string t = scrape(port);
   INFO(t);
-  auto value = [&](const std::string& series) {
-    const auto at = t.find("\n" + series + " ");
-    if (at == std::string::npos) return -1.0;
-    return std::stod(t.substr(at + series.size() + 2));
-  };
+  auto value = [&](const std::string& name) { return series(t, name); };
   CHECK(value("dmhnsw_requests_total{method=\"Search\"}") > 10);
   CHECK(value("dmhnsw_requests_total{method=\"Insert\"}") >= 5);
   CHECK(value("dmhnsw_request_errors_total{method=\"Search\",code=\"INVALID_ARGUMENT\"}") >= 7);
@@ -339,6 +332,21 @@ void check_service(const TempDir& dir, const std::string& mode, const std::strin
   CHECK(srv.proc->wait(seconds(20)) == 0);
 }
 
+/// Two memnodes over tcp with the token, and an index of `mode` over SmallData built on them.
+struct Cluster {
+  Memnode m0, m1;
+  std::string mns;
+  Cluster(const TempDir& dir, const std::string& mode, const SmallData& d)
+      : m0(dir, 0, "tcp", "127.0.0.1:0", {}, {}, {kToken}), m1(dir, 1, "tcp", "127.0.0.1:0", {}, {}, {kToken}),
+        mns(m0.address + "," + m1.address) {
+    std::vector<std::string> args{"build", "--data", d.base, "--ef-construction", "80"};
+    if (mode == "dhnsw") args.insert(args.end(), {"--partitions", "8", "--m", "16"});
+    auto b = run(computenode_args(mode, "tcp", mns, 0, 1, args), dir, mode + "-build", seconds(300), {kToken});
+    INFO(b.output);
+    REQUIRE(b.code == 0);
+  }
+};
+
 }  // namespace
 
 TEST_CASE("serve: shine and dhnsw answer gRPC searches with the recall of query and refuse bad requests",
@@ -346,25 +354,15 @@ TEST_CASE("serve: shine and dhnsw answer gRPC searches with the recall of query 
   SmallData d(400);
   TempDir dir;
   {
-    Memnode m0(dir, 0, "tcp", "127.0.0.1:0", {}, {}, {kToken}), m1(dir, 1, "tcp", "127.0.0.1:0", {}, {}, {kToken});
-    const std::string mns = m0.address + "," + m1.address;
-    auto b = run(computenode_args("shine", "tcp", mns, 0, 1, {"build", "--data", d.base, "--ef-construction", "80"}), dir,
-                 "shine-build", seconds(300), {kToken});
-    REQUIRE(b.code == 0);
-    check_service(dir, "shine", mns, d,
+    Cluster c(dir, "shine", d);
+    check_service(dir, "shine", c.mns, d,
                   {"--max-message-bytes", "4194304", "--ef-search", "64", "--cache", "1MiB", "--metrics-listen",
                    "127.0.0.1:0"},
                   0.95);
   }
   {
-    Memnode m0(dir, 0, "tcp", "127.0.0.1:0", {}, {}, {kToken}), m1(dir, 1, "tcp", "127.0.0.1:0", {}, {}, {kToken});
-    const std::string mns = m0.address + "," + m1.address;
-    auto b = run(computenode_args("dhnsw", "tcp", mns, 0, 1,
-                                  {"build", "--data", d.base, "--partitions", "8", "--m", "16", "--ef-construction", "80"}),
-                 dir, "dhnsw-build", seconds(300), {kToken});
-    INFO(b.output);
-    REQUIRE(b.code == 0);
-    check_service(dir, "dhnsw", mns, d,
+    Cluster c(dir, "dhnsw", d);
+    check_service(dir, "dhnsw", c.mns, d,
                   {"--max-message-bytes", "4194304", "--probe", "4", "--batch", "64", "--max-wait-us", "2000",
                    "--metrics-listen", "127.0.0.1:0"},
                   0.9);
@@ -375,11 +373,8 @@ TEST_CASE("serve: shine routes live queries to the serving computenode whose par
           "[integration][serve]") {
   SmallData d(400);
   TempDir dir;
-  Memnode m0(dir, 0, "tcp", "127.0.0.1:0", {}, {}, {kToken}), m1(dir, 1, "tcp", "127.0.0.1:0", {}, {}, {kToken});
-  const std::string mns = m0.address + "," + m1.address;
-  auto b = run(computenode_args("shine", "tcp", mns, 0, 1, {"build", "--data", d.base, "--ef-construction", "80"}), dir,
-               "shine-build", seconds(300), {kToken});
-  REQUIRE(b.code == 0);
+  Cluster c(dir, "shine", d);
+  const std::string& mns = c.mns;
   const Workload wl = read_workload(d.wl);
   const std::vector<std::string> flags{"--routing", "best-fit", "--cache", "1MiB", "--metrics-listen", "127.0.0.1:0",
                                        "--route-timeout-ms", "3000"};
