@@ -5,6 +5,9 @@
 // welcome, the same client reads, so the refusals are the key's doing; and the key changes at
 // every start.
 #include <catch2/catch.hpp>
+#include <mutex>
+#include <optional>
+#include <condition_variable>
 
 #include <rdma/fi_atomic.h>
 #include <rdma/fi_endpoint.h>
@@ -131,6 +134,31 @@ fabric::Welcome welcome_of(const std::string& memnode, const std::string& token,
   return w;
 }
 
+/// Pings a control connection every 500 ms, as a computenode's heartbeat does: the memnode drops
+/// a member silent for 10 s and closes its key (a test that runs long, e.g. under TSan, would
+/// otherwise lose the key it is checking).
+class Pinger {
+ public:
+  explicit Pinger(fabric::ControlClient& cc) : t_([this, &cc] {
+      std::unique_lock g(mu_);
+      while (!cv_.wait_for(g, std::chrono::milliseconds(500), [&] { return stop_; })) cc.send_ping();
+    }) {}
+  ~Pinger() {
+    {
+      std::lock_guard g(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    t_.join();
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stop_ = false;
+  std::thread t_;
+};
+
 /// A computenode admitted as `cn_id` with fabric address `addr`, for as long as the returned
 /// control connection stays open.
 std::unique_ptr<fabric::ControlClient> admit(const std::string& memnode, const std::string& token, uint32_t cn_id,
@@ -212,6 +240,7 @@ TEST_CASE("security: without the region key an outsider's READ WRITE and atomics
   std::unique_ptr<fabric::ControlClient> session;
   const fabric::Welcome w = welcome_of(m.address, "sesame", probe.name(), &session);
   const uint64_t header = w.region_base, data = w.region_base + w.region_size / 2;
+  std::optional<Pinger> alive(std::in_place, *session);
 
   // With the key of the welcome, the client reads: it is a working client.
   REQUIRE(Outsider(w.fabric_addr).read(header, w.region_key));
@@ -232,6 +261,8 @@ TEST_CASE("security: without the region key an outsider's READ WRITE and atomics
   Outsider(w.fabric_addr).write(data, w.region_key);
   CHECK(Outsider(w.fabric_addr).landed(data, w.region_key, std::chrono::seconds(3)));
   CHECK(m.proc->running());  // and serves on
+
+  alive.reset();
 
   // A wrong token gets no welcome, so no key.
   CHECK_THROWS(welcome_of(m.address, "guess", probe.name()));
