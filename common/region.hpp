@@ -57,6 +57,10 @@ static_assert(offsetof(RegionHeader, mode_words) == 128);
 namespace shine_word {
 inline constexpr size_t kBump = 0, kEntryPoint = 1, kMaxLevel = 2, kM = 3, kEfConstruction = 4, kNodeCount = 5,
                         kEntryLock = 6, kFormat = 7, kSeed = 8;
+/// One past the largest label in the index (0: none recorded), raised with COMPARE_SWAP by
+/// every build, insert and import before it writes nodes. The graph has no id index, so this is
+/// how `serve` refuses an id the index may already hold: new ids must be at or above it.
+inline constexpr size_t kIdCeiling = 9;
 /// kFormat values: the region is being formatted by one computenode, then ready. While
 /// formatting, the high 32 bits hold the formatter's computenode id + 1 (0: not said), so a
 /// waiter can tell from memnode 0's presence table that the formatter left.

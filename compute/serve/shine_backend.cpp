@@ -5,6 +5,7 @@
 // (shine_router.hpp) to the computenode whose cache fits each of them.
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <limits>
@@ -127,6 +128,19 @@ class ShineBackend final : public Backend {
       if (ids[i] < 0 || ids[i] > std::numeric_limits<uint32_t>::max())
         throw BadRequest("ids: element " + std::to_string(i) + " is " + std::to_string(ids[i]) +
                          "; a shine index labels vectors with 32-bit ids (0 .. 4294967295)");
+    // The graph has no id index: new ids must lie above every id the index holds (the ceiling
+    // builds, imports and earlier inserts raised); claiming the range is one COMPARE_SWAP.
+    const auto [lo, hi] = std::minmax_element(ids, ids + n);
+    uint64_t ceiling = 0;
+    bool claimed;
+    {
+      std::lock_guard g(control_mu_);
+      claimed = shine::claim_ids(*control_, static_cast<uint64_t>(*lo), static_cast<uint64_t>(*hi) + 1, ceiling);
+    }
+    if (!claimed)
+      throw BadRequest("ids: id " + std::to_string(*lo) + " is below " + std::to_string(ceiling) +
+                       ", one past the largest id this shine index may hold: its graph has no id index, so new "
+                       "ids must be at least " + std::to_string(ceiling));
     RequestLatch latch(n);
     for (size_t i = 0; i < n; ++i)
       enqueue(Job{LiveQuery{x + i * p_.dim, 0, 0, nullptr, nullptr, latch.callback()}, true,

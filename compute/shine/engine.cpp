@@ -52,6 +52,7 @@ json run_build(const RunContext& rc, const BuildOptions& o) {
 
   compute::Board board(c, *control, rc.cn_id, rc.num_cns, o.format ? "build" : "insert", rc.departed_at_connect);
   if (o.format) board.barrier();  // everyone formatted/attached before anyone inserts
+  if (!mine.empty()) raise_id_ceiling(*control, uint64_t{mine.back()} + 1);  // labels are row ids
 
   std::atomic<size_t> next{0};
   std::atomic<bool> stop{false};

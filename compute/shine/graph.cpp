@@ -35,6 +35,28 @@ struct ByDistGreater {
 }  // namespace
 
 // ------------------------------------------------------------------ format / attach
+void raise_id_ceiling(fabric::Endpoint& ep, uint64_t ceiling) {
+  const RemotePtr word(0, mode_word_offset(shine_word::kIdCeiling));
+  uint64_t cur = 0;
+  ep.read(word, &cur, 8);
+  while (cur < ceiling) {
+    const uint64_t seen = ep.compare_swap(word, cur, ceiling);
+    if (seen == cur) return;
+    cur = seen;
+  }
+}
+
+bool claim_ids(fabric::Endpoint& ep, uint64_t lo, uint64_t hi, uint64_t& ceiling) {
+  const RemotePtr word(0, mode_word_offset(shine_word::kIdCeiling));
+  ep.read(word, &ceiling, 8);
+  while (ceiling <= lo) {
+    const uint64_t seen = ep.compare_swap(word, ceiling, hi);
+    if (seen == ceiling) return true;
+    ceiling = seen;
+  }
+  return false;
+}
+
 GraphParams format_or_attach(fabric::Cluster& c, fabric::Endpoint& ep, const GraphParams* wanted, int64_t self) {
   const auto n = c.memnodes().size();
   auto read_header = [&](uint16_t i) {

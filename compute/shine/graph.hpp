@@ -63,6 +63,13 @@ struct SearchStats {
 /// written while it formats so that others waiting fail at once if it leaves (-1: not said).
 GraphParams format_or_attach(fabric::Cluster& c, fabric::Endpoint& ep, const GraphParams* wanted, int64_t self = -1);
 
+/// Raises memnode 0's id ceiling (shine_word::kIdCeiling) to at least `ceiling`.
+void raise_id_ceiling(fabric::Endpoint& ep, uint64_t ceiling);
+/// Claims labels [lo, hi) for new vectors: raises the ceiling to hi when it is at most lo and
+/// returns true; returns false (claiming nothing) when the ceiling is above lo, setting `ceiling`
+/// to it. Two claims of overlapping ranges never both succeed.
+bool claim_ids(fabric::Endpoint& ep, uint64_t lo, uint64_t hi, uint64_t& ceiling);
+
 /// The process-wide view of the graph: layout, bounds, distance kernel. Read-only, shared
 /// by all worker threads.
 class Graph {

@@ -393,6 +393,9 @@ json import_hnswlib(fabric::Cluster& c, const HnswlibFile& f, const ImportOption
 
   // The index becomes visible only now: node count, then the entry point (pointer + level).
   if (f.count() > 0) {
+    uint64_t top = 0;
+    for (uint64_t i = 0; i < f.count(); ++i) top = std::max<uint64_t>(top, f.label(i));
+    raise_id_ceiling(*ep, top + 1);
     ep->fetch_add(RemotePtr(0, mode_word_offset(shine_word::kNodeCount)), f.count());
     Buffer w = ep->alloc(16);
     const uint64_t words[2] = {p.addr[f.entry()], static_cast<uint64_t>(f.max_level())};

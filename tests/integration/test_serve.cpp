@@ -202,10 +202,9 @@ void check_inserts(const Client& cl, const Workload& wl, const std::string& mode
   auto s = cl.insert(insert_request(x.data(), n, dim, ids), ins);
   REQUIRE(s.error_message() == "");
   CHECK(ins.inserted() == n);
-  if (mode == "dhnsw") {
-    // an id the index holds now
-    refused(insert_request(x.data(), 1, dim, {ids[0]}), "an id the index holds");
-  }
+  // an id the index holds now (shine: below its id ceiling), and for shine one its build used
+  refused(insert_request(x.data(), 1, dim, {ids[0]}), "an id the index holds");
+  if (mode == "shine") refused(insert_request(x.data(), 1, dim, {5}), "an id of the build");
   pb::InfoResponse after;
   REQUIRE(cl.info(after).ok());
   CHECK(after.count() == before.count() + n);
