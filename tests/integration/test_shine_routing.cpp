@@ -202,8 +202,10 @@ TEST_CASE("shine routing: 3 computenodes, adaptive routing and a node cache answ
   CHECK(er["read_mode"] == "batch");
   CHECK(erun["per_query"]["doorbells"].get<double>() >= erun["per_query"]["hops"].get<double>());
   CHECK(erun["latency_us"]["mean"].get<double>() >= 300.0 * erun["per_query"]["doorbells"].get<double>());
+#ifndef __SANITIZE_THREAD__  // TSan multiplies the CPU of the work between waits: the bound is for real builds
   const auto& ecn = erun["per_cn"][0];
   CHECK(ecn["cpu_seconds"].get<double>() < 0.5 * ecn["seconds"].get<double>());
+#endif
 
   // csp-report over the three computenodes' traces.
   const std::string csp = dir.file("csp.json");
