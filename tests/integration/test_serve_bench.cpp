@@ -154,7 +154,12 @@ TEST_CASE("serve-bench: closed and open loop against computenode serve", "[integ
     check_latency(j["latency_us"]);
   }
 
-  {  // open loop at 100 requests/s
+  {  // open loop at 100 requests/s (20 in a sanitized build: TSan's serve answers about 44 a second)
+#if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__)
+    const double rate = 20;
+#else
+    const double rate = 100;
+#endif
     // This host has 2 cores shared with builds and other tests, and now and then every process
     // on it stops for a second or more (memnodes log their progress thread "not come round"):
     // a run that saw such a stall, which serve-bench itself reports (kept_up false: a send over
@@ -165,7 +170,7 @@ TEST_CASE("serve-bench: closed and open loop against computenode serve", "[integ
     for (int attempt = 0; attempt < 3; ++attempt) {
       const std::string report = dir.file("open" + std::to_string(attempt) + ".json");
       const auto t0 = steady_clock::now();
-      auto r = run(bench({"--target", addr, "--workload", d.wl, "--clients", "2", "--rate", "100", "--requests",
+      auto r = run(bench({"--target", addr, "--workload", d.wl, "--clients", "2", "--rate", std::to_string(static_cast<int>(rate)), "--requests",
                           "200", "--json", report}),
                    dir, "bench-open", seconds(120), {kToken});
       took = duration<double>(steady_clock::now() - t0).count();
@@ -187,16 +192,16 @@ TEST_CASE("serve-bench: closed and open loop against computenode serve", "[integ
     check_latency(j["open_loop"]["service_latency_us"]);
     CHECK(j["open_loop"]["kept_up"] == true);
     CHECK(j["open_loop"]["in_flight_cap_hit"] == false);
-    // 200 Poisson arrivals at 100/s: the send rate within 25 % (3.5 standard deviations; the
-    // default seed's schedule gives 88/s), and the answers at the rate they were asked.
+    // 200 Poisson arrivals: the send rate within 25 % (3.5 standard deviations; the default
+    // seed's schedule gives 0.88 x the rate), and the answers at the rate they were asked.
     const double send_rate = j["open_loop"]["send_rate"].get<double>();
-    CHECK(send_rate > 75);
-    CHECK(send_rate < 125);
-    CHECK(j["requests_per_s"].get<double>() > 65);
-    CHECK(j["requests_per_s"].get<double>() < 130);
+    CHECK(send_rate > 0.75 * rate);
+    CHECK(send_rate < 1.25 * rate);
+    CHECK(j["requests_per_s"].get<double>() > 0.65 * rate);
+    CHECK(j["requests_per_s"].get<double>() < 1.3 * rate);
     // Latency counts from the intended send time: never below the time from the actual send.
     CHECK(j["latency_us"]["p50"].get<double>() >= j["open_loop"]["service_latency_us"]["p50"].get<double>());
-    CHECK(took > 1.2);  // paced, not as fast as it could
+    CHECK(took > 120 / rate);  // paced, not as fast as it could
   }
 
   {  // a wrong token and a dead target among live ones
