@@ -16,6 +16,7 @@
 
 #include "common/fabric/transport.hpp"
 #include "compute/serve/metrics.hpp"
+#include "compute/serve/requests.hpp"
 #include "compute/serve/serve.hpp"
 #include "dmhnsw.grpc.pb.h"
 
@@ -31,27 +32,6 @@ std::atomic<int> g_signal{0};
 extern "C" void on_signal(int s) { g_signal.store(s); }
 
 Status bad(const std::string& why) { return Status(StatusCode::INVALID_ARGUMENT, why); }
-
-/// The batch in `vectors` as n rows of `dim` floats, or why not (naming the field).
-std::optional<std::string> check_vectors(const std::string& bytes, uint32_t dim, uint32_t want_dim, uint32_t max_batch,
-                                         size_t& n) {
-  if (dim != want_dim)
-    return "dim: " + std::to_string(dim) + ", the index has dimension " + std::to_string(want_dim);
-  if (bytes.empty()) return std::string("vectors: empty batch");
-  if (bytes.size() % (4ull * dim) != 0)
-    return "vectors: " + std::to_string(bytes.size()) + " bytes is not a whole number of rows of " + std::to_string(dim) +
-           " float32 (" + std::to_string(4ull * dim) + " bytes each)";
-  n = bytes.size() / (4ull * dim);
-  if (n > max_batch)
-    return "vectors: " + std::to_string(n) + " rows, at most " + std::to_string(max_batch) + " per request";
-  for (size_t i = 0; i < n * dim; ++i) {
-    float v;
-    std::memcpy(&v, bytes.data() + 4 * i, 4);
-    if (!std::isfinite(v))
-      return "vectors: row " + std::to_string(i / dim) + ", element " + std::to_string(i % dim) + " is not finite";
-  }
-  return std::nullopt;
-}
 
 const char* code_name(StatusCode c) {
   switch (c) {
@@ -132,14 +112,7 @@ class Service final : public pb::Search::Service {
   Status search(ServerContext* ctx, const pb::SearchRequest* req, pb::SearchResponse* resp) {
     if (auto s = authorize(ctx); !s.ok()) return s;
     size_t n = 0;
-    if (auto why = check_vectors(req->vectors(), req->dim(), info_.dim, o_.max_batch, n)) return bad(*why);
-    if (req->k() == 0 || req->k() > o_.max_k)
-      return bad("k: " + std::to_string(req->k()) + ", want 1 .. " + std::to_string(o_.max_k));
-    if (req->ef_search() > 100000) return bad("ef_search: " + std::to_string(req->ef_search()) + ", at most 100000");
-    if (info_.mode == "shine" && req->probe() != 0) return bad("probe: only a dhnsw index has partitions to probe");
-    if (info_.partitions != 0 && req->probe() > info_.partitions)
-      return bad("probe: " + std::to_string(req->probe()) + ", the index has " + std::to_string(info_.partitions) +
-                 " partitions");
+    if (auto why = check_search(*req, limits(), n)) return bad(*why);
     const uint32_t k = req->k();
     // The request's bytes are not aligned for float: one copy.
     std::vector<float> q(n * info_.dim);
@@ -160,18 +133,7 @@ class Service final : public pb::Search::Service {
   Status insert(ServerContext* ctx, const pb::InsertRequest* req, pb::InsertResponse* resp) {
     if (auto s = authorize(ctx); !s.ok()) return s;
     size_t n = 0;
-    if (auto why = check_vectors(req->vectors(), req->dim(), info_.dim, o_.max_batch, n)) return bad(*why);
-    if (static_cast<size_t>(req->ids_size()) != n)
-      return bad("ids: " + std::to_string(req->ids_size()) + " ids for " + std::to_string(n) + " vectors");
-    std::unordered_map<int64_t, int> seen;
-    for (int i = 0; i < req->ids_size(); ++i) {
-      const int64_t id = req->ids(i);
-      if (id < 0) return bad("ids: element " + std::to_string(i) + " is " + std::to_string(id) + ", want >= 0");
-      auto [it, fresh] = seen.emplace(id, i);
-      if (!fresh)
-        return bad("ids: id " + std::to_string(id) + " appears twice (elements " + std::to_string(it->second) +
-                   " and " + std::to_string(i) + ")");
-    }
+    if (auto why = check_insert(*req, limits(), n)) return bad(*why);
     std::vector<float> x(n * info_.dim);
     std::memcpy(x.data(), req->vectors().data(), x.size() * sizeof(float));
     if (Status s = answered([&] { b_.insert(x.data(), req->ids().data(), n); }); !s.ok()) return s;
@@ -198,6 +160,10 @@ class Service final : public pb::Search::Service {
     resp->set_max_batch(o_.max_batch);
     resp->set_computenode(i.computenode);
     return Status::OK;
+  }
+
+  RequestLimits limits() const {
+    return RequestLimits{info_.dim, o_.max_k, o_.max_batch, info_.partitions, info_.mode == "shine"};
   }
 
   Status authorize(ServerContext* ctx) const {
