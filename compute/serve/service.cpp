@@ -7,12 +7,10 @@
 #include <spdlog/spdlog.h>
 
 #include <atomic>
-#include <cmath>
 #include <csignal>
 #include <cstring>
 #include <optional>
 #include <thread>
-#include <unordered_map>
 
 #include "common/fabric/transport.hpp"
 #include "compute/serve/metrics.hpp"

@@ -100,6 +100,23 @@ def bench(targets, wl, clients, batch, seconds, tag, extra=()):
     return json.loads(j.read_text())
 
 
+def sweep(mn, mode, args, wl, inproc_qps):
+    """serve-bench over CONFIGS against one serving computenode; the rows and its last metrics."""
+    rows = []
+    s = Serve(mn, mode, 0, 1, args, f"{mode}-tp")
+    try:
+        for c, b in CONFIGS:
+            bench([s.address], wl, c, b, a.warmup_seconds, f"{mode}-warm-c{c}-b{b}")
+            r = bench([s.address], wl, c, b, a.seconds, f"{mode}-c{c}-b{b}")
+            rows.append({"clients": c, "batch": b, "qps": r["qps"], "recall": r["recall"],
+                         "latency_us": r["latency_us"], "errors": r["errors"]})
+            dmh.log(f"{mode} serve c={c} b={b}: {r['qps']:.0f} QPS (in-process {inproc_qps:.0f}), "
+                    f"recall {r['recall']:.4f}")
+        return rows, s.metrics()
+    finally:
+        s.close()
+
+
 def throughput():
     res = {}
     name = "bigann10k"
@@ -109,19 +126,8 @@ def throughput():
     rep = dmh.query_run(images, 1, wl, logs / "shine-inproc.json", threads=2, coroutines=8, ef_search=64,
                         provider=a.provider, repeat_seconds=a.seconds)
     inproc = dmh.summarize(rep)
-    rows = []
     with dmh.Memnodes(None, a.provider, "1GiB", logs / "mn-shine", load=images) as mn:
-        s = Serve(mn, "shine", 0, 1, ["--threads", 2, "--coroutines", 8, "--ef-search", 64], "shine-tp")
-        try:
-            for c, b in CONFIGS:
-                bench([s.address], wl, c, b, a.warmup_seconds, f"shine-warm-c{c}-b{b}")
-                r = bench([s.address], wl, c, b, a.seconds, f"shine-c{c}-b{b}")
-                rows.append({"clients": c, "batch": b, "qps": r["qps"], "recall": r["recall"],
-                             "latency_us": r["latency_us"], "errors": r["errors"]})
-                dmh.log(f"shine serve c={c} b={b}: {r['qps']:.0f} QPS (in-process {inproc['qps']:.0f}), "
-                        f"recall {r['recall']:.4f}")
-        finally:
-            s.close()
+        rows, _ = sweep(mn, "shine", ["--threads", 2, "--coroutines", 8, "--ef-search", 64], wl, inproc["qps"])
     res["shine"] = {"inproc": {"qps": inproc["qps"], "recall": inproc["recall"]}, "serve": rows}
 
     # dhnsw: batches of up to 500, probe 4, either way
@@ -131,21 +137,9 @@ def throughput():
                                   ["--workload", wl, "--k", 10, "--batch", 500, "--probe", 4, "--ef-search", 64],
                                   logs / "dhnsw-inproc.json", logdir=logs / "dhnsw-inproc.logs", mode="dhnsw")
     dq = rep["runs"][0]
-    rows = []
     with dmh.Memnodes(None, a.provider, "1GiB", logs / "mn-dhnsw", load=images) as mn:
-        s = Serve(mn, "dhnsw", 0, 1, ["--batch", 500, "--max-wait-us", 5000, "--probe", 4, "--ef-search", 64,
-                                       "--max-k", 10], "dhnsw-tp")
-        try:
-            for c, b in CONFIGS:
-                bench([s.address], wl, c, b, a.warmup_seconds, f"dhnsw-warm-c{c}-b{b}")
-                r = bench([s.address], wl, c, b, a.seconds, f"dhnsw-c{c}-b{b}")
-                rows.append({"clients": c, "batch": b, "qps": r["qps"], "recall": r["recall"],
-                             "latency_us": r["latency_us"], "errors": r["errors"]})
-                dmh.log(f"dhnsw serve c={c} b={b}: {r['qps']:.0f} QPS (in-process {dq['qps']:.0f}), "
-                        f"recall {r['recall']:.4f}")
-            m = s.metrics()
-        finally:
-            s.close()
+        rows, m = sweep(mn, "dhnsw", ["--batch", 500, "--max-wait-us", 5000, "--probe", 4, "--ef-search", 64,
+                                      "--max-k", 10], wl, dq["qps"])
     res["dhnsw"] = {"inproc": {"qps": dq["qps"], "recall": dq["recall"]}, "serve": rows,
                     "batches": m.get("dmhnsw_batch_queries_count"),
                     "mean_batch": m.get("dmhnsw_batch_queries_sum", 0) / max(1, m.get("dmhnsw_batch_queries_count", 1))}
