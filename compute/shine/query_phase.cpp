@@ -1,0 +1,237 @@
+// One phase of a shine query run (query_session.hpp): this computenode's share of the stream
+// goes through the router thread, which keeps some queries and sends others to the computenode
+// whose cache fits them; the workers answer whatever lands in the working queue until every
+// peer's routed queries arrived.
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <cstring>
+#include <thread>
+
+#include "compute/shine/query_session.hpp"
+
+namespace dmhnsw::shine::query_detail {
+
+namespace {
+/// Adaptive routing: a router waiting for its own queue to drain re-broadcasts its length this often.
+constexpr std::chrono::milliseconds kProgressEvery{2};
+constexpr std::chrono::seconds kNoteEvery{10};  // a progress line while a phase runs
+}  // namespace
+
+PhaseResult QuerySession::run_phase(uint32_t phase, const std::vector<uint32_t>& items, uint32_t ef,
+                                    double min_seconds, bool is_measured, std::vector<PerQuery>& out) {
+  PhaseRun run;
+  run.phase = phase;
+  run.items = &items;
+  run.ef = ef;
+  run.min_seconds = min_seconds;
+  run.is_measured = is_measured;
+  run.need_done = policy_ != router::Policy::None && K_ > 1;
+  run.result.routed_to.assign(K_, 0);
+  run.t0 = Clock::now();
+  run.deadline = run.t0 + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(min_seconds));
+  run.next_note.store((run.t0 + kNoteEvery).time_since_epoch().count());
+  std::thread router_thread([&] {
+    try {
+      route(run);
+    } catch (...) {
+      run.router_error = std::current_exception();
+      run.stop.store(true);
+    }
+    run.router_done.store(true);
+  });
+  try {
+    answer(run, out);
+  } catch (...) {
+    run.stop.store(true);
+    router_thread.join();
+    throw;
+  }
+  router_thread.join();
+  if (run.router_error) std::rethrow_exception(run.router_error);
+  PhaseResult pr = std::move(run.result);
+  pr.seconds = secs_since(run.t0);
+  pr.received = ex_.received(phase);
+  pr.bounced = ex_.bounced(phase);
+  return pr;
+}
+
+// A line every kNoteEvery while queries are answered: on a slow or lossy link a run that
+// goes on is told from one that is stuck (which prints nothing).
+void QuerySession::note_progress(PhaseRun& run) {
+  if (int64_t due = run.next_note.load();
+      Clock::now().time_since_epoch().count() >= due &&
+      run.next_note.compare_exchange_strong(due, (Clock::now() + kNoteEvery).time_since_epoch().count())) {
+    const double secs = secs_since(run.t0);
+    const uint64_t n = run.answered.load();
+    spdlog::info("query phase {}: {} answered here in {:.0f} s ({:.1f} per s), {} queued", run.phase, n, secs,
+                 static_cast<double>(n) / secs, ex_.queue_len(run.phase));
+  }
+}
+
+void QuerySession::route(PhaseRun& run) {
+  const std::vector<uint32_t>& items = *run.items;
+  PhaseResult& pr = run.result;
+  router::RoutingPolicy rp(policy_, K_, self_, o_.route_batch, router::parse_quota_base(o_.adaptive_quota),
+                           o_.route_threshold);
+  // Balanced/adaptive route a batch of b queries at once (RoutingPolicy::choose_batch: the
+  // queries nearest a partition boundary are the ones moved when a computenode's limit is
+  // reached); the others one query at a time.
+  const size_t gather =
+      run.need_done && (policy_ == router::Policy::Balanced || policy_ == router::Policy::Adaptive) ? o_.route_batch
+                                                                                                    : 1;
+  std::vector<uint32_t> batch_pos, ranks(gather * K_);
+  std::vector<char> msg(sizeof(QueryMsg) + 4ull * p_.dim);
+  uint64_t batch_no = 0;
+  for (size_t i = 0; !run.stop.load();) {
+    batch_pos.clear();
+    while (batch_pos.size() < gather && !run.stop.load()) {
+      if (items.empty() || (i >= items.size() && (run.min_seconds <= 0 || Clock::now() >= run.deadline))) break;
+      // Flow control: do not run far ahead of the workers.
+      while (ex_.queue_len(run.phase) > 2ull * o_.route_threshold + 64 && !run.stop.load())
+        std::this_thread::sleep_for(std::chrono::microseconds(100));
+      batch_pos.push_back(items[i % items.size()]);
+      ++i;
+    }
+    if (batch_pos.empty()) break;
+    pr.input += batch_pos.size();
+    std::vector<uint32_t> targets =
+        run.need_done ? choose_targets(batch_pos, rp, ranks) : std::vector<uint32_t>(batch_pos.size(), self_);
+    for (size_t x = 0; x < batch_pos.size(); ++x) {
+      const uint32_t pos = batch_pos[x], target = targets[x];
+      if (target == self_) {
+        ex_.push(run.phase, Item{pos, false, {}});
+      } else {
+        QueryMsg m{kQueryMsg, run.phase, pos, self_, p_.dim};
+        std::memcpy(msg.data(), &m, sizeof m);
+        std::memcpy(msg.data() + sizeof m, wl_.queries.row(pos), 4ull * p_.dim);
+        relay_->forward(target, msg.data(), msg.size());
+        ++pr.routed_away;
+        ++pr.routed_to[target];
+      }
+    }
+    if (run.need_done && rp.batch_full()) share_queue_length(run, rp, batch_no);
+  }
+  if (run.need_done)
+    for (uint32_t cn = 0; cn < K_; ++cn) {
+      if (cn == self_ || ex_.gone(cn)) continue;
+      DoneMsg dm{kDoneMsg, run.phase, pr.routed_to[cn]};
+      relay_->forward(cn, &dm, sizeof dm);
+    }
+}
+
+// The oracle ranks the computenodes for each query (a gone one last); the policy picks.
+std::vector<uint32_t> QuerySession::choose_targets(const std::vector<uint32_t>& batch, router::RoutingPolicy& rp,
+                                                   std::vector<uint32_t>& ranks) {
+  std::vector<const uint32_t*> ranked;
+  std::vector<float> regret, scores(K_);
+  for (size_t x = 0; x < batch.size(); ++x) {
+    const float* q = wl_.queries.row(batch[x]);
+    uint32_t* r = ranks.data() + x * K_;
+    oracle_.rank(q, r, scores.data());
+    std::stable_partition(r, r + K_, [&](uint32_t cn) { return !ex_.gone(cn); });  // gone: last resort
+    ranked.push_back(r);
+    regret.push_back(scores[r[1]] - scores[r[0]]);  // routing between computenodes: K >= 2
+  }
+  std::vector<uint32_t> targets = rp.choose_batch(ranked, regret);
+  for (uint32_t& t : targets)
+    if (ex_.gone(t)) t = self_;
+  return targets;
+}
+
+// After each routing batch: tell the others this queue's length, and set the next limits
+// from theirs.
+void QuerySession::share_queue_length(PhaseRun& run, router::RoutingPolicy& rp, uint64_t& batch_no) {
+  uint64_t mine = ex_.queue_len(run.phase);
+  ProgressMsg pm{kProgressMsg, run.phase, batch_no++, mine};
+  relay_->broadcast(&pm, sizeof pm);
+  if (policy_ == router::Policy::Adaptive) {
+    // The paper's computenodes broadcast their queue length periodically: while this router
+    // waits for its queue to drain, the others keep sending to it, so they hear how long it
+    // is every kProgressEvery instead of only after its next batch (a slow computenode would
+    // otherwise look as short as it last was).
+    auto next = Clock::now() + kProgressEvery;
+    while (ex_.queue_len(run.phase) > o_.route_threshold && !run.stop.load()) {
+      std::this_thread::sleep_for(std::chrono::microseconds(100));
+      if (Clock::now() >= next) {
+        pm.queue_len = ex_.queue_len(run.phase);
+        relay_->broadcast(&pm, sizeof pm);
+        next = Clock::now() + kProgressEvery;
+      }
+    }
+  }
+  std::vector<uint64_t> prog = ex_.progress();
+  prog[self_] = mine;
+  for (uint32_t cn = 0; cn < K_; ++cn)  // a gone computenode gets no quota
+    if (ex_.gone(cn)) prog[cn] = uint64_t{1} << 40;
+  rp.end_batch(prog);
+  spdlog::debug("routing batch {}: queue lengths [{}], next limits [{}]", batch_no - 1, fmt::join(prog, ", "),
+                fmt::join(rp.limits(), ", "));
+}
+
+// T threads x C coroutines answer the working queue; each query's recall against the
+// workload's ground truth.
+void QuerySession::answer(PhaseRun& run, std::vector<PerQuery>& out) {
+  std::mutex mu;
+  parallel(c_, o_.threads, run.stop, [&](uint32_t t, fabric::Endpoint& ep) {
+    compute::Scheduler s(ep);
+    Worker w(*g_, s, p_.seed + t);
+    std::vector<PerQuery> local;
+    std::vector<OpContext> ctxs(o_.coroutines);
+    for (auto& x : ctxs) {
+      x.mode = o_.mode;
+      x.node_cache = ncache_.get();
+      x.trace = traces_[t].get();
+      x.measured = run.is_measured;
+    }
+    auto next_debug = Clock::now() + std::chrono::seconds(2);
+    auto loop = [&](OpContext& ctx) -> compute::Task<void> {
+      Item it;
+      for (;;) {
+        if (run.stop.load()) co_return;
+        if (!ex_.pop(run.phase, it)) {
+          if (ex_.finished(run.phase, self_, run.need_done, run.router_done.load())) co_return;
+          // Waiting on peers' messages performs no remote operation, so nothing else here
+          // would notice a memnode the heartbeat found dead (a partition): the graph spans
+          // every memnode, so this run cannot go on without it.
+          for (uint16_t m = 0; m < c_.memnodes().size(); ++m)
+            if (!c_.alive(m))
+              throw fabric::FabricError("memnode " + std::to_string(m) + " (" + c_.memnodes()[m].address +
+                                        ") is gone while waiting for routed queries: " + c_.dead_reason(m));
+          note_progress(run);  // also while idle: waiting on a slow peer is not being stuck
+          if (Clock::now() > next_debug) {
+            spdlog::debug("waiting: router {}, {}", run.router_done.load() ? "done" : "busy", ex_.describe(run.phase));
+            next_debug = Clock::now() + std::chrono::seconds(2);
+          }
+          co_await s.yield();
+          continue;
+        }
+        const float* qv = it.vec.empty() ? wl_.queries.row(it.pos) : it.vec.data();
+        ctx.io = compute::IoStats{};
+        ctx.search = SearchStats{};
+        auto q0 = Clock::now();
+        std::vector<Neighbor> res = co_await w.search(qv, o_.k, run.ef, ctx);
+        float lat = static_cast<float>(std::chrono::duration<double, std::micro>(Clock::now() - q0).count());
+        ex_.served(run.phase);
+        run.answered.fetch_add(1);
+        note_progress(run);
+        const int32_t* gt = wl_.groundtruth.row(it.pos);
+        uint32_t hits = 0;
+        for (const auto& r : res)
+          for (uint32_t j = 0; j < o_.k; ++j)
+            if (static_cast<uint32_t>(gt[j]) == r.label) {
+              ++hits;
+              break;
+            }
+        local.push_back({lat, static_cast<float>(hits) / static_cast<float>(o_.k), ctx.io, ctx.search});
+      }
+    };
+    for (auto& ctx : ctxs) s.spawn(loop(ctx));
+    s.run();
+    if (traces_[t]) traces_[t]->flush();
+    std::lock_guard gd(mu);
+    out.insert(out.end(), local.begin(), local.end());
+  });
+}
+
+}  // namespace dmhnsw::shine::query_detail
