@@ -1,0 +1,167 @@
+// `build`, `insert` and `rebuild`: their flags and runs. shine builds and inserts through
+// shine::run_build; dhnsw through its online build, in-place inserts and epoch rebuild.
+#include <cstdio>
+
+#include "common/units.hpp"
+#include "compute/commands/commands.hpp"
+#include "compute/store.hpp"
+
+namespace dmhnsw::commands {
+
+void IndexCommands::add(CLI::App& app) {
+  build_ = app.add_subcommand("build", "format the memnodes for an index (the first computenode to arrive "
+                                       "does it) and insert this computenode's share of --data (rows i with "
+                                       "i % num-cns == cn-id)");
+  insert_ = app.add_subcommand("insert", "insert rows [--begin, --end) of --data into an existing index "
+                                         "(this computenode's share of them), while others may query");
+  for (auto* sc : {build_, insert_}) {
+    sc->add_option("--data", bo_.data, "base vectors (.fvecs .bvecs .fbin .u8bin .i8bin); labels are row ids")->required();
+    sc->add_option("--max-elements", bo_.max_elements, "use only the first N rows (0 = all)")->capture_default_str();
+    sc->add_option("--threads", bo_.threads, "worker threads (each with its own endpoint)")->capture_default_str();
+    sc->add_option("--coroutines", bo_.coroutines, "inserts in flight per thread")->capture_default_str();
+    sc->add_option("--report", report_,
+                   "write the build report (JSON) here (shine: computenode 0, merged; dhnsw: each computenode, "
+                   "PATH.cn<id> when --num-cns > 1)");
+    sc->add_option("--build-cache", build_cache_, "memory for vectors read while inserting (they never change), e.g. 2GiB")
+        ->capture_default_str();
+  }
+  build_->add_option("--m", bo_.params.m, "HNSW M: neighbours per node on upper levels (2M on level 0)")->capture_default_str();
+  build_->add_option("--ef-construction", bo_.params.ef_construction, "HNSW efConstruction")->capture_default_str();
+  build_->add_option("--metric", metric_, "l2 or ip")->capture_default_str()->check(CLI::IsMember({"l2", "ip"}));
+  build_->add_option("--seed", bo_.params.seed, "seed of levels and memnode choice")->capture_default_str();
+  build_->add_option("--store-index", store_dir_, "after the build, every memnode writes its region to DIR/memnode-<id>.img");
+  // d-HNSW build (as tools/dhnsw-build) and insert options
+  build_->add_option("--partitions", dbo_.build.partitions, "dhnsw: partitions / sub-HNSWs (0: round(sqrt(n)))")
+      ->capture_default_str();
+  build_->add_option("--meta-m", dbo_.build.meta_m, "dhnsw: HNSW M of the meta-HNSW")->capture_default_str();
+  build_->add_option("--internal-gap", dbo_.build.layout.internal_gap,
+                     "dhnsw: internal gap after each array of a sub-HNSW, share of it (0..1000)")
+      ->capture_default_str();
+  build_->add_option("--overflow-gap", dbo_.build.layout.overflow_gap,
+                     "dhnsw: shared overflow gap of a group, share of its two blocks (0..1000)")
+      ->capture_default_str();
+  build_->add_option("--partition-metric", partition_metric_, "dhnsw: l2 or ip, metric of the partitioning and meta-HNSW")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"l2", "ip"}));
+  insert_->add_option("--id-offset", dio_.id_offset, "dhnsw: a row's id is this plus its row number")->capture_default_str();
+  insert_->add_option("--batch", dio_.batch, "dhnsw: vectors routed and committed together")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  insert_->add_option("--share", share_,
+                      "dhnsw: I/K: insert rows i with i % K == I (default: cn-id/num-cns), so that K inserting "
+                      "computenodes split the rows while others query");
+  insert_->add_option("--lease-ms", dio_.tuning.lease_ms,
+                      "dhnsw: a group lock word unchanged this long is taken over (its holder is presumed dead)")
+      ->capture_default_str()
+      ->check(CLI::Range(10u, 600000u));
+  insert_->add_option("--begin", bo_.begin, "first row to insert")->capture_default_str();
+  insert_->add_option("--end", bo_.end, "one past the last row (0 = all)")->capture_default_str();
+
+  rebuild_ = app.add_subcommand("rebuild", "dhnsw: an online rebuild now (paper section 4.5): re-partition "
+                                           "and rebuild into a shadow area while others insert and query, publish "
+                                           "the next epoch, merge the insert buffer");
+  rebuild_->add_option("--lease-ms", dro_.lease_ms, "a master word unchanged this long is taken over")
+      ->capture_default_str()
+      ->check(CLI::Range(100u, 600000u));
+  rebuild_->add_option("--threads", dro_.threads, "build threads (0: every core)")->capture_default_str();
+  rebuild_->add_option("--report", report_, "write the rebuild report (JSON) here");
+}
+
+void IndexCommands::add_read_mode(std::string& read_mode) {
+  for (auto* sc : {build_, insert_})
+    sc->add_option("--read-mode", read_mode, "batch: a candidate's neighbours in one doorbell; per-read: one READ each")
+        ->capture_default_str()
+        ->check(CLI::IsMember({"batch", "per-read"}));
+}
+
+int IndexCommands::run(RunEnv& env, shine::ReadMode rm) {
+  if (*rebuild_) return run_rebuild(env);
+  if (env.flags.mode == "dhnsw") return run_dhnsw(env);
+  return run_shine(env, rm);
+}
+
+int IndexCommands::run_rebuild(RunEnv& env) {
+  if (env.flags.mode != "dhnsw") throw std::invalid_argument("rebuild: only --mode dhnsw has epochs");
+  auto ep = env.cluster.make_endpoint(64u << 20);
+  auto r = dhnsw::run_rebuild(env.cluster, *ep, env.flags.cn_id, dro_);
+  if (r.contains("skipped")) {
+    std::printf("dhnsw rebuild: another computenode is the rebuild master; nothing done\n");
+  } else {
+    std::printf("dhnsw rebuild: epoch %llu live, %llu vectors, %llu buffered inserts merged, %.2f s\n",
+                static_cast<unsigned long long>(r.value("epoch", uint64_t{0})),
+                static_cast<unsigned long long>(r.value("vectors", uint64_t{0})),
+                static_cast<unsigned long long>(r.value("merged", uint64_t{0})), r.value("seconds_total", 0.0));
+  }
+  env.write_report(report_, r);
+  return 0;
+}
+
+// --share I/K, default this computenode's id of --num-cns.
+static void parse_share(const std::string& share, dhnsw::InsertOptions& dio) {
+  if (share.empty()) return;
+  const auto slash = share.find('/');
+  try {
+    if (slash == std::string::npos) throw std::invalid_argument("no /");
+    dio.share_index = static_cast<uint32_t>(std::stoul(share.substr(0, slash)));
+    dio.share_count = static_cast<uint32_t>(std::stoul(share.substr(slash + 1)));
+  } catch (const std::exception&) {
+    throw std::invalid_argument("--share '" + share + "': want I/K, e.g. 0/2");
+  }
+  if (dio.share_count == 0 || dio.share_index >= dio.share_count)
+    throw std::invalid_argument("--share '" + share + "': I must be below K");
+}
+
+int IndexCommands::run_dhnsw(RunEnv& env) {
+  const uint32_t cn_id = env.flags.cn_id, num_cns = env.flags.num_cns;
+  const compute::RunContext rc{&env.cluster, cn_id, num_cns, env.flags.provider, {}};
+  std::string path = report_;
+  if (!path.empty() && num_cns > 1) path += ".cn" + std::to_string(cn_id);  // one file per process
+  if (*build_) {
+    dbo_.data = bo_.data;
+    dbo_.max_vectors = bo_.max_elements;
+    dbo_.metric = parse_metric(metric_);
+    dbo_.build.partition_metric = parse_metric(partition_metric_);
+    if (build_->get_option("--m")->count() > 0) dbo_.build.m = bo_.params.m;
+    if (build_->get_option("--ef-construction")->count() > 0) dbo_.build.ef_construction = bo_.params.ef_construction;
+    if (build_->get_option("--seed")->count() > 0) dbo_.build.seed = bo_.params.seed;
+    if (build_->get_option("--threads")->count() > 0) dbo_.build.threads = bo_.threads;
+    auto r = dhnsw::run_online_build(rc, dbo_);
+    if (!r.contains("skipped"))
+      std::printf("dhnsw build: %llu vectors in %u partitions; wrote %llu bytes in %llu WRITEs, %llu doorbells, "
+                  "%.2f s\n", static_cast<unsigned long long>(r["vectors"].get<uint64_t>()),
+                  r["options"]["partitions"].get<unsigned>(),
+                  static_cast<unsigned long long>(r["write"]["bytes"].get<uint64_t>()),
+                  static_cast<unsigned long long>(r["write"]["writes"].get<uint64_t>()),
+                  static_cast<unsigned long long>(r["write"]["doorbells"].get<uint64_t>()),
+                  r["write"]["seconds"].get<double>());
+    env.write_report(path, r, true);
+    return 0;
+  }
+  dio_.data = bo_.data;
+  dio_.share_index = cn_id;
+  dio_.share_count = num_cns;
+  parse_share(share_, dio_);
+  dio_.begin = bo_.begin;
+  dio_.end = bo_.end;
+  auto r = dhnsw::run_insert(rc, dio_);
+  dhnsw::print_insert(r);
+  env.write_report(path, r, true);
+  return 0;
+}
+
+int IndexCommands::run_shine(RunEnv& env, shine::ReadMode rm) {
+  bo_.params.metric = parse_metric(metric_);
+  bo_.mode = rm;
+  bo_.format = static_cast<bool>(*build_);
+  bo_.cache_bytes = parse_bytes(build_cache_, "--build-cache");
+  auto r = shine::run_build(env.rc, bo_);
+  if (env.flags.cn_id == 0) shine::print_build(r);
+  env.write_report(report_, r);
+  if (!store_dir_.empty() && env.flags.cn_id == 0) {
+    auto ep = env.cluster.make_endpoint(8u << 20);
+    compute::store_index(env.cluster, *ep, store_dir_);
+  }
+  return 0;
+}
+
+}  // namespace dmhnsw::commands
