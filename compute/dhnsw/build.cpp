@@ -70,9 +70,10 @@ uint32_t resolve_partitions(uint32_t partitions, size_t n) {
   return static_cast<uint32_t>(std::clamp<double>(r, 1.0, std::min<double>(static_cast<double>(n), 1 << 20)));
 }
 
-BuiltIndex build_index(const float* data, size_t n, uint32_t dim, Metric metric, const BuildOptions& opts,
-                       const int64_t* labels) {
-  need(data != nullptr && n >= 1, "build: no vectors");
+namespace {
+
+void check_options(size_t n, uint32_t dim, const BuildOptions& opts) {
+  need(n >= 1, "build: no vectors");
   need(dim >= 1 && dim <= 65536, "build: dimension " + std::to_string(dim) + " outside [1, 65536]");
   need(opts.m >= 2 && opts.m <= 4096, "--m: " + std::to_string(opts.m) + " outside [2, 4096]");
   need(opts.meta_m >= 2 && opts.meta_m <= 4096, "--meta-m: " + std::to_string(opts.meta_m) + " outside [2, 4096]");
@@ -83,32 +84,23 @@ BuiltIndex build_index(const float* data, size_t n, uint32_t dim, Metric metric,
        "--internal-gap: " + std::to_string(opts.layout.internal_gap) + " outside [0, 1000]");
   need(std::isfinite(opts.layout.overflow_gap) && opts.layout.overflow_gap >= 0 && opts.layout.overflow_gap <= 1000,
        "--overflow-gap: " + std::to_string(opts.layout.overflow_gap) + " outside [0, 1000]");
-  const uint32_t P = resolve_partitions(opts.partitions, n);
-  need(P <= n, "--partitions: " + std::to_string(P) + " partitions for " + std::to_string(n) + " vectors");
+}
 
-  BuiltIndex out;
-  out.options = opts;
-  out.options.partitions = P;
-  out.metric = metric;
-  out.num_vectors = n;
-  out.dim = dim;
-  const uint32_t threads = opts.threads != 0 ? opts.threads : std::max(1u, std::thread::hardware_concurrency());
-
-  // ---- 1. partitioning
-  auto t0 = Clock::now();
+/// Step 1: balanced partitions; the members of each, in increasing global id (the sub's
+/// local ids follow it). Fills the partition fields of `out`.
+std::vector<std::vector<int64_t>> partition(const float* data, size_t n, uint32_t dim, uint32_t P,
+                                            const BuildOptions& opts, router::Partitioning& part, BuiltIndex& out) {
   router::CapacityKMeansOptions ko;
   ko.iterations = opts.kmeans_iterations;
   ko.seed = opts.seed;
   ko.max_train = opts.kmeans_max_train;
   const Metric pm = opts.partition_metric;
-  const router::Partitioning part = opts.plain_kmeans ? router::plain_kmeans(data, n, dim, P, pm, ko)
-                                                      : router::capacity_kmeans(data, n, dim, P, pm, ko);
+  part = opts.plain_kmeans ? router::plain_kmeans(data, n, dim, P, pm, ko) : router::capacity_kmeans(data, n, dim, P, pm, ko);
   if (part.k != P || part.assignment.size() != n || part.centroids.size() != size_t{P} * dim)
     throw std::runtime_error("build: the partitioning returned an inconsistent result");
   out.partition_sizes = part.sizes;
   out.partition_max_over_mean = part.max_over_mean();
   out.partition_inertia = part.inertia;
-  // Members of each partition, in increasing global id (the sub's local ids follow it).
   std::vector<std::vector<int64_t>> members(P);
   for (uint32_t p = 0; p < P; ++p) members[p].reserve(part.sizes[p]);
   for (size_t i = 0; i < n; ++i) {
@@ -121,12 +113,19 @@ BuiltIndex build_index(const float* data, size_t n, uint32_t dim, Metric metric,
     if (members[p].size() > static_cast<size_t>(std::numeric_limits<int32_t>::max()))
       throw std::invalid_argument("--partitions: partition " + std::to_string(p) +
                                   " holds more than 2^31-1 vectors (Faiss ids); use more partitions");
-  out.seconds_partition = since(t0);
+  return members;
+}
 
-  // ---- 2. sub-HNSWs (tasks 0..P-1) and the meta-HNSW (task P), in parallel
-  t0 = Clock::now();
+/// Step 2: a sub-HNSW per partition (tasks 0..P-1) and the meta-HNSW over the centroids
+/// (task P), in parallel.
+std::unique_ptr<faiss::IndexHNSWFlat> build_hnsws(const float* data, size_t n, uint32_t dim, Metric metric,
+                                                  const BuildOptions& opts, uint32_t threads,
+                                                  const router::Partitioning& part,
+                                                  const std::vector<std::vector<int64_t>>& members,
+                                                  std::vector<std::unique_ptr<faiss::IndexHNSWFlat>>& subs) {
+  const uint32_t P = static_cast<uint32_t>(members.size());
   const faiss::MetricType fmetric = metric == Metric::IP ? faiss::METRIC_INNER_PRODUCT : faiss::METRIC_L2;
-  std::vector<std::unique_ptr<faiss::IndexHNSWFlat>> subs(P);
+  subs.resize(P);
   std::unique_ptr<faiss::IndexHNSWFlat> meta;
   ProgressOptions po;
   po.enabled = opts.progress;
@@ -152,20 +151,11 @@ BuiltIndex build_index(const float* data, size_t n, uint32_t dim, Metric metric,
     progress.add(ids.size());
   });
   progress.finish();
-  out.seconds_build_subs = since(t0);
+  return meta;
+}
 
-  // ---- 3. layout and serialization
-  t0 = Clock::now();
-  const std::vector<char> meta_bytes = serialize_meta(*meta);
-  meta.reset();
-  std::vector<SubShape> shapes(P);
-  for (uint32_t p = 0; p < P; ++p) shapes[p] = shape_of(*subs[p]);
-  RegionPlan plan = plan_region(shapes, opts.memnodes, meta_bytes.size(), opts.layout, opts.base_offset);
-  for (uint32_t p = 0; p < P; ++p) {
-    plan.subs[p].entry_point = subs[p]->hnsw.entry_point;
-    plan.subs[p].max_level = subs[p]->hnsw.max_level;
-  }
-
+MetaHeader meta_header(uint32_t P, size_t n, uint32_t dim, Metric metric, const BuildOptions& opts,
+                       const RegionPlan& plan) {
   MetaHeader h{};
   h.num_subs = P;
   h.dim = dim;
@@ -179,6 +169,45 @@ BuiltIndex build_index(const float* data, size_t n, uint32_t dim, Metric metric,
   h.metadata_offset = plan.metadata_offset;
   h.internal_gap_ppm = static_cast<uint64_t>(std::llround(opts.layout.internal_gap * 1e6));
   h.overflow_gap_ppm = static_cast<uint64_t>(std::llround(opts.layout.overflow_gap * 1e6));
+  return h;
+}
+
+/// Memnode m's region header for a whole image: mode Dhnsw, the metadata and data end.
+RegionHeader dhnsw_region_header(uint32_t m, const MetaHeader& h, uint32_t dim, const RegionPlan& plan,
+                                 size_t metadata_bytes, uint16_t memnodes) {
+  RegionHeader rh = make_region_header(static_cast<uint16_t>(m), plan.region_bytes[m]);
+  rh.mode = static_cast<uint8_t>(fabric::Mode::Dhnsw);
+  rh.metric = h.metric;
+  rh.elem_type = static_cast<uint8_t>(ElemType::F32);
+  rh.dim = dim;
+  rh.memnode_count = memnodes;
+  rh.epoch = h.epoch;
+  rh.scratch_offset = plan.data_end[m];
+  rh.scratch_size = kScratchBytes;
+  rh.data_offset = kMetadataOffset;
+  rh.mode_words[dhnsw_word::kMetadataOffset] = kMetadataOffset;
+  rh.mode_words[dhnsw_word::kMetadataSize] = metadata_bytes;
+  rh.mode_words[dhnsw_word::kDataEnd] = plan.data_end[m];
+  validate_region_header(rh, "build: memnode " + std::to_string(m) + " region header");
+  return rh;
+}
+
+/// Step 3: the layout, the metadata block, each memnode's region bytes with every sub-HNSW
+/// serialized into its block; checked by decoding the metadata back.
+void lay_out(uint32_t dim, Metric metric, const BuildOptions& opts, uint32_t threads, const int64_t* labels,
+             std::unique_ptr<faiss::IndexHNSWFlat> meta, std::vector<std::unique_ptr<faiss::IndexHNSWFlat>>& subs,
+             const std::vector<std::vector<int64_t>>& members, BuiltIndex& out) {
+  const uint32_t P = static_cast<uint32_t>(subs.size());
+  const std::vector<char> meta_bytes = serialize_meta(*meta);
+  meta.reset();
+  std::vector<SubShape> shapes(P);
+  for (uint32_t p = 0; p < P; ++p) shapes[p] = shape_of(*subs[p]);
+  RegionPlan plan = plan_region(shapes, opts.memnodes, meta_bytes.size(), opts.layout, opts.base_offset);
+  for (uint32_t p = 0; p < P; ++p) {
+    plan.subs[p].entry_point = subs[p]->hnsw.entry_point;
+    plan.subs[p].max_level = subs[p]->hnsw.max_level;
+  }
+  const MetaHeader h = meta_header(P, out.num_vectors, dim, metric, opts, plan);
   const std::vector<char> block = encode_metadata(h, plan.subs, meta_bytes.data(), meta_bytes.size());
   if (block.size() != plan.metadata_bytes) throw std::runtime_error("build: metadata block size mismatch");
   std::memcpy(&out.header, block.data(), sizeof out.header);
@@ -205,20 +234,7 @@ BuiltIndex build_index(const float* data, size_t n, uint32_t dim, Metric metric,
       std::memcpy(r.data() + (plan.metadata_offset - rb), block.data(), block.size());
       continue;
     }
-    RegionHeader rh = make_region_header(static_cast<uint16_t>(m), plan.region_bytes[m]);
-    rh.mode = static_cast<uint8_t>(fabric::Mode::Dhnsw);
-    rh.metric = h.metric;
-    rh.elem_type = static_cast<uint8_t>(ElemType::F32);
-    rh.dim = dim;
-    rh.memnode_count = static_cast<uint16_t>(opts.memnodes);
-    rh.epoch = h.epoch;
-    rh.scratch_offset = plan.data_end[m];
-    rh.scratch_size = kScratchBytes;
-    rh.data_offset = kMetadataOffset;
-    rh.mode_words[dhnsw_word::kMetadataOffset] = kMetadataOffset;
-    rh.mode_words[dhnsw_word::kMetadataSize] = block.size();
-    rh.mode_words[dhnsw_word::kDataEnd] = plan.data_end[m];
-    validate_region_header(rh, "build: memnode " + std::to_string(m) + " region header");
+    RegionHeader rh = dhnsw_region_header(m, h, dim, plan, block.size(), static_cast<uint16_t>(opts.memnodes));
     std::memcpy(r.data(), &rh, sizeof rh);
     if (m == 0) std::memcpy(r.data() + kControlOffset, &control, sizeof control);
     std::memcpy(r.data() + kMetadataOffset, block.data(), block.size());
@@ -237,6 +253,37 @@ BuiltIndex build_index(const float* data, size_t n, uint32_t dim, Metric metric,
     decode_metadata(r.data() + (plan.metadata_offset - rb), r.size() - (plan.metadata_offset - rb), out.region_bytes[m], m,
                     "build: memnode " + std::to_string(m) + " region");
   }
+}
+
+}  // namespace
+
+BuiltIndex build_index(const float* data, size_t n, uint32_t dim, Metric metric, const BuildOptions& opts,
+                       const int64_t* labels) {
+  need(data != nullptr, "build: no vectors");
+  check_options(n, dim, opts);
+  const uint32_t P = resolve_partitions(opts.partitions, n);
+  need(P <= n, "--partitions: " + std::to_string(P) + " partitions for " + std::to_string(n) + " vectors");
+
+  BuiltIndex out;
+  out.options = opts;
+  out.options.partitions = P;
+  out.metric = metric;
+  out.num_vectors = n;
+  out.dim = dim;
+  const uint32_t threads = opts.threads != 0 ? opts.threads : std::max(1u, std::thread::hardware_concurrency());
+
+  auto t0 = Clock::now();
+  router::Partitioning part;
+  const std::vector<std::vector<int64_t>> members = partition(data, n, dim, P, opts, part, out);
+  out.seconds_partition = since(t0);
+
+  t0 = Clock::now();
+  std::vector<std::unique_ptr<faiss::IndexHNSWFlat>> subs;
+  std::unique_ptr<faiss::IndexHNSWFlat> meta = build_hnsws(data, n, dim, metric, opts, threads, part, members, subs);
+  out.seconds_build_subs = since(t0);
+
+  t0 = Clock::now();
+  lay_out(dim, metric, opts, threads, labels, std::move(meta), subs, members, out);
   out.seconds_layout = since(t0);
   return out;
 }
