@@ -1,401 +1,9 @@
-#include "compute/dhnsw/pipeline.hpp"
-
-#include <malloc.h>
-#include <omp.h>
-#include <spdlog/spdlog.h>
-
-#include <algorithm>
-#include <atomic>
-#include <bit>
-#include <chrono>
-#include <cmath>
-#include <condition_variable>
-#include <cstring>
-#include <deque>
-#include <exception>
-#include <map>
-#include <mutex>
-#include <optional>
-#include <stdexcept>
-#include <thread>
-
-#include "common/region.hpp"
-#include "compute/dhnsw/epoch.hpp"
-#include "compute/dhnsw/channel.hpp"
-#include "compute/dhnsw/planner.hpp"
-#include "compute/dhnsw/subindex.hpp"
+// The d-HNSW query engine (paper section 4.4): a run closes batches as queries arrive and
+// takes each through the stages of pipeline_stages.hpp, in sequence or as a three-thread
+// pipeline (fetch, deserialize, search) so that READs overlap deserializing and searching.
+#include "compute/dhnsw/pipeline_stages.hpp"
 
 namespace dmhnsw::dhnsw {
-namespace {
-
-using Clock = std::chrono::steady_clock;
-double secs(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
-
-
-struct Job {
-  size_t first = 0;  // index of the batch's first query in the run
-  uint32_t n = 0;
-  BatchPlan plan;
-  std::map<uint32_t, std::shared_ptr<const SubIndex>> hits;  // cached entries, pinned at plan time
-  std::map<uint32_t, SubDesc> live;  // live descriptors of the batch's sub-HNSWs, read at plan time
-  std::shared_ptr<const Index> index;  // the epoch the batch was planned with
-  Clock::time_point closed;
-  size_t remaining = 0;  // entries not searched yet (search stage only)
-  BatchStats st;         // each stage writes its own fields before handing an item on
-};
-
-struct Item {
-  std::shared_ptr<Job> job;
-  uint32_t entry = 0;
-  fabric::Buffer buf;
-  size_t len = 0;
-  std::shared_ptr<const SubIndex> sub;
-  SubDesc desc{};     // the live descriptor the fetched bytes match
-  bool torn = false;  // no consistent copy within the retry budget: sanitized, not cached
-};
-
-}  // namespace
-
-// ---------------------------------------------------------------------------------------------
-struct Engine::Impl {
-  fabric::Cluster& c;
-  std::shared_ptr<const Index> cur;  // replaced when the epoch moves; a batch keeps the one it was planned with
-  uint64_t beat = 0;
-  EngineOptions o;
-  LruCache<SubIndex> cache;
-  uint64_t max_fetch = 0, buf_bytes = 0;
-
-  static constexpr uint32_t kParallelQueries = 8;
-  int omp_threads = 1;
-
-  Impl(fabric::Cluster& cl, const Index& ix, const EngineOptions& opts, size_t cap)
-      : c(cl), cur(std::shared_ptr<const Index>{}, &ix), o(opts), cache(cap) {
-    const int cores = std::max(1, omp_get_num_procs());
-    // Every core, also when pipelined: the fetch stage naps while its READs are in flight and
-    // the deserialize stage is short, so leaving them a core of their own measured slower.
-    omp_threads = o.search_threads > 0 ? static_cast<int>(o.search_threads) : cores;
-    // Deserialized sub-HNSWs come and go every batch: keep freed memory in the heap instead
-    // of unmapping it, so the next one does not page-fault its arrays in again.
-    static std::once_flag heap_once;
-    std::call_once(heap_once, [] {
-      mallopt(M_MMAP_THRESHOLD, 32 << 20);
-      mallopt(M_TRIM_THRESHOLD, 1 << 30);
-    });
-    // A sub grows into its share of the shared gap: at most block + the whole gap.
-    for (const auto& s : cur->subs) max_fetch = std::max(max_fetch, s.block_bytes + s.overflow_bytes);
-    buf_bytes = std::bit_ceil(std::max<uint64_t>(max_fetch, 4096));
-  }
-
-  static std::string sub_name(const Index& index, uint32_t id) {
-    const SubDesc& d = index.subs.at(id);
-    return "sub-HNSW " + std::to_string(id) + " (partition " + std::to_string(id) + ", memnode " +
-           std::to_string(d.memnode) + " offset " + std::to_string(fetch_range(d).first) + ")";
-  }
-
-  /// Closes a batch: meta-HNSW search for every query, then the load plan.
-  /// READs the live descriptors of `subs` (one doorbell); counts into `st`.
-  std::vector<SubDesc> read_live(const Index& index, const std::vector<uint32_t>& subs, fabric::Endpoint& ep,
-                                 BatchStats& st) {
-    std::vector<SubDesc> out(subs.size());
-    if (subs.empty()) return out;
-    fabric::Buffer b = ep.alloc(subs.size() * sizeof(SubDesc));
-    std::vector<fabric::Op> ops;
-    for (size_t i = 0; i < subs.size(); ++i)
-      ops.push_back(fabric::Op::read(RemotePtr(index.subs.at(subs[i]).memnode, live_desc_offset(index.header, subs[i])),
-                                     b.data() + i * sizeof(SubDesc), sizeof(SubDesc), i));
-    if (fabric::Status s = ep.post(ops); s != fabric::Status::Ok) {  // nothing posted: name a sub on a dead memnode
-      size_t bad = 0;
-      while (bad + 1 < subs.size() && c.alive(ops[bad].remote.node())) ++bad;
-      fabric::Completion cpl;
-      cpl.tag = bad;
-      cpl.status = s;
-      cpl.node = ops[bad].remote.node();
-      throw fabric::FabricError("reading the live descriptor of " + sub_name(index, subs[bad]) + " failed: " + ep.describe(cpl));
-    }
-    fabric::Completion cs[16];
-    for (size_t left = ops.size(); left > 0;) {
-      const size_t got = ep.poll(cs);
-      for (size_t j = 0; j < got; ++j)
-        if (cs[j].status != fabric::Status::Ok)
-          throw fabric::FabricError("reading the live descriptor of " + sub_name(index, subs.at(cs[j].tag)) +
-                                    " failed: " + ep.describe(cs[j]));
-      left -= got;
-      if (got == 0) std::this_thread::yield();
-    }
-    st.version_reads += ops.size();
-    ++st.version_doorbells;
-    for (size_t i = 0; i < subs.size(); ++i) {
-      std::memcpy(&out[i], b.data() + i * sizeof(SubDesc), sizeof(SubDesc));
-      const SubDesc& st0 = index.subs.at(subs[i]);
-      if (out[i].id != subs[i] || out[i].block_offset != st0.block_offset || out[i].overflow_used > st0.overflow_bytes)
-        throw std::runtime_error("the live descriptor of " + sub_name(index, subs[i]) +
-                                 " does not match the metadata block (was the index rebuilt?)");
-    }
-    return out;
-  }
-
-  /// The control block (memnode 0): a new epoch replaces `cur` (the cache goes with the old
-  /// one); this computenode acknowledges the epoch it plans with.
-  Control refresh(fabric::Endpoint& ep) {
-    // One doorbell: READ the control block and WRITE this computenode's ack word (the epoch it
-    // planned the previous batch with, and a beat).
-    Control ctl;
-    {
-      fabric::Buffer b = ep.alloc(sizeof(Control) + 8);
-      std::vector<fabric::Op> ops{fabric::Op::read(RemotePtr(0, kControlOffset), b.data(), sizeof(Control), 0)};
-      if (o.ack_slot >= 0) {
-        const uint64_t a = ack_word(cur->header.epoch, ++beat);
-        std::memcpy(b.data() + sizeof(Control), &a, 8);
-        ops.push_back(fabric::Op::write(RemotePtr(0, ack_offset()), b.data() + sizeof(Control), 8, 1));
-      }
-      try {
-        if (ep.post(ops) != fabric::Status::Ok) throw fabric::FabricError("memnode 0 is down");
-        ep.wait_all(ops.size());
-      } catch (const fabric::FabricError& e) {
-        throw fabric::FabricError(std::string("reading the d-HNSW control block (epoch, insert buffer) of memnode 0 "
-                                              "failed: ") + e.what());
-      }
-      std::memcpy(&ctl, b.data(), sizeof ctl);
-      check_control(ctl);
-    }
-    if (ctl.epoch != cur->header.epoch && ctl.epoch != 0) {
-      auto next = std::make_shared<Index>(load_index(c, ep));
-      spdlog::info("dhnsw: epoch {} -> {}: metadata refreshed, {} cached sub-HNSW(s) dropped", cur->header.epoch,
-                   next->header.epoch, cache.size());
-      cur = std::move(next);
-      cache.clear();
-      for (const auto& s : cur->subs) max_fetch = std::max(max_fetch, s.block_bytes + s.overflow_bytes);
-      buf_bytes = std::bit_ceil(std::max<uint64_t>(max_fetch, 4096));
-      if (o.ack_slot >= 0) {  // acknowledge the new epoch at once: the master waits for it
-        fabric::Buffer w = ep.alloc(8);
-        const uint64_t a = ack_word(cur->header.epoch, ++beat);
-        std::memcpy(w.data(), &a, 8);
-        ep.write(RemotePtr(0, ack_offset()), w.data(), 8);
-      }
-    }
-    return ctl;
-  }
-  uint64_t ack_offset() const {
-    return control_field(offsetof(Control, acks) + 8 * (static_cast<uint64_t>(o.ack_slot) % kMaxAckSlots));
-  }
-
-  std::shared_ptr<Job> open_batch(const float* queries, size_t first, uint32_t n, fabric::Endpoint& ep,
-                                  std::vector<Answer>& answers) {
-    auto job = std::make_shared<Job>();
-    const Control ctl = refresh(ep);
-    job->index = cur;
-    const Index& index = *cur;
-    job->st.epoch = index.header.epoch;
-    if (ctl.phase != kIdle)
-      job->st.buffered_scanned += buffer_search(ep, ctl, index.header.dim, index.inner_product(), o.k,
-                                                queries + first * index.header.dim, n, answers.data() + first);
-    job->first = first;
-    job->n = n;
-    job->closed = Clock::now();
-    job->st.queries = n;
-    const uint32_t P = index.header.num_subs, b = std::min(o.probe, P);
-    std::vector<std::vector<uint32_t>> probes(n);
-    {
-      std::vector<float> D(size_t{n} * b);
-      std::vector<faiss::Index::idx_t> I(size_t{n} * b);
-      index.meta->hnsw.efSearch = static_cast<int>(std::max(o.meta_ef_search, b));
-      omp_set_num_threads(n >= kParallelQueries ? omp_threads : 1);
-      index.meta->search(n, queries + first * index.header.dim, b, D.data(), I.data());
-      for (uint32_t q = 0; q < n; ++q)
-        for (uint32_t j = 0; j < b; ++j) {
-          faiss::Index::idx_t p = I[size_t{q} * b + j];
-          if (p >= 0 && p < static_cast<faiss::Index::idx_t>(P)) probes[q].push_back(static_cast<uint32_t>(p));
-        }
-    }
-    {  // the live descriptors: a cached copy is good while its version is the live one
-      std::vector<uint32_t> subs;
-      for (const auto& q : probes) subs.insert(subs.end(), q.begin(), q.end());
-      std::sort(subs.begin(), subs.end());
-      subs.erase(std::unique(subs.begin(), subs.end()), subs.end());
-      const std::vector<SubDesc> live = read_live(index, subs, ep, job->st);
-      for (size_t i = 0; i < subs.size(); ++i) job->live[subs[i]] = live[i];
-    }
-    job->plan = plan_batch(probes, o.regroup, [&](uint32_t s) {
-      if (!o.regroup) return false;
-      auto hit = cache.get(s);
-      if (!hit) return false;
-      const SubDesc& d = job->live.at(s);
-      if ((d.version & 1) != 0 || hit->version != d.version || hit->epoch != index.header.epoch) return false;
-      job->hits[s] = std::move(hit);
-      return true;
-    });
-    job->remaining = job->plan.entries.size();
-    job->st.needed = job->plan.needed;
-    job->st.cache_hits = job->plan.cache_hits;
-    job->st.fetched = job->plan.fetches();
-    job->st.meta_s = secs(job->closed, Clock::now());
-    return job;
-  }
-
-  /// Fetches the given entries of a batch (one doorbell, or one READ per post) and hands
-  /// each fetched buffer to `emit`.
-  template <class Emit>
-  void fetch_group(const std::shared_ptr<Job>& job, const std::vector<uint32_t>& entries, fabric::Endpoint& ep,
-                   Emit&& emit) {
-    const Index& index = *job->index;
-    auto t0 = Clock::now();
-    std::vector<Item> items(entries.size());
-    for (size_t i = 0; i < entries.size(); ++i) {
-      items[i].job = job;
-      items[i].entry = entries[i];
-      items[i].desc = job->live.at(job->plan.entries[entries[i]].sub);
-      items[i].buf = ep.alloc(buf_bytes);
-    }
-    auto fail = [&](const fabric::Completion& cpl) {
-      uint32_t sub = job->plan.entries[entries.at(cpl.tag)].sub;
-      throw fabric::FabricError("fetching " + sub_name(index, sub) + " failed: " + ep.describe(cpl));
-    };
-    // A sub-HNSW READ takes hundreds of microseconds or more: after a short spin the fetch
-    // stage naps between polls, leaving the core to the search and deserialize stages (and,
-    // on shm and tcp, to the memnode's progress thread that serves the READ).
-    auto wait = [&](size_t n) {
-      fabric::Completion cs[16];
-      unsigned idle = 0;
-      while (n > 0) {
-        size_t got = ep.poll(cs);
-        for (size_t j = 0; j < got; ++j)
-          if (cs[j].status != fabric::Status::Ok) fail(cs[j]);
-        n -= got;
-        if (got > 0)
-          idle = 0;
-        else if (++idle < 64)
-          std::this_thread::yield();
-        else
-          std::this_thread::sleep_for(std::chrono::microseconds(50));
-      }
-    };
-    auto post = [&](std::span<const fabric::Op> span) {
-      fabric::Status s = ep.post(span);
-      if (s != fabric::Status::Ok) {  // nothing was posted: name an op toward a dead memnode if any
-        const fabric::Op* bad = &span.front();
-        for (const auto& op : span)
-          if (!c.alive(op.remote.node())) {
-            bad = &op;
-            break;
-          }
-        fabric::Completion cpl;
-        cpl.tag = bad->tag;
-        cpl.status = s;
-        cpl.node = bad->remote.node();
-        fail(cpl);
-      }
-      ++job->st.doorbells;
-    };
-    // Seqlock: fetch with the live descriptor, READ it again; an item whose version moved (or
-    // was odd: a commit in flight) is fetched again. After kAttempts it is taken as it is,
-    // sanitized and not cached (a writer died inside a commit and no inserter repaired it yet).
-    constexpr int kAttempts = 200;
-    std::vector<size_t> pending(items.size());
-    for (size_t i = 0; i < items.size(); ++i) pending[i] = i;
-    for (int attempt = 1; !pending.empty(); ++attempt) {
-      std::vector<fabric::Op> ops;
-      for (size_t i : pending) {
-        auto [off, len] = fetch_range(items[i].desc);
-        if (len > buf_bytes)
-          throw std::runtime_error(sub_name(index, items[i].desc.id) + ": live fetch range of " + std::to_string(len) +
-                                   " bytes is beyond its block and gap");
-        items[i].len = len;
-        for (uint64_t at = 0; at < len; at += o.max_read_bytes) {
-          uint64_t n = std::min<uint64_t>(o.max_read_bytes, len - at);
-          ops.push_back(fabric::Op::read(RemotePtr(items[i].desc.memnode, off + at), items[i].buf.data() + at, n, i));
-        }
-        job->st.bytes += len;
-      }
-      if (o.doorbell) {
-        post(ops);
-        wait(ops.size());
-      } else {
-        for (const auto& op : ops) {
-          post(std::span<const fabric::Op>(&op, 1));
-          wait(1);
-        }
-      }
-      job->st.reads += ops.size();
-      std::vector<uint32_t> subs;
-      for (size_t i : pending) subs.push_back(items[i].desc.id);
-      const std::vector<SubDesc> again = read_live(index, subs, ep, job->st);
-      std::vector<size_t> next;
-      bool odd = false;
-      for (size_t j = 0; j < pending.size(); ++j) {
-        Item& it = items[pending[j]];
-        const bool stable = again[j].version == it.desc.version && (it.desc.version & 1) == 0;
-        if (stable) continue;
-        if (attempt >= kAttempts) {
-          it.torn = true;
-          continue;
-        }
-        odd = odd || (again[j].version & 1) != 0;
-        it.desc = again[j];
-        ++job->st.refetches;
-        next.push_back(pending[j]);
-      }
-      pending.swap(next);
-      if (odd) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    }
-    job->st.fetch_s += secs(t0, Clock::now());
-    for (auto& it : items) emit(std::move(it));
-  }
-
-  void deserialize(Item& it) {
-    auto t0 = Clock::now();
-    const uint32_t sub = it.job->plan.entries[it.entry].sub;
-    const Index& index = *it.job->index;
-    auto s = std::make_shared<SubIndex>(deserialize_sub(it.buf.data(), it.len, it.desc, index.header, sub_name(index, sub), it.torn));
-    if (it.torn)
-      spdlog::warn("{}: no consistent copy after repeated fetches (a commit left in flight, version {}); searched "
-                   "a sanitized copy ({} neighbour entries dropped)", sub_name(index, sub), it.desc.version, s->sanitized);
-    it.sub = std::move(s);
-    if (o.regroup && !it.torn) cache.put(sub, it.sub);
-    it.job->st.deserialize_s += secs(t0, Clock::now());
-  }
-
-  /// Searches one sub-HNSW for the batch's queries that need it and merges their top-k.
-  /// Returns true when this finished the batch.
-  bool search(Item& it, const float* queries, std::vector<Answer>& answers) {
-    auto t0 = Clock::now();
-    Job& job = *it.job;
-    const Index& index = *job.index;
-    const PlanEntry& e = job.plan.entries[it.entry];
-    const SubIndex& s = *it.sub;
-    const uint32_t dim = index.header.dim, nq = static_cast<uint32_t>(e.queries.size());
-    const uint32_t k = o.k;
-    if (s.index && s.index->ntotal > 0) {
-      std::vector<float> X(size_t{nq} * dim), D(size_t{nq} * k);
-      std::vector<faiss::Index::idx_t> I(size_t{nq} * k);
-      for (uint32_t i = 0; i < nq; ++i)
-        std::memcpy(X.data() + size_t{i} * dim, queries + (job.first + e.queries[i]) * dim, sizeof(float) * dim);
-      s.index->hnsw.efSearch = static_cast<int>(std::max(o.ef_search, k));
-      // Faiss opens an OpenMP region per call: for a handful of queries one thread does
-      // better than waking the others (on a busy host that costs milliseconds).
-      omp_set_num_threads(nq >= kParallelQueries ? omp_threads : 1);
-      s.index->search(nq, X.data(), k, D.data(), I.data());
-      const bool ip = index.inner_product();
-      auto better = [ip](const std::pair<float, int64_t>& a, const std::pair<float, int64_t>& b) {
-        if (a.first != b.first) return ip ? a.first > b.first : a.first < b.first;
-        return a.second < b.second;
-      };
-      for (uint32_t i = 0; i < nq; ++i) {
-        Answer& a = answers[job.first + e.queries[i]];
-        for (uint32_t j = 0; j < k; ++j) {
-          faiss::Index::idx_t l = I[size_t{i} * k + j];
-          if (l < 0 || static_cast<size_t>(l) >= s.labels.size()) continue;
-          a.emplace_back(D[size_t{i} * k + j], s.labels[static_cast<size_t>(l)]);
-        }
-        std::sort(a.begin(), a.end(), better);
-        a.erase(std::unique(a.begin(), a.end(), [](const auto& x, const auto& y) { return x.second == y.second; }),
-                a.end());
-        if (a.size() > k) a.resize(k);
-      }
-    }
-    job.st.search_s += secs(t0, Clock::now());
-    return --job.remaining == 0;
-  }
-};
 
 Engine::Engine(fabric::Cluster& c, const Index& index, EngineOptions o) : o_(o) {
   if (o_.batch == 0) throw std::invalid_argument("--batch must be at least 1");
@@ -420,39 +28,39 @@ void Engine::set_ef_search(uint32_t ef) {
   impl_->o.ef_search = ef;
 }
 
-RunStats Engine::run(const float* queries, size_t n, std::vector<Answer>& answers) {
-  Impl& im = *impl_;
-  answers.assign(n, {});
+/// The batches of one run: when each closes, and what the caller gets back.
+struct Engine::Impl::Run {
+  const float* queries;
+  size_t n;
+  std::vector<Answer>& answers;
+  Impl& im;
+  uint32_t G;  // sub-HNSW fetches per doorbell
+  std::unique_ptr<fabric::Endpoint> ep;
+  Clock::time_point t_start;
   RunStats rs;
-  rs.cache_capacity = im.cache.capacity();
-  const uint64_t evictions0 = im.cache.evictions();
-  const uint32_t G = o_.doorbell ? o_.doorbell_subs : 1;
-  // One endpoint, used by the fetch stage only; every buffer goes back to it before it dies.
-  // Twice what the buffers need now: a rebuild may make sub-HNSWs larger during the run.
-  auto ep = im.c.make_endpoint(std::max<size_t>(2 * im.buf_bytes * (G + o_.queue_depth + 3), 16u << 20));
-  const auto t_start = Clock::now();
 
-  // Batches close when B queries arrived or max_wait_us after their first one did.
-  auto arrival = [&](size_t i) {
-    return o_.arrival_qps > 0 ? t_start + std::chrono::duration_cast<Clock::duration>(
-                                              std::chrono::duration<double>(static_cast<double>(i) / o_.arrival_qps))
-                              : t_start;
-  };
-  auto next_batch = [&](size_t first) -> uint32_t {
-    size_t last = std::min(n, first + o_.batch);
-    if (o_.arrival_qps > 0) {
-      auto deadline = arrival(first) + std::chrono::microseconds(o_.max_wait_us);
+  /// Batches close when B queries arrived or max_wait_us after their first one did.
+  Clock::time_point arrival(size_t i) const {
+    return im.o.arrival_qps > 0
+               ? t_start + std::chrono::duration_cast<Clock::duration>(
+                               std::chrono::duration<double>(static_cast<double>(i) / im.o.arrival_qps))
+               : t_start;
+  }
+  uint32_t next_batch(size_t first) const {
+    size_t last = std::min(n, first + im.o.batch);
+    if (im.o.arrival_qps > 0) {
+      auto deadline = arrival(first) + std::chrono::microseconds(im.o.max_wait_us);
       auto full = arrival(last - 1);
       auto close_at = std::min(deadline, full);
       std::this_thread::sleep_until(close_at);
       while (last > first + 1 && arrival(last - 1) > close_at) --last;
     }
     return static_cast<uint32_t>(last - first);
-  };
-  auto finish = [&](const Job& job) {
+  }
+  void finish(const Job& job) {
     // Loads go most-demanded first, so plain LRU order would keep a batch's least-demanded
     // sub-HNSWs: touch them least-demanded first, leaving the most-demanded most recent.
-    if (o_.regroup)
+    if (im.o.regroup)
       for (auto e = job.plan.entries.rbegin(); e != job.plan.entries.rend(); ++e) im.cache.get(e->sub);
     BatchStats st = job.st;
     st.seconds = secs(job.closed, Clock::now());
@@ -461,8 +69,9 @@ RunStats Engine::run(const float* queries, size_t n, std::vector<Answer>& answer
     rs.fetch_s += st.fetch_s;
     rs.deserialize_s += st.deserialize_s;
     rs.search_s += st.search_s;
-  };
-  auto uncached_groups = [&](const Job& job) {
+  }
+  /// The batch's entries to fetch, G per doorbell.
+  std::vector<std::vector<uint32_t>> uncached_groups(const Job& job) const {
     std::vector<std::vector<uint32_t>> groups;
     for (uint32_t e = 0; e < job.plan.entries.size(); ++e) {
       if (job.plan.entries[e].cached) continue;
@@ -470,117 +79,138 @@ RunStats Engine::run(const float* queries, size_t n, std::vector<Answer>& answer
       groups.back().push_back(e);
     }
     return groups;
-  };
+  }
+};
 
-  if (!o_.pipeline) {
-    for (size_t first = 0; first < n;) {
-      uint32_t bn = next_batch(first);
-      auto job = im.open_batch(queries, first, bn, *ep, answers);
-      for (uint32_t e = 0; e < job->plan.entries.size(); ++e)
-        if (job->plan.entries[e].cached) {
-          Item it{job, e, {}, 0, job->hits.at(job->plan.entries[e].sub)};
-          if (im.search(it, queries, answers)) finish(*job);
-        }
-      for (auto& g : uncached_groups(*job)) {
-        std::vector<Item> got;
-        im.fetch_group(job, g, *ep, [&](Item&& it) { got.push_back(std::move(it)); });
-        for (auto& it : got) {
-          im.deserialize(it);
-          it.buf.reset();
-        }
-        for (auto& it : got)
-          if (im.search(it, queries, answers)) finish(*job);
+RunStats Engine::Impl::run(const float* queries, size_t n, std::vector<Answer>& answers) {
+  answers.assign(n, {});
+  const uint32_t G = o.doorbell ? o.doorbell_subs : 1;
+  // One endpoint, used by the fetch stage only; every buffer goes back to it before it dies.
+  // Twice what the buffers need now: a rebuild may make sub-HNSWs larger during the run.
+  Run r{queries, n, answers, *this, G,
+        c.make_endpoint(std::max<size_t>(2 * buf_bytes * (G + o.queue_depth + 3), 16u << 20)), Clock::now(), {}};
+  r.rs.cache_capacity = cache.capacity();
+  const uint64_t evictions0 = cache.evictions();
+  if (o.pipeline)
+    run_pipelined(r);
+  else
+    run_in_sequence(r);
+  r.rs.seconds = secs(r.t_start, Clock::now());
+  r.rs.cache_evictions = cache.evictions() - evictions0;
+  return std::move(r.rs);
+}
+
+void Engine::Impl::run_in_sequence(Run& r) {
+  for (size_t first = 0; first < r.n;) {
+    uint32_t bn = r.next_batch(first);
+    auto job = open_batch(r.queries, first, bn, *r.ep, r.answers);
+    for (uint32_t e = 0; e < job->plan.entries.size(); ++e)
+      if (job->plan.entries[e].cached) {
+        Item it{job, e, {}, 0, job->hits.at(job->plan.entries[e].sub)};
+        if (search(it, r.queries, r.answers)) r.finish(*job);
       }
-      if (job->plan.entries.empty()) finish(*job);
-      first += bn;
+    for (auto& g : r.uncached_groups(*job)) {
+      std::vector<Item> got;
+      fetch_group(job, g, *r.ep, [&](Item&& it) { got.push_back(std::move(it)); });
+      for (auto& it : got) {
+        deserialize(it);
+        it.buf.reset();
+      }
+      for (auto& it : got)
+        if (search(it, r.queries, r.answers)) r.finish(*job);
     }
-  } else {
-    Channel<Item> to_deser(o_.queue_depth), to_search(o_.queue_depth);
-    std::mutex ret_mu;
-    std::vector<fabric::Buffer> returned;  // buffers done with, freed by the fetch stage
-    std::mutex err_mu;
-    std::exception_ptr error;
-    std::atomic<bool> abort{false};
-    auto fail = [&](std::exception_ptr e) {
-      {
-        std::lock_guard g(err_mu);
-        if (!error) error = e;
-      }
-      abort.store(true);
-      to_deser.close();  // wakes every stage; queued items are dropped after the joins
-      to_search.close();
-    };
-    std::thread fetcher([&] {
-      try {
-        for (size_t first = 0; first < n && !abort.load();) {
-          uint32_t bn = next_batch(first);
-          auto job = im.open_batch(queries, first, bn, *ep, answers);
-          if (job->plan.entries.empty()) {  // nothing to search: done at once
-            Item it{job, 0, {}, 0, nullptr};
-            job->remaining = 1;
-            to_search.push(std::move(it));
-          }
-          for (uint32_t e = 0; e < job->plan.entries.size(); ++e)
-            if (job->plan.entries[e].cached)
-              if (!to_search.push(Item{job, e, {}, 0, job->hits.at(job->plan.entries[e].sub)})) return;
-          for (auto& g : uncached_groups(*job)) {
-            {
-              std::vector<fabric::Buffer> drop;
-              std::lock_guard l(ret_mu);
-              drop.swap(returned);
-            }
-            bool ok = true;
-            im.fetch_group(job, g, *ep, [&](Item&& it) { ok = ok && to_deser.push(std::move(it)); });
-            if (!ok || abort.load()) return;
-          }
-          first += bn;
-        }
-        to_deser.close();
-      } catch (...) {
-        fail(std::current_exception());
-      }
-    });
-    std::thread deser([&] {
-      while (auto it = to_deser.pop()) {
-        std::exception_ptr err;
-        if (!abort.load()) {
-          try {
-            im.deserialize(*it);
-          } catch (...) {
-            err = std::current_exception();
-          }
-        }
-        {
-          std::lock_guard l(ret_mu);  // the buffer always goes back to the fetch stage's pool
-          returned.push_back(std::move(it->buf));
-        }
-        if (err) fail(err);
-        if (abort.load() || !to_search.push(std::move(*it))) break;
-      }
-      to_search.close();
-    });
+    if (job->plan.entries.empty()) r.finish(*job);
+    first += bn;
+  }
+}
+
+void Engine::Impl::run_pipelined(Run& r) {
+  Channel<Item> to_deser(o.queue_depth), to_search(o.queue_depth);
+  std::mutex ret_mu;
+  std::vector<fabric::Buffer> returned;  // buffers done with, freed by the fetch stage
+  std::mutex err_mu;
+  std::exception_ptr error;
+  std::atomic<bool> abort{false};
+  auto fail = [&](std::exception_ptr e) {
+    {
+      std::lock_guard g(err_mu);
+      if (!error) error = e;
+    }
+    abort.store(true);
+    to_deser.close();  // wakes every stage; queued items are dropped after the joins
+    to_search.close();
+  };
+  std::thread fetcher([&] {
     try {
-      while (auto it = to_search.pop()) {
-        if (abort.load()) break;
-        if (!it->sub) {  // an empty batch
-          if (--it->job->remaining == 0) finish(*it->job);
-          continue;
+      for (size_t first = 0; first < r.n && !abort.load();) {
+        uint32_t bn = r.next_batch(first);
+        auto job = open_batch(r.queries, first, bn, *r.ep, r.answers);
+        if (job->plan.entries.empty()) {  // nothing to search: done at once
+          Item it{job, 0, {}, 0, nullptr};
+          job->remaining = 1;
+          to_search.push(std::move(it));
         }
-        if (im.search(*it, queries, answers)) finish(*it->job);
+        for (uint32_t e = 0; e < job->plan.entries.size(); ++e)
+          if (job->plan.entries[e].cached)
+            if (!to_search.push(Item{job, e, {}, 0, job->hits.at(job->plan.entries[e].sub)})) return;
+        for (auto& g : r.uncached_groups(*job)) {
+          {
+            std::vector<fabric::Buffer> drop;
+            std::lock_guard l(ret_mu);
+            drop.swap(returned);
+          }
+          bool ok = true;
+          fetch_group(job, g, *r.ep, [&](Item&& it) { ok = ok && to_deser.push(std::move(it)); });
+          if (!ok || abort.load()) return;
+        }
+        first += bn;
       }
+      to_deser.close();
     } catch (...) {
       fail(std::current_exception());
     }
-    fetcher.join();
-    deser.join();
-    to_deser.clear();
-    to_search.clear();
-    returned.clear();
-    if (error) std::rethrow_exception(error);
+  });
+  std::thread deser([&] {
+    while (auto it = to_deser.pop()) {
+      std::exception_ptr err;
+      if (!abort.load()) {
+        try {
+          deserialize(*it);
+        } catch (...) {
+          err = std::current_exception();
+        }
+      }
+      {
+        std::lock_guard l(ret_mu);  // the buffer always goes back to the fetch stage's pool
+        returned.push_back(std::move(it->buf));
+      }
+      if (err) fail(err);
+      if (abort.load() || !to_search.push(std::move(*it))) break;
+    }
+    to_search.close();
+  });
+  try {
+    while (auto it = to_search.pop()) {
+      if (abort.load()) break;
+      if (!it->sub) {  // an empty batch
+        if (--it->job->remaining == 0) r.finish(*it->job);
+        continue;
+      }
+      if (search(*it, r.queries, r.answers)) r.finish(*it->job);
+    }
+  } catch (...) {
+    fail(std::current_exception());
   }
-  rs.seconds = secs(t_start, Clock::now());
-  rs.cache_evictions = im.cache.evictions() - evictions0;
-  return rs;
+  fetcher.join();
+  deser.join();
+  to_deser.clear();
+  to_search.clear();
+  returned.clear();
+  if (error) std::rethrow_exception(error);
+}
+
+RunStats Engine::run(const float* queries, size_t n, std::vector<Answer>& answers) {
+  return impl_->run(queries, n, answers);
 }
 
 }  // namespace dmhnsw::dhnsw
