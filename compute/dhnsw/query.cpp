@@ -21,6 +21,128 @@ using json = nlohmann::json;
 
 const char* metric_text(uint8_t m) { return m == 1 ? "ip" : "l2"; }
 
+
+/// Recall@1 and recall@k summed over the measured queries, against the workload's ground truth.
+std::pair<double, double> recall_sums(const std::vector<Answer>& answers, const std::vector<uint64_t>& rows,
+                                      const Workload& wl, uint32_t k) {
+  double r1 = 0, rk = 0;
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const int32_t* gt = wl.groundtruth.row(rows[i]);
+    const Answer& a = answers[i];
+    if (!a.empty() && a[0].second == gt[0]) r1 += 1;
+    uint32_t hits = 0;
+    for (uint32_t j = 0; j < std::min<size_t>(k, a.size()); ++j)
+      for (uint32_t g = 0; g < k; ++g)
+        if (a[j].second == gt[g]) {
+          ++hits;
+          break;
+        }
+    rk += static_cast<double>(hits) / k;
+  }
+  return {r1, rk};
+}
+
+json report_header(const RunContext& rc, const QueryOptions& o, const Workload& wl, const Index& index,
+                   const EngineOptions& eo, const Engine& engine) {
+  const MetaHeader& h = index.header;
+  const std::string kernel = DistanceComputer(parse_metric(metric_text(h.metric)), h.dim).kernel_name();
+  return {{"mode", "dhnsw"}, {"kind", "query"}, {"provider", rc.provider}, {"workload", o.workload},
+          {"distribution", wl.distribution}, {"k", o.engine.k}, {"num_cns", rc.num_cns},
+          {"memnodes", rc.cluster->memnodes().size()},
+          {"index", {{"partitions", h.num_subs}, {"vectors", h.num_vectors}, {"dim", h.dim}, {"m", h.m},
+                     {"ef_construction", h.ef_construction}, {"meta_m", h.meta_m},
+                     {"metric", metric_text(h.metric)}, {"metadata_bytes", index.metadata_bytes},
+                     {"distance_kernel", kernel}}},
+          {"settings", {{"batch", eo.batch}, {"probe", eo.probe}, {"meta_ef_search", eo.meta_ef_search},
+                        {"cache_subs", engine.cache_capacity()}, {"doorbell_subs", eo.doorbell_subs},
+                        {"max_wait_us", eo.max_wait_us}, {"arrival_qps", eo.arrival_qps},
+                        {"regroup", eo.regroup}, {"doorbell", eo.doorbell}, {"pipeline", eo.pipeline},
+                        {"queue_depth", eo.queue_depth}, {"search_threads", eo.search_threads}}},
+          {"runs", json::array()}};
+}
+
+/// This computenode's share of one measured run, as it travels to computenode 0.
+json my_share(uint32_t self, size_t queries, const RunStats& rs, double r1, double rk) {
+  json batches = json::array();
+  for (const auto& b : rs.batches)
+    batches.push_back({b.queries, b.needed, b.fetched, b.cache_hits, b.bytes, b.reads, b.doorbells, b.seconds,
+                       b.meta_s, b.fetch_s, b.deserialize_s, b.search_s, b.version_reads, b.version_doorbells,
+                       b.refetches});
+  return {{"cn_id", self}, {"queries", queries}, {"seconds", rs.seconds}, {"recall1_sum", r1},
+          {"recall_sum", rk}, {"meta_s", rs.meta_s}, {"fetch_s", rs.fetch_s},
+          {"deserialize_s", rs.deserialize_s}, {"search_s", rs.search_s},
+          {"cache_evictions", rs.cache_evictions}, {"batches", batches}};
+}
+
+/// Computenode 0: every computenode's share of one run merged into the report's run.
+json merge_run(uint32_t ef, const std::vector<std::string>& texts) {
+  uint64_t queries = 0, nb = 0, needed = 0, fetched = 0, hits = 0, bytes = 0, reads = 0, doorbells = 0;
+  uint64_t vreads = 0, vdoorbells = 0, refetches = 0;
+  double max_secs = 0, r1s = 0, rks = 0, meta = 0, fetch = 0, deser = 0, search = 0, per_q_wall = 0;
+  std::vector<float> lat;  // per-query latency amortised over its batch
+  json per_cn = json::array();
+  for (const auto& t : texts) {
+    json j = json::parse(t);
+    uint64_t q = j["queries"].get<uint64_t>();
+    double s = j["seconds"].get<double>();
+    queries += q;
+    max_secs = std::max(max_secs, s);
+    r1s += j["recall1_sum"].get<double>();
+    rks += j["recall_sum"].get<double>();
+    meta += j["meta_s"].get<double>();
+    fetch += j["fetch_s"].get<double>();
+    deser += j["deserialize_s"].get<double>();
+    search += j["search_s"].get<double>();
+    per_q_wall += s;
+    for (const auto& b : j["batches"]) {
+      ++nb;
+      uint64_t bq = b[0].get<uint64_t>();
+      needed += b[1].get<uint64_t>();
+      fetched += b[2].get<uint64_t>();
+      hits += b[3].get<uint64_t>();
+      bytes += b[4].get<uint64_t>();
+      reads += b[5].get<uint64_t>();
+      doorbells += b[6].get<uint64_t>();
+      vreads += b[12].get<uint64_t>();
+      vdoorbells += b[13].get<uint64_t>();
+      refetches += b[14].get<uint64_t>();
+      if (bq > 0) lat.push_back(static_cast<float>(b[7].get<double>() * 1e6 / static_cast<double>(bq)));
+    }
+    json pc = {{"cn_id", j["cn_id"]}, {"queries", q}, {"seconds", s},
+               {"qps", static_cast<double>(q) / std::max(s, 1e-9)}, {"batches", j["batches"].size()},
+               {"cache_evictions", j["cache_evictions"]}};
+    per_cn.push_back(pc);
+  }
+  const double nq = static_cast<double>(std::max<uint64_t>(queries, 1)), nbd = static_cast<double>(std::max<uint64_t>(nb, 1));
+  double lat_mean = 0;
+  for (float x : lat) lat_mean += x;
+  lat_mean /= static_cast<double>(std::max<size_t>(lat.size(), 1));
+  const double us = 1e6 / nq;
+  return {{"ef_search", ef},
+          {"queries", queries},
+          {"seconds", max_secs},
+          {"qps", static_cast<double>(queries) / std::max(max_secs, 1e-9)},
+          {"recall", rks / nq},
+          {"recall_at_1", r1s / nq},
+          {"latency_us", {{"p50", shine::percentile(lat, 0.5)}, {"p99", shine::percentile(lat, 0.99)}, {"mean", lat_mean}}},
+          {"per_query", {{"bytes", static_cast<double>(bytes) / nq}, {"reads", static_cast<double>(reads) / nq},
+                         {"doorbells", static_cast<double>(doorbells) / nq},
+                         {"fetches", static_cast<double>(fetched) / nq},
+                         {"version_reads", static_cast<double>(vreads) / nq},
+                         {"version_doorbells", static_cast<double>(vdoorbells) / nq}}},
+          {"batches", {{"count", nb}, {"queries", nq / nbd}, {"needed", static_cast<double>(needed) / nbd},
+                       {"fetched", static_cast<double>(fetched) / nbd},
+                       {"cache_hits", static_cast<double>(hits) / nbd},
+                       {"bytes", static_cast<double>(bytes) / nbd}, {"reads", static_cast<double>(reads) / nbd},
+                       {"doorbells", static_cast<double>(doorbells) / nbd},
+                       {"version_doorbells", static_cast<double>(vdoorbells) / nbd},
+                       {"refetches", static_cast<double>(refetches) / nbd}}},
+          {"stages_us", {{"meta", meta * us}, {"fetch", fetch * us}, {"deserialize", deser * us},
+                         {"search", search * us}, {"sum", (meta + fetch + deser + search) * us},
+                         {"pipelined_total", per_q_wall * us}}},
+          {"per_cn", per_cn}};
+}
+
 }  // namespace
 
 json run_query(const RunContext& rc, const QueryOptions& o) {
@@ -57,20 +179,7 @@ json run_query(const RunContext& rc, const QueryOptions& o) {
                h.num_subs, h.num_memnodes, h.num_vectors, dim, index.metadata_bytes >> 10, eo.batch, eo.probe,
                engine.cache_capacity(), eo.regroup ? "" : ", no regroup", eo.doorbell ? "" : ", no doorbell",
                eo.pipeline ? "" : ", no pipeline");
-
-  const std::string kernel = DistanceComputer(parse_metric(metric_text(h.metric)), dim).kernel_name();
-  json report = {{"mode", "dhnsw"}, {"kind", "query"}, {"provider", rc.provider}, {"workload", o.workload},
-                 {"distribution", wl.distribution}, {"k", k}, {"num_cns", K}, {"memnodes", c.memnodes().size()},
-                 {"index", {{"partitions", h.num_subs}, {"vectors", h.num_vectors}, {"dim", dim}, {"m", h.m},
-                            {"ef_construction", h.ef_construction}, {"meta_m", h.meta_m},
-                            {"metric", metric_text(h.metric)}, {"metadata_bytes", index.metadata_bytes},
-                            {"distance_kernel", kernel}}},
-                 {"settings", {{"batch", eo.batch}, {"probe", eo.probe}, {"meta_ef_search", eo.meta_ef_search},
-                               {"cache_subs", engine.cache_capacity()}, {"doorbell_subs", eo.doorbell_subs},
-                               {"max_wait_us", eo.max_wait_us}, {"arrival_qps", eo.arrival_qps},
-                               {"regroup", eo.regroup}, {"doorbell", eo.doorbell}, {"pipeline", eo.pipeline},
-                               {"queue_depth", eo.queue_depth}, {"search_threads", eo.search_threads}}},
-                 {"runs", json::array()}};
+  json report = report_header(rc, o, wl, index, eo, engine);
 
   board.barrier();
   if (!warm.empty()) {
@@ -83,101 +192,12 @@ json run_query(const RunContext& rc, const QueryOptions& o) {
     board.barrier();  // the measured part starts together
     std::vector<Answer> answers;
     RunStats rs = engine.run(xm.data(), measured.size(), answers);
-    double r1 = 0, rk = 0;
-    for (size_t i = 0; i < measured.size(); ++i) {
-      const int32_t* gt = wl.groundtruth.row(measured[i]);
-      const Answer& a = answers[i];
-      if (!a.empty() && a[0].second == gt[0]) r1 += 1;
-      uint32_t hits = 0;
-      for (uint32_t j = 0; j < std::min<size_t>(k, a.size()); ++j)
-        for (uint32_t g = 0; g < k; ++g)
-          if (a[j].second == gt[g]) {
-            ++hits;
-            break;
-          }
-      rk += static_cast<double>(hits) / k;
-    }
-    json batches = json::array();
-    for (const auto& b : rs.batches)
-      batches.push_back({b.queries, b.needed, b.fetched, b.cache_hits, b.bytes, b.reads, b.doorbells, b.seconds,
-                         b.meta_s, b.fetch_s, b.deserialize_s, b.search_s, b.version_reads, b.version_doorbells,
-                         b.refetches});
-    json mine = {{"cn_id", self}, {"queries", measured.size()}, {"seconds", rs.seconds}, {"recall1_sum", r1},
-                 {"recall_sum", rk}, {"meta_s", rs.meta_s}, {"fetch_s", rs.fetch_s},
-                 {"deserialize_s", rs.deserialize_s}, {"search_s", rs.search_s},
-                 {"cache_evictions", rs.cache_evictions}, {"batches", batches}};
+    const auto [r1, rk] = recall_sums(answers, measured, wl, k);
+    json mine = my_share(self, measured.size(), rs, r1, rk);
     uint64_t gen = board.barrier();
     board.publish(gen, mine.dump());
     if (self != 0) continue;
-
-    // ---- computenode 0 merges
-    uint64_t queries = 0, nb = 0, needed = 0, fetched = 0, hits = 0, bytes = 0, reads = 0, doorbells = 0;
-    uint64_t vreads = 0, vdoorbells = 0, refetches = 0;
-    double max_secs = 0, r1s = 0, rks = 0, meta = 0, fetch = 0, deser = 0, search = 0, per_q_wall = 0;
-    std::vector<float> lat;  // per-query latency amortised over its batch
-    json per_cn = json::array();
-    std::vector<std::string> texts = board.gather(gen, 120);
-    for (const auto& t : texts) {
-      json j = json::parse(t);
-      uint64_t q = j["queries"].get<uint64_t>();
-      double s = j["seconds"].get<double>();
-      queries += q;
-      max_secs = std::max(max_secs, s);
-      r1s += j["recall1_sum"].get<double>();
-      rks += j["recall_sum"].get<double>();
-      meta += j["meta_s"].get<double>();
-      fetch += j["fetch_s"].get<double>();
-      deser += j["deserialize_s"].get<double>();
-      search += j["search_s"].get<double>();
-      per_q_wall += s;
-      for (const auto& b : j["batches"]) {
-        ++nb;
-        uint64_t bq = b[0].get<uint64_t>();
-        needed += b[1].get<uint64_t>();
-        fetched += b[2].get<uint64_t>();
-        hits += b[3].get<uint64_t>();
-        bytes += b[4].get<uint64_t>();
-        reads += b[5].get<uint64_t>();
-        doorbells += b[6].get<uint64_t>();
-        vreads += b[12].get<uint64_t>();
-        vdoorbells += b[13].get<uint64_t>();
-        refetches += b[14].get<uint64_t>();
-        if (bq > 0) lat.push_back(static_cast<float>(b[7].get<double>() * 1e6 / static_cast<double>(bq)));
-      }
-      json pc = {{"cn_id", j["cn_id"]}, {"queries", q}, {"seconds", s},
-                 {"qps", static_cast<double>(q) / std::max(s, 1e-9)}, {"batches", j["batches"].size()},
-                 {"cache_evictions", j["cache_evictions"]}};
-      per_cn.push_back(pc);
-    }
-    const double nq = static_cast<double>(std::max<uint64_t>(queries, 1)), nbd = static_cast<double>(std::max<uint64_t>(nb, 1));
-    double lat_mean = 0;
-    for (float x : lat) lat_mean += x;
-    lat_mean /= static_cast<double>(std::max<size_t>(lat.size(), 1));
-    const double us = 1e6 / nq;
-    json run = {{"ef_search", ef},
-                {"queries", queries},
-                {"seconds", max_secs},
-                {"qps", static_cast<double>(queries) / std::max(max_secs, 1e-9)},
-                {"recall", rks / nq},
-                {"recall_at_1", r1s / nq},
-                {"latency_us", {{"p50", shine::percentile(lat, 0.5)}, {"p99", shine::percentile(lat, 0.99)}, {"mean", lat_mean}}},
-                {"per_query", {{"bytes", static_cast<double>(bytes) / nq}, {"reads", static_cast<double>(reads) / nq},
-                               {"doorbells", static_cast<double>(doorbells) / nq},
-                               {"fetches", static_cast<double>(fetched) / nq},
-                               {"version_reads", static_cast<double>(vreads) / nq},
-                               {"version_doorbells", static_cast<double>(vdoorbells) / nq}}},
-                {"batches", {{"count", nb}, {"queries", nq / nbd}, {"needed", static_cast<double>(needed) / nbd},
-                             {"fetched", static_cast<double>(fetched) / nbd},
-                             {"cache_hits", static_cast<double>(hits) / nbd},
-                             {"bytes", static_cast<double>(bytes) / nbd}, {"reads", static_cast<double>(reads) / nbd},
-                             {"doorbells", static_cast<double>(doorbells) / nbd},
-                             {"version_doorbells", static_cast<double>(vdoorbells) / nbd},
-                             {"refetches", static_cast<double>(refetches) / nbd}}},
-                {"stages_us", {{"meta", meta * us}, {"fetch", fetch * us}, {"deserialize", deser * us},
-                               {"search", search * us}, {"sum", (meta + fetch + deser + search) * us},
-                               {"pipelined_total", per_q_wall * us}}},
-                {"per_cn", per_cn}};
-    report["runs"].push_back(run);
+    report["runs"].push_back(merge_run(ef, board.gather(gen, 120)));
   }
   leave_epochs(*control, rc.cn_id);
   if (o.on_report) o.on_report(report);
