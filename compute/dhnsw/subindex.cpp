@@ -297,12 +297,91 @@ size_t SubIndex::memory_bytes() const {
   return b;
 }
 
+namespace {
+
+/// An error in a fetched sub-HNSW, naming the sub, the place (array and byte) and the problem.
+struct Bad {
+  std::string who;
+  std::runtime_error operator()(const std::string& place, const std::string& problem) const {
+    return std::runtime_error(who + ": " + place + ": " + problem);
+  }
+};
+
+/// The descriptor's array slots against its block (`base`: the block's start in the fetch).
+void check_slots(const SubDesc& d, const MetaHeader& h, uint64_t base, const Bad& bad) {
+  for (uint32_t a = 0; a < kNumArrays; ++a) {
+    const ArraySlot& s = d.arrays[a];
+    const std::string place = std::string(array_name(a)) + " array at byte " + num(base + s.offset);
+    if (s.used > s.capacity) throw bad(place, "used " + num(s.used) + " bytes > capacity " + num(s.capacity));
+    if (s.offset > d.block_bytes || s.capacity > d.block_bytes - s.offset)
+      throw bad(place, "[" + num(s.offset) + ", +" + num(s.capacity) + ") outside the block of " +
+                           num(d.block_bytes) + " bytes");
+    if (s.used % element_bytes(a, h.dim) != 0)
+      throw bad(place, "used " + num(s.used) + " bytes is not a multiple of the element size " +
+                           num(element_bytes(a, h.dim)));
+  }
+}
+
+/// Overflow records, parsed in increasing address order from the start of the used part;
+/// returned in time order.
+std::vector<Record> overflow_records(const char* fetched, const SubDesc& d, const MetaHeader& h, const Bad& bad) {
+  std::vector<Record> records;
+  const uint64_t start = d.slot == 0 ? d.block_bytes : 0, end = start + d.overflow_used;
+  uint64_t p = start;
+  while (p < end) {
+    const std::string place = "overflow record at byte " + num(p);
+    if (end - p < sizeof(OverflowRecord))
+      throw bad(place, "truncated: " + num(end - p) + " bytes left of the overflow part, a record header is " +
+                           num(sizeof(OverflowRecord)));
+    OverflowRecord r;
+    std::memcpy(&r, fetched + p, sizeof r);
+    if (r.array >= kNumArrays) throw bad(place, "unknown array " + num(r.array));
+    if (r.reserved != 0) throw bad(place, "reserved word " + num(r.reserved) + " is not 0");
+    const uint64_t room = end - p - sizeof(OverflowRecord);
+    if (r.bytes > room)
+      throw bad(place, std::string(array_name(r.array)) + " payload of " + num(r.bytes) + " bytes, only " +
+                           num(room) + " left in the overflow part");
+    if (r.bytes % element_bytes(r.array, h.dim) != 0)
+      throw bad(place, std::string(array_name(r.array)) + " payload of " + num(r.bytes) +
+                           " bytes is not a multiple of the element size " + num(element_bytes(r.array, h.dim)));
+    const uint64_t rec = overflow_record_bytes(r.bytes);
+    if (rec > end - p)
+      throw bad(place, "the record's padding to " + num(rec) + " bytes runs past the end of the overflow part");
+    records.push_back({r.array, p + sizeof(OverflowRecord), r.bytes});
+    p += rec;
+  }
+  if (d.slot == 1) std::reverse(records.begin(), records.end());  // time order
+  return records;
+}
+
+/// A torn copy's out-of-range links dropped; returns how many. Per level: Faiss stops a list
+/// at its first -1, so the kept ids move up.
+uint64_t sanitize_links(faiss::HNSW& g, uint64_t n) {
+  uint64_t sanitized = 0;
+  const int64_t cnt = static_cast<int64_t>(n);
+  for (uint64_t i = 0; i < n; ++i) {
+    const size_t b = g.offsets[i], e = std::min<size_t>(g.offsets[i + 1], g.neighbors.size());
+    for (int l = 0; l < g.levels[i] && l + 1 < static_cast<int>(g.cum_nneighbor_per_level.size()); ++l) {
+      const size_t lb = std::min(e, b + static_cast<size_t>(g.cum_nneighbor_per_level[l]));
+      const size_t le = std::min(e, b + static_cast<size_t>(g.cum_nneighbor_per_level[l + 1]));
+      size_t w = lb;
+      for (size_t j = lb; j < le; ++j) {
+        const int32_t v = g.neighbors[j];
+        if (v >= 0 && v < cnt) g.neighbors[w++] = v;
+        else if (v != -1) ++sanitized;
+      }
+      for (; w < le; ++w) g.neighbors[w] = -1;
+    }
+  }
+  return sanitized;
+}
+
+}  // namespace
+
 SubIndex deserialize_sub(const char* fetched, size_t len, const SubDesc& d, const MetaHeader& h,
                          const std::string& what, bool sanitize) {
   const std::string who = what + ": sub " + num(d.id);
-  auto bad = [&](const std::string& place, const std::string& problem) -> std::runtime_error {
-    return std::runtime_error(who + ": " + place + ": " + problem);
-  };
+  const Bad bad{who};
   // The descriptor's sizes come from remote memory: a sum that would wrap is more than any buffer.
   const uint64_t need = d.overflow_used > std::numeric_limits<uint64_t>::max() - d.block_bytes
                             ? std::numeric_limits<uint64_t>::max()
@@ -317,48 +396,9 @@ SubIndex deserialize_sub(const char* fetched, size_t len, const SubDesc& d, cons
   const faiss::MetricType metric = faiss_metric(h.metric);
   const uint64_t base = block_offset_in_fetch(d);  // block start inside `fetched`
 
-  // The descriptor's slots against the block.
-  for (uint32_t a = 0; a < kNumArrays; ++a) {
-    const ArraySlot& s = d.arrays[a];
-    const std::string place = std::string(array_name(a)) + " array at byte " + num(base + s.offset);
-    if (s.used > s.capacity) throw bad(place, "used " + num(s.used) + " bytes > capacity " + num(s.capacity));
-    if (s.offset > d.block_bytes || s.capacity > d.block_bytes - s.offset)
-      throw bad(place, "[" + num(s.offset) + ", +" + num(s.capacity) + ") outside the block of " +
-                           num(d.block_bytes) + " bytes");
-    if (s.used % element_bytes(a, h.dim) != 0)
-      throw bad(place, "used " + num(s.used) + " bytes is not a multiple of the element size " +
-                           num(element_bytes(a, h.dim)));
-  }
+  check_slots(d, h, base, bad);
 
-  // Overflow records: parsed in increasing address order from the start of the used part.
-  std::vector<Record> records;
-  {
-    const uint64_t start = d.slot == 0 ? d.block_bytes : 0, end = start + d.overflow_used;
-    uint64_t p = start;
-    while (p < end) {
-      const std::string place = "overflow record at byte " + num(p);
-      if (end - p < sizeof(OverflowRecord))
-        throw bad(place, "truncated: " + num(end - p) + " bytes left of the overflow part, a record header is " +
-                             num(sizeof(OverflowRecord)));
-      OverflowRecord r;
-      std::memcpy(&r, fetched + p, sizeof r);
-      if (r.array >= kNumArrays) throw bad(place, "unknown array " + num(r.array));
-      if (r.reserved != 0) throw bad(place, "reserved word " + num(r.reserved) + " is not 0");
-      const uint64_t room = end - p - sizeof(OverflowRecord);
-      if (r.bytes > room)
-        throw bad(place, std::string(array_name(r.array)) + " payload of " + num(r.bytes) + " bytes, only " +
-                             num(room) + " left in the overflow part");
-      if (r.bytes % element_bytes(r.array, h.dim) != 0)
-        throw bad(place, std::string(array_name(r.array)) + " payload of " + num(r.bytes) +
-                             " bytes is not a multiple of the element size " + num(element_bytes(r.array, h.dim)));
-      const uint64_t rec = overflow_record_bytes(r.bytes);
-      if (rec > end - p)
-        throw bad(place, "the record's padding to " + num(rec) + " bytes runs past the end of the overflow part");
-      records.push_back({r.array, p + sizeof(OverflowRecord), r.bytes});
-      p += rec;
-    }
-    if (d.slot == 1) std::reverse(records.begin(), records.end());  // time order
-  }
+  const std::vector<Record> records = overflow_records(fetched, d, h, bad);
 
   uint64_t total[kNumArrays];
   for (uint32_t a = 0; a < kNumArrays; ++a) total[a] = d.arrays[a].used;
@@ -409,24 +449,7 @@ SubIndex deserialize_sub(const char* fetched, size_t len, const SubDesc& d, cons
   gather(storage->codes, kVectors);
   gather(out.labels, kLabels);
 
-  if (sanitize && g.offsets.size() == n + 1 && g.levels.size() == n) {
-    const int64_t cnt = static_cast<int64_t>(n);
-    for (uint64_t i = 0; i < n; ++i) {
-      const size_t b = g.offsets[i], e = std::min<size_t>(g.offsets[i + 1], g.neighbors.size());
-      // Per level: Faiss stops a list at its first -1, so the kept ids move up.
-      for (int l = 0; l < g.levels[i] && l + 1 < static_cast<int>(g.cum_nneighbor_per_level.size()); ++l) {
-        const size_t lb = std::min(e, b + static_cast<size_t>(g.cum_nneighbor_per_level[l]));
-        const size_t le = std::min(e, b + static_cast<size_t>(g.cum_nneighbor_per_level[l + 1]));
-        size_t w = lb;
-        for (size_t j = lb; j < le; ++j) {
-          const int32_t v = g.neighbors[j];
-          if (v >= 0 && v < cnt) g.neighbors[w++] = v;
-          else if (v != -1) ++out.sanitized;
-        }
-        for (; w < le; ++w) g.neighbors[w] = -1;
-      }
-    }
-  }
+  if (sanitize && g.offsets.size() == n + 1 && g.levels.size() == n) out.sanitized += sanitize_links(g, n);
   check_graph(g, n, d.entry_point, d.max_level, [&](uint32_t a, uint64_t byte) { return who + ": " + where(a, byte); });
   for (uint64_t i = 0; i < n; ++i)
     if (out.labels[i] < 0)
