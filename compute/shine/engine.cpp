@@ -18,58 +18,47 @@ namespace dmhnsw::shine {
 using nlohmann::json;
 
 // ================================================================== build
-json run_build(const RunContext& rc, const BuildOptions& o) {
+namespace {
+
+// Nobody of this build inserts before its first barrier, so nodes found now come from an
+// earlier build; building again would insert its rows a second time under the same labels.
+void check_no_index_yet(fabric::Cluster& c, fabric::Endpoint& control) {
+  uint64_t nodes = 0, entry = 0;
+  control.read(RemotePtr(0, mode_word_offset(shine_word::kNodeCount)), &nodes, 8);
+  control.read(RemotePtr(0, mode_word_offset(shine_word::kEntryPoint)), &entry, 8);
+  if (nodes > 0 || entry != 0)
+    throw std::invalid_argument("build: the memnodes already hold a shine index of " + std::to_string(nodes) +
+                                " nodes (memnode 0 at " + c.memnodes()[0].address +
+                                "): add vectors with `insert --data FILE --begin ROW`, or start the memnodes afresh");
+}
+
+/// What inserting this computenode's share did.
+struct ShareStats {
+  IoStats io;
+  SearchStats ss;
+  std::vector<uint64_t> per_memnode;  // nodes allocated on each memnode
+  fabric::Counters counters;
+  double seconds = 0;
+};
+
+/// Inserts rows `mine` of `data` with T threads x C coroutines. A watcher stops the share at
+/// once when a peer of the run left (the build cannot complete without it; its last barrier
+/// would only fail later).
+ShareStats insert_share(const RunContext& rc, const BuildOptions& o, Graph& g, const GraphParams& p,
+                        compute::Board& board, const FloatMatrix& data, const std::vector<uint32_t>& mine,
+                        VectorCache& vcache) {
   fabric::Cluster& c = *rc.cluster;
-  LoadOptions lo;
-  lo.max_rows = o.max_elements == 0 ? LoadOptions{}.max_rows : o.max_elements;
-  FloatMatrix data = load_vectors_as_float(o.data, lo);
-  GraphParams want = o.params;
-  want.dim = static_cast<uint32_t>(data.d());
-  auto control = c.make_endpoint(16u << 20);
-  GraphParams p = format_or_attach(c, *control, o.format ? &want : nullptr, rc.cn_id);
-  if (!o.format && p.dim != data.d())
-    throw fabric::FabricError("--data " + o.data + " has dimension " + std::to_string(data.d()) + ", the index " +
-                              std::to_string(p.dim));
-  if (o.format) {
-    // Nobody of this build inserts before the barrier below, so nodes found now come from an
-    // earlier build; building again would insert its rows a second time under the same labels.
-    uint64_t nodes = 0, entry = 0;
-    control->read(RemotePtr(0, mode_word_offset(shine_word::kNodeCount)), &nodes, 8);
-    control->read(RemotePtr(0, mode_word_offset(shine_word::kEntryPoint)), &entry, 8);
-    if (nodes > 0 || entry != 0)
-      throw std::invalid_argument("build: the memnodes already hold a shine index of " + std::to_string(nodes) +
-                                  " nodes (memnode 0 at " + c.memnodes()[0].address +
-                                  "): add vectors with `insert --data FILE --begin ROW`, or start the memnodes afresh");
-  }
-  Graph g(c, p);
-
-  size_t end = o.end == 0 ? data.n() : std::min(o.end, data.n());
-  if (o.begin >= end) throw std::invalid_argument("--begin " + std::to_string(o.begin) + " is past the data's " +
-                                                  std::to_string(end) + " rows");
-  // My share: rows begin + j*K + cn_id.
-  std::vector<uint32_t> mine;
-  for (size_t i = o.begin + rc.cn_id; i < end; i += rc.num_cns) mine.push_back(static_cast<uint32_t>(i));
-
-  compute::Board board(c, *control, rc.cn_id, rc.num_cns, o.format ? "build" : "insert", rc.departed_at_connect);
-  if (o.format) board.barrier();  // everyone formatted/attached before anyone inserts
-  if (!mine.empty()) raise_id_ceiling(*control, uint64_t{mine.back()} + 1);  // labels are row ids
-
   std::atomic<size_t> next{0};
   std::atomic<bool> stop{false};
   std::mutex mu;
-  VectorCache vcache(o.cache_bytes, p.dim);
-  IoStats io;
-  SearchStats ss;
-  std::vector<uint64_t> per_memnode(c.memnodes().size(), 0);
-  fabric::Counters counters;
+  ShareStats st;
+  st.per_memnode.assign(c.memnodes().size(), 0);
   auto t0 = Clock::now();
   ProgressOptions po;
   po.enabled = o.progress;
   std::string what = o.format ? "shine build" : "shine insert";
   if (rc.num_cns > 1) what += " (computenode " + std::to_string(rc.cn_id) + ")";
   Progress inserted(what, mine.size(), "vectors", po);  // counts this computenode's inserts
-  // A watcher: a peer that left stops this share at once (the build cannot complete without
-  // it; its last barrier would only fail later).
   std::thread watcher;
   std::atomic<bool> finished{false};
   std::string peer_gone;  // set by the watcher before it sets stop
@@ -107,13 +96,13 @@ json run_build(const RunContext& rc, const BuildOptions& o) {
       s.run();
       std::lock_guard gd(mu);
       for (auto& x : ctxs) {
-        for (size_t i = 0; i < x.allocated.size() && i < per_memnode.size(); ++i) per_memnode[i] += x.allocated[i];
-        io += x.io;
-        ss.visited += x.search.visited;
-        ss.hops += x.search.hops;
-        ss.skipped += x.search.skipped;
+        for (size_t i = 0; i < x.allocated.size() && i < st.per_memnode.size(); ++i) st.per_memnode[i] += x.allocated[i];
+        st.io += x.io;
+        st.ss.visited += x.search.visited;
+        st.ss.hops += x.search.hops;
+        st.ss.skipped += x.search.skipped;
       }
-      counters += ep.counters();
+      st.counters += ep.counters();
     });
   } catch (...) {
     finished.store(true);
@@ -127,28 +116,17 @@ json run_build(const RunContext& rc, const BuildOptions& o) {
     throw fabric::FabricError(std::string(o.format ? "build" : "insert") + ": " + peer_gone + "; stopped after " +
                               std::to_string(inserted.done()) + " of this computenode's " + std::to_string(mine.size()) +
                               " rows");
-  double secs = secs_since(t0);
+  st.seconds = secs_since(t0);
+  return st;
+}
 
-  json mine_j = {{"cn_id", rc.cn_id}, {"inserted", mine.size()}, {"seconds", secs},
-                 {"inserts_per_s", static_cast<double>(mine.size()) / secs}, {"io", io_json(io)},
-                 {"doorbells", counters.doorbells}, {"ops", counters.total_ops()},
-                 {"nodes_visited", ss.visited}, {"lists_read", ss.hops}, {"nodes_per_memnode", per_memnode},
-                 {"vector_cache", {{"entries", vcache.entries()}, {"bytes", vcache.bytes()}}}};
-  uint64_t gen = board.barrier();
-  board.publish(gen, mine_j.dump());
-  json report = {{"mode", "shine"}, {"kind", "build"}, {"provider", rc.provider}, {"data", o.data},
-                 {"n", end - o.begin}, {"dim", p.dim}, {"m", p.m}, {"ef_construction", p.ef_construction},
-                 {"metric", std::string(to_string(p.metric))}, {"num_cns", rc.num_cns}, {"threads", o.threads},
-                 {"coroutines", o.coroutines}, {"memnodes", c.memnodes().size()}};
-  if (rc.cn_id != 0) {
-    report["cn"] = mine_j;
-    return report;
-  }
+/// Computenode 0: every computenode's share merged, and what each memnode holds now.
+void merge_build(fabric::Cluster& c, fabric::Endpoint& control, const std::vector<std::string>& texts, json& report) {
   json per_cn = json::array();
   double max_secs = 0;
   uint64_t bytes_written = 0, ops = 0, doorbells = 0, inserted_all = 0;
   std::vector<uint64_t> nodes_on(c.memnodes().size(), 0);
-  for (auto& text : board.gather(gen)) {
+  for (auto& text : texts) {
     json j = json::parse(text);
     auto per = j["nodes_per_memnode"].get<std::vector<uint64_t>>();
     for (size_t i = 0; i < per.size() && i < nodes_on.size(); ++i) nodes_on[i] += per[i];
@@ -163,13 +141,13 @@ json run_build(const RunContext& rc, const BuildOptions& o) {
   json mems = json::array();
   for (const auto& mn : c.memnodes()) {
     RegionHeader h;
-    control->read(RemotePtr(mn.id, 0), &h, sizeof h);
+    control.read(RemotePtr(mn.id, 0), &h, sizeof h);
     mems.push_back({{"id", mn.id}, {"address", mn.address}, {"nodes_inserted_here", nodes_on[mn.id]},
                     {"bytes_used", h.mode_words[shine_word::kBump] - h.data_offset},
                     {"region_bytes", h.region_size}});
   }
   uint64_t nodes = 0;
-  control->read(RemotePtr(0, mode_word_offset(shine_word::kNodeCount)), &nodes, 8);
+  control.read(RemotePtr(0, mode_word_offset(shine_word::kNodeCount)), &nodes, 8);
   report["seconds"] = max_secs;
   report["inserted"] = inserted_all;
   report["inserts_per_s"] = static_cast<double>(inserted_all) / std::max(max_secs, 1e-9);
@@ -179,6 +157,54 @@ json run_build(const RunContext& rc, const BuildOptions& o) {
   report["index_nodes"] = nodes;
   report["memnode_usage"] = mems;
   report["per_cn"] = per_cn;
+}
+
+}  // namespace
+
+json run_build(const RunContext& rc, const BuildOptions& o) {
+  fabric::Cluster& c = *rc.cluster;
+  LoadOptions lo;
+  lo.max_rows = o.max_elements == 0 ? LoadOptions{}.max_rows : o.max_elements;
+  FloatMatrix data = load_vectors_as_float(o.data, lo);
+  GraphParams want = o.params;
+  want.dim = static_cast<uint32_t>(data.d());
+  auto control = c.make_endpoint(16u << 20);
+  GraphParams p = format_or_attach(c, *control, o.format ? &want : nullptr, rc.cn_id);
+  if (!o.format && p.dim != data.d())
+    throw fabric::FabricError("--data " + o.data + " has dimension " + std::to_string(data.d()) + ", the index " +
+                              std::to_string(p.dim));
+  if (o.format) check_no_index_yet(c, *control);
+  Graph g(c, p);
+
+  size_t end = o.end == 0 ? data.n() : std::min(o.end, data.n());
+  if (o.begin >= end) throw std::invalid_argument("--begin " + std::to_string(o.begin) + " is past the data's " +
+                                                  std::to_string(end) + " rows");
+  // My share: rows begin + j*K + cn_id.
+  std::vector<uint32_t> mine;
+  for (size_t i = o.begin + rc.cn_id; i < end; i += rc.num_cns) mine.push_back(static_cast<uint32_t>(i));
+
+  compute::Board board(c, *control, rc.cn_id, rc.num_cns, o.format ? "build" : "insert", rc.departed_at_connect);
+  if (o.format) board.barrier();  // everyone formatted/attached before anyone inserts
+  if (!mine.empty()) raise_id_ceiling(*control, uint64_t{mine.back()} + 1);  // labels are row ids
+
+  VectorCache vcache(o.cache_bytes, p.dim);
+  const ShareStats st = insert_share(rc, o, g, p, board, data, mine, vcache);
+  json mine_j = {{"cn_id", rc.cn_id}, {"inserted", mine.size()}, {"seconds", st.seconds},
+                 {"inserts_per_s", static_cast<double>(mine.size()) / st.seconds}, {"io", io_json(st.io)},
+                 {"doorbells", st.counters.doorbells}, {"ops", st.counters.total_ops()},
+                 {"nodes_visited", st.ss.visited}, {"lists_read", st.ss.hops}, {"nodes_per_memnode", st.per_memnode},
+                 {"vector_cache", {{"entries", vcache.entries()}, {"bytes", vcache.bytes()}}}};
+  uint64_t gen = board.barrier();
+  board.publish(gen, mine_j.dump());
+  json report = {{"mode", "shine"}, {"kind", "build"}, {"provider", rc.provider}, {"data", o.data},
+                 {"n", end - o.begin}, {"dim", p.dim}, {"m", p.m}, {"ef_construction", p.ef_construction},
+                 {"metric", std::string(to_string(p.metric))}, {"num_cns", rc.num_cns}, {"threads", o.threads},
+                 {"coroutines", o.coroutines}, {"memnodes", c.memnodes().size()}};
+  if (rc.cn_id != 0) {
+    report["cn"] = mine_j;
+    return report;
+  }
+  merge_build(c, *control, board.gather(gen), report);
   return report;
 }
 
