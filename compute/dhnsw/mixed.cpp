@@ -12,6 +12,7 @@
 #include "common/dataset.hpp"
 #include "common/workload.hpp"
 #include "compute/dhnsw/epoch.hpp"
+#include "compute/dhnsw/query.hpp"
 
 namespace dmhnsw::dhnsw {
 
@@ -24,6 +25,20 @@ double pct(std::vector<double> v, double p) {
   if (v.empty()) return 0;
   std::sort(v.begin(), v.end());
   return v[std::min(v.size() - 1, static_cast<size_t>(p * static_cast<double>(v.size())))];
+}
+
+FloatMatrix load_insert_data(const MixedOptions& m) {
+  FloatMatrix ins_data;
+  if (m.insert_share > 0) {
+    if (m.insert_data.empty()) throw std::invalid_argument("--mix: inserts need --insert-data");
+    try {
+      ins_data = load_vectors_as_float(m.insert_data);
+    } catch (const std::exception& e) {
+      throw std::runtime_error(std::string("--insert-data: ") + e.what());
+    }
+    if (!ins_data.contiguous()) ins_data = ins_data.copy();
+  }
+  return ins_data;
 }
 
 }  // namespace
@@ -46,16 +61,7 @@ double parse_mix(const std::string& text) {
 nlohmann::json run_mixed(const RunContext& rc, const QueryOptions& q, const MixedOptions& m) {
   fabric::Cluster& c = *rc.cluster;
   const Workload wl = read_workload(q.workload);
-  FloatMatrix ins_data;
-  if (m.insert_share > 0) {
-    if (m.insert_data.empty()) throw std::invalid_argument("--mix: inserts need --insert-data");
-    try {
-      ins_data = load_vectors_as_float(m.insert_data);
-    } catch (const std::exception& e) {
-      throw std::runtime_error(std::string("--insert-data: ") + e.what());
-    }
-    if (!ins_data.contiguous()) ins_data = ins_data.copy();
-  }
+  const FloatMatrix ins_data = load_insert_data(m);
   auto ep = c.make_endpoint(256u << 20);
   Inserter ins(c, *ep, rc.cn_id, m.tuning);
   const uint32_t dim = ins.index().header.dim, k = q.engine.k;
@@ -119,19 +125,9 @@ nlohmann::json run_mixed(const RunContext& rc, const QueryOptions& q, const Mixe
     std::vector<Answer> answers;
     const RunStats rs = engine.run(xq.data(), nq, answers);
     const double bs = since(s0);
-    for (size_t j = 0; j < nq; ++j) {
-      const int32_t* gt = wl.groundtruth.row(which[j]);
-      const Answer& a = answers[j];
-      if (!a.empty() && a[0].second == gt[0]) r1 += 1;
-      uint32_t hits = 0;
-      for (uint32_t x = 0; x < std::min<size_t>(k, a.size()); ++x)
-        for (uint32_t g = 0; g < k; ++g)
-          if (a[x].second == gt[g]) {
-            ++hits;
-            break;
-          }
-      rk += static_cast<double>(hits) / k;
-    }
+    const auto [s1, sk] = recall_sums(answers, which, wl, k);
+    r1 += s1;
+    rk += sk;
     inserted += ni;
     searched += nq;
     ins_s += bi;

@@ -22,26 +22,6 @@ using json = nlohmann::json;
 const char* metric_text(uint8_t m) { return m == 1 ? "ip" : "l2"; }
 
 
-/// Recall@1 and recall@k summed over the measured queries, against the workload's ground truth.
-std::pair<double, double> recall_sums(const std::vector<Answer>& answers, const std::vector<uint64_t>& rows,
-                                      const Workload& wl, uint32_t k) {
-  double r1 = 0, rk = 0;
-  for (size_t i = 0; i < rows.size(); ++i) {
-    const int32_t* gt = wl.groundtruth.row(rows[i]);
-    const Answer& a = answers[i];
-    if (!a.empty() && a[0].second == gt[0]) r1 += 1;
-    uint32_t hits = 0;
-    for (uint32_t j = 0; j < std::min<size_t>(k, a.size()); ++j)
-      for (uint32_t g = 0; g < k; ++g)
-        if (a[j].second == gt[g]) {
-          ++hits;
-          break;
-        }
-    rk += static_cast<double>(hits) / k;
-  }
-  return {r1, rk};
-}
-
 json report_header(const RunContext& rc, const QueryOptions& o, const Workload& wl, const Index& index,
                    const EngineOptions& eo, const Engine& engine) {
   const MetaHeader& h = index.header;
@@ -144,6 +124,25 @@ json merge_run(uint32_t ef, const std::vector<std::string>& texts) {
 }
 
 }  // namespace
+
+std::pair<double, double> recall_sums(const std::vector<Answer>& answers, const std::vector<uint64_t>& rows,
+                                      const Workload& wl, uint32_t k) {
+  double r1 = 0, rk = 0;
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const int32_t* gt = wl.groundtruth.row(rows[i]);
+    const Answer& a = answers[i];
+    if (!a.empty() && a[0].second == gt[0]) r1 += 1;
+    uint32_t hits = 0;
+    for (uint32_t j = 0; j < std::min<size_t>(k, a.size()); ++j)
+      for (uint32_t g = 0; g < k; ++g)
+        if (a[j].second == gt[g]) {
+          ++hits;
+          break;
+        }
+    rk += static_cast<double>(hits) / k;
+  }
+  return {r1, rk};
+}
 
 json run_query(const RunContext& rc, const QueryOptions& o) {
   fabric::Cluster& c = *rc.cluster;

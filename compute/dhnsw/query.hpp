@@ -11,6 +11,7 @@
 
 #include "common/fabric/transport.hpp"
 #include "compute/dhnsw/pipeline.hpp"
+#include "common/workload.hpp"
 #include "compute/run_context.hpp"
 
 namespace dmhnsw::dhnsw {
@@ -28,5 +29,10 @@ struct QueryOptions {
 nlohmann::json run_query(const RunContext& rc, const QueryOptions& o);
 /// A short human table of a report on stdout.
 void print_query(const nlohmann::json& r);
+
+/// Recall@1 and recall@k summed over queries `rows` of the workload, answers[i] being row
+/// rows[i]'s, against the workload's ground truth.
+std::pair<double, double> recall_sums(const std::vector<Answer>& answers, const std::vector<uint64_t>& rows,
+                                      const Workload& wl, uint32_t k);
 
 }  // namespace dmhnsw::dhnsw
