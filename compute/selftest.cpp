@@ -32,6 +32,99 @@ struct Checker {
   }
 };
 
+// 2-4: read after write, a batch of 32 reads with one doorbell, a batch of 16 writes.
+void check_reads_and_writes(fabric::Endpoint& ep, RemotePtr base, std::mt19937_64& rng, Checker& check) {
+  // 2. Read after write, 64 KiB of random bytes.
+  Buffer wbuf = ep.alloc(64 << 10), rbuf = ep.alloc(64 << 10);
+  for (size_t i = 0; i < wbuf.size(); i += 8) {
+    uint64_t v = rng();
+    std::memcpy(wbuf.data() + i, &v, 8);
+  }
+  ep.write(base, wbuf.data(), wbuf.size());
+  ep.read(base, rbuf.data(), rbuf.size());
+  check(std::memcmp(wbuf.data(), rbuf.data(), wbuf.size()) == 0, "64 KiB read-after-write mismatch");
+
+  // 3. A batch of 32 reads of 512 B at scattered offsets, one doorbell.
+  std::vector<Op> ops;
+  Buffer batch = ep.alloc(32 * 512);
+  std::vector<uint64_t> offs;
+  for (int i = 0; i < 32; ++i) {
+    uint64_t off = (rng() % ((64 << 10) / 512)) * 512;
+    offs.push_back(off);
+    ops.push_back(Op::read(base + off, batch.data() + i * 512, 512, 1000 + i));
+  }
+  uint64_t doorbells = ep.counters().doorbells;
+  if (ep.post(ops) != Status::Ok) throw fabric::FabricError("posting a batch of 32 reads failed");
+  check(ep.counters().doorbells == doorbells + 1, "a batch of 32 reads took more than one doorbell");
+  ep.wait_all(ops.size());
+  bool same = true;
+  for (int i = 0; i < 32; ++i) same &= std::memcmp(batch.data() + i * 512, wbuf.data() + offs[i], 512) == 0;
+  check(same, "batched 32 x 512 B reads returned wrong bytes");
+
+  // 4. Batched writes then one read: a batch of 16 writes of 4 KiB.
+  ops.clear();
+  for (int i = 0; i < 16; ++i) ops.push_back(Op::write(base + i * 4096, rbuf.data() + (15 - i) * 4096, 4096, 2000 + i));
+  if (ep.post(ops) != Status::Ok) throw fabric::FabricError("posting a batch of 16 writes failed");
+  ep.wait_all(ops.size());
+  Buffer back = ep.alloc(64 << 10);
+  ep.read(base, back.data(), back.size());
+  same = true;
+  for (int i = 0; i < 16; ++i) same &= std::memcmp(back.data() + i * 4096, wbuf.data() + (15 - i) * 4096, 4096) == 0;
+  check(same, "batched 16 x 4 KiB writes did not land");
+}
+
+// 5-6: fetch_add and compare_swap on the memnode's shared words; returns the CAS retries.
+uint64_t check_atomics(fabric::Endpoint& ep, uint16_t node, const RegionHeader& h, uint64_t atomics, Checker& check) {
+  // 5. fetch_add: each returned old value is fresh and increasing for this client.
+  RemotePtr fa(node, h.scratch_offset + ScratchLayout::kFetchAddWord);
+  uint64_t prev = 0;
+  bool mono = true;
+  for (uint64_t i = 0; i < atomics; ++i) {
+    uint64_t old = ep.fetch_add(fa, 1);
+    if (i > 0 && old <= prev) mono = false;
+    prev = old;
+  }
+  check(mono, "fetch_add returned a non-increasing old value");
+
+  // 6. compare_swap increments (retry on contention); a failed CAS returns the current value.
+  RemotePtr cas(node, h.scratch_offset + ScratchLayout::kCasWord);
+  uint64_t cur = 0, retries = 0;
+  ep.read(cas, &cur, 8);
+  for (uint64_t i = 0; i < atomics; ++i) {
+    for (;;) {
+      uint64_t old = ep.compare_swap(cas, cur, cur + 1);
+      if (old == cur) {
+        cur = cur + 1;
+        break;
+      }
+      ++retries;
+      cur = old;
+    }
+  }
+  uint64_t probe = ep.compare_swap(cas, ~uint64_t{0}, 0);  // must fail and change nothing
+  uint64_t after = 0;
+  ep.read(cas, &after, 8);
+  // (Other computenodes may increment meanwhile: the word only ever grows.)
+  check(probe != ~uint64_t{0} && probe != 0 && after >= probe,
+        "a compare_swap with a wrong expected value changed the word");
+  return retries;
+}
+
+// Keeps reading (liveness tests kill a memnode meanwhile): any failure throws.
+void keep_reading(fabric::Cluster& cluster, fabric::Endpoint& ep, const SelftestOptions& o) {
+  auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(o.loop_seconds);
+  Buffer b = ep.alloc(4096);
+  uint64_t n = 0;
+  while (std::chrono::steady_clock::now() < end) {
+    for (const auto& mn : cluster.memnodes()) {
+      RegionHeader h = header_from_blob(mn.header, mn.address);
+      ep.read(RemotePtr(mn.id, h.scratch_offset), b.data(), 4096);
+      ++n;
+    }
+  }
+  if (o.verbose) std::printf("loop: %llu reads\n", static_cast<unsigned long long>(n));
+}
+
 }  // namespace
 
 SelftestResult run_selftest(fabric::Cluster& cluster, const SelftestOptions& o) {
@@ -57,76 +150,9 @@ SelftestResult run_selftest(fabric::Cluster& cluster, const SelftestOptions& o) 
     check(remote_h.magic == kRegionMagic && remote_h.memnode_id == mn.id && remote_h.region_size == mn.region_size,
           "region header read over the fabric differs from the bootstrap copy");
 
-    // 2. Read after write, 64 KiB of random bytes.
-    Buffer wbuf = ep->alloc(64 << 10), rbuf = ep->alloc(64 << 10);
-    for (size_t i = 0; i < wbuf.size(); i += 8) {
-      uint64_t v = rng();
-      std::memcpy(wbuf.data() + i, &v, 8);
-    }
-    ep->write(base, wbuf.data(), wbuf.size());
-    ep->read(base, rbuf.data(), rbuf.size());
-    check(std::memcmp(wbuf.data(), rbuf.data(), wbuf.size()) == 0, "64 KiB read-after-write mismatch");
+    check_reads_and_writes(*ep, base, rng, check);
 
-    // 3. A batch of 32 reads of 512 B at scattered offsets, one doorbell.
-    std::vector<Op> ops;
-    Buffer batch = ep->alloc(32 * 512);
-    std::vector<uint64_t> offs;
-    for (int i = 0; i < 32; ++i) {
-      uint64_t off = (rng() % ((64 << 10) / 512)) * 512;
-      offs.push_back(off);
-      ops.push_back(Op::read(base + off, batch.data() + i * 512, 512, 1000 + i));
-    }
-    uint64_t doorbells = ep->counters().doorbells;
-    if (ep->post(ops) != Status::Ok) throw fabric::FabricError("posting a batch of 32 reads failed");
-    check(ep->counters().doorbells == doorbells + 1, "a batch of 32 reads took more than one doorbell");
-    ep->wait_all(ops.size());
-    bool same = true;
-    for (int i = 0; i < 32; ++i) same &= std::memcmp(batch.data() + i * 512, wbuf.data() + offs[i], 512) == 0;
-    check(same, "batched 32 x 512 B reads returned wrong bytes");
-
-    // 4. Batched writes then one read: a batch of 16 writes of 4 KiB.
-    ops.clear();
-    for (int i = 0; i < 16; ++i) ops.push_back(Op::write(base + i * 4096, rbuf.data() + (15 - i) * 4096, 4096, 2000 + i));
-    if (ep->post(ops) != Status::Ok) throw fabric::FabricError("posting a batch of 16 writes failed");
-    ep->wait_all(ops.size());
-    Buffer back = ep->alloc(64 << 10);
-    ep->read(base, back.data(), back.size());
-    same = true;
-    for (int i = 0; i < 16; ++i) same &= std::memcmp(back.data() + i * 4096, wbuf.data() + (15 - i) * 4096, 4096) == 0;
-    check(same, "batched 16 x 4 KiB writes did not land");
-
-    // 5. fetch_add: each returned old value is fresh and increasing for this client.
-    RemotePtr fa(mn.id, h.scratch_offset + ScratchLayout::kFetchAddWord);
-    uint64_t prev = 0;
-    bool mono = true;
-    for (uint64_t i = 0; i < o.atomics; ++i) {
-      uint64_t old = ep->fetch_add(fa, 1);
-      if (i > 0 && old <= prev) mono = false;
-      prev = old;
-    }
-    check(mono, "fetch_add returned a non-increasing old value");
-
-    // 6. compare_swap increments (retry on contention); a failed CAS returns the current value.
-    RemotePtr cas(mn.id, h.scratch_offset + ScratchLayout::kCasWord);
-    uint64_t cur = 0, retries = 0;
-    ep->read(cas, &cur, 8);
-    for (uint64_t i = 0; i < o.atomics; ++i) {
-      for (;;) {
-        uint64_t old = ep->compare_swap(cas, cur, cur + 1);
-        if (old == cur) {
-          cur = cur + 1;
-          break;
-        }
-        ++retries;
-        cur = old;
-      }
-    }
-    uint64_t probe = ep->compare_swap(cas, ~uint64_t{0}, 0);  // must fail and change nothing
-    uint64_t after = 0;
-    ep->read(cas, &after, 8);
-    // (Other computenodes may increment meanwhile: the word only ever grows.)
-    check(probe != ~uint64_t{0} && probe != 0 && after >= probe,
-          "a compare_swap with a wrong expected value changed the word");
+    const uint64_t retries = check_atomics(*ep, mn.id, h, o.atomics, check);
 
     const admin::StatsReply cpu1 = admin::query_stats(*ep, mn.id);
     const double one_sided_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -151,20 +177,7 @@ SelftestResult run_selftest(fabric::Cluster& cluster, const SelftestOptions& o) 
                   static_cast<unsigned long long>(retries));
   }
 
-  // Keep reading (liveness tests kill a memnode meanwhile): any failure throws.
-  if (o.loop_seconds > 0) {
-    auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(o.loop_seconds);
-    Buffer b = ep->alloc(4096);
-    uint64_t n = 0;
-    while (std::chrono::steady_clock::now() < end) {
-      for (const auto& mn : cluster.memnodes()) {
-        RegionHeader h = header_from_blob(mn.header, mn.address);
-        ep->read(RemotePtr(mn.id, h.scratch_offset), b.data(), 4096);
-        ++n;
-      }
-    }
-    if (o.verbose) std::printf("loop: %llu reads\n", static_cast<unsigned long long>(n));
-  }
+  if (o.loop_seconds > 0) keep_reading(cluster, *ep, o);
   return res;
 }
 
