@@ -1,6 +1,5 @@
 #include "compute/shine/graph.hpp"
 
-#include "common/presence.hpp"
 
 #include <algorithm>
 #include <array>
@@ -34,118 +33,7 @@ struct ByDistGreater {
 };
 }  // namespace
 
-// ------------------------------------------------------------------ format / attach
-void raise_id_ceiling(fabric::Endpoint& ep, uint64_t ceiling) {
-  const RemotePtr word(0, mode_word_offset(shine_word::kIdCeiling));
-  uint64_t cur = 0;
-  ep.read(word, &cur, 8);
-  while (cur < ceiling) {
-    const uint64_t seen = ep.compare_swap(word, cur, ceiling);
-    if (seen == cur) return;
-    cur = seen;
-  }
-}
-
-bool claim_ids(fabric::Endpoint& ep, uint64_t lo, uint64_t hi, uint64_t& ceiling) {
-  const RemotePtr word(0, mode_word_offset(shine_word::kIdCeiling));
-  ep.read(word, &ceiling, 8);
-  while (ceiling <= lo) {
-    const uint64_t seen = ep.compare_swap(word, ceiling, hi);
-    if (seen == ceiling) return true;
-    ceiling = seen;
-  }
-  return false;
-}
-
-GraphParams format_or_attach(fabric::Cluster& c, fabric::Endpoint& ep, const GraphParams* wanted, int64_t self) {
-  const auto n = c.memnodes().size();
-  auto read_header = [&](uint16_t i) {
-    RegionHeader h;
-    ep.read(RemotePtr(i, 0), &h, sizeof h);
-    validate_region_header(h, "memnode " + std::to_string(i) + " (" + c.memnodes()[i].address + ")");
-    return h;
-  };
-  RegionHeader h0 = read_header(0);
-  if (h0.mode != static_cast<uint8_t>(Mode::None) && h0.mode != static_cast<uint8_t>(Mode::Shine))
-    throw FabricError("memnode 0 holds a " + std::string(fabric::mode_name(static_cast<Mode>(h0.mode))) +
-                      " index, not shine");
-  uint64_t state = h0.mode_words[shine_word::kFormat];
-  if (state == 0 && wanted != nullptr &&
-      ep.compare_swap(word_ptr(shine_word::kFormat), 0, shine_word::formatting_by(self)) == 0) {
-    // We format: every memnode gets mode, dimension, metric and a bump pointer at its data area.
-    for (uint16_t i = 0; i < n; ++i) {
-      RegionHeader h = read_header(i);
-      if (h.mode != static_cast<uint8_t>(Mode::None))
-        throw FabricError("memnode " + std::to_string(i) + " already holds an index; memnode 0 does not");
-      h.mode = static_cast<uint8_t>(Mode::Shine);
-      h.metric = static_cast<uint8_t>(wanted->metric == Metric::L2 ? MetricCode::L2 : MetricCode::IP);
-      h.elem_type = static_cast<uint8_t>(ElemType::F32);
-      h.dim = wanted->dim;
-      h.memnode_count = static_cast<uint16_t>(n);
-      h.mode_words[shine_word::kBump] = (h.data_offset + 63) / 64 * 64;
-      h.mode_words[shine_word::kM] = wanted->m;
-      h.mode_words[shine_word::kEfConstruction] = wanted->ef_construction;
-      h.mode_words[shine_word::kSeed] = wanted->seed;
-      h.mode_words[shine_word::kFormat] = i == 0 ? shine_word::formatting_by(self) : shine_word::kFormatted;
-      ep.write(RemotePtr(i, 0), &h, sizeof h);
-    }
-    uint64_t done = shine_word::kFormatted;
-    ep.write(word_ptr(shine_word::kFormat), &done, 8);
-    state = done;
-  }
-  // A word no formatter writes is corruption, not a format in progress: no reason to wait.
-  if (state != 0 && !shine_word::is_formatting(state) && state != shine_word::kFormatted)
-    throw FabricError("memnode 0: shine format word " + std::to_string(state) + " at region offset " +
-                      std::to_string(mode_word_offset(shine_word::kFormat)) + " is none of 0, " +
-                      std::to_string(shine_word::kFormatting) + " (+ a formatter id), " +
-                      std::to_string(shine_word::kFormatted) + " (a corrupted region header?)");
-  // Someone else formats: wait for it (bounded), and fail at once if memnode 0 no longer has a
-  // control connection from the formatter (it died or was dropped mid-format).
-  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-  auto next_presence = std::chrono::steady_clock::now();
-  while (state != shine_word::kFormatted) {
-    if (state == 0 && wanted == nullptr) throw FabricError("no shine index on the memnodes: run `computenode build` first");
-    if (std::chrono::steady_clock::now() > deadline)
-      throw FabricError("memnode 0: index still being formatted by another computenode after 30 s");
-    const uint64_t f = state >> 32;
-    if (f != 0 && f - 1 < kPresenceIds && std::chrono::steady_clock::now() >= next_presence) {
-      next_presence = std::chrono::steady_clock::now() + std::chrono::milliseconds(250);
-      uint64_t open = 0;
-      ep.read(RemotePtr(0, kPresenceOffset + offsetof(Presence, connected) + 8 * (f - 1)), &open, 8);
-      if (open == 0)
-        throw FabricError("computenode " + std::to_string(f - 1) + " left while formatting the shine index: memnode 0 (" +
-                          c.memnodes()[0].address + ") has no control connection from it; the region is half " +
-                          "formatted: restart the memnodes");
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));  // bounded wait on a peer's format
-    ep.read(word_ptr(shine_word::kFormat), &state, 8);
-  }
-  h0 = read_header(0);
-  GraphParams p;
-  p.dim = h0.dim;
-  p.m = static_cast<uint32_t>(h0.mode_words[shine_word::kM]);
-  p.ef_construction = static_cast<uint32_t>(h0.mode_words[shine_word::kEfConstruction]);
-  p.metric = h0.metric == static_cast<uint8_t>(MetricCode::IP) ? Metric::IP : Metric::L2;
-  p.seed = h0.mode_words[shine_word::kSeed];
-  if (h0.memnode_count != n)
-    throw FabricError("the index was formatted over " + std::to_string(h0.memnode_count) + " memnodes, --memnodes names " +
-                      std::to_string(n));
-  if (wanted != nullptr) {
-    auto mismatch = [](const std::string& what, uint64_t have, uint64_t want) {
-      return FabricError("the shine index on the memnodes has " + what + " " + std::to_string(have) + ", this run asks for " +
-                         std::to_string(want));
-    };
-    if (p.dim != wanted->dim) throw mismatch("dimension", p.dim, wanted->dim);
-    if (p.m != wanted->m) throw mismatch("--m", p.m, wanted->m);
-    if (p.ef_construction != wanted->ef_construction)
-      throw mismatch("--ef-construction", p.ef_construction, wanted->ef_construction);
-    if (p.metric != wanted->metric)
-      throw FabricError("the shine index on the memnodes uses metric " + std::string(to_string(p.metric)) +
-                        ", this run asks for " + std::string(to_string(wanted->metric)));
-  }
-  return p;
-}
-
+// ------------------------------------------------------------------ graph
 Graph::Graph(fabric::Cluster& c, const GraphParams& p)
     : cluster_(c), params_(p), layout_(p.dim, p.m), dist_(p.metric, p.dim) {
   for (const auto& mn : c.memnodes()) {
