@@ -247,65 +247,163 @@ extern "C" __attribute__((no_sanitize("thread"), visibility("default"), used)) c
 }
 #endif
 
-int main(int argc, char** argv) {
-  CLI::App app{
-      "hnswlib-bench: build an hnswlib 0.6.2 HNSW index on one machine and measure recall@k, "
-      "QPS and latency per efSearch (the reference for dmhnsw's shine mode)"};
+namespace {
+
+struct Flags {
   std::string base_path, workload_path, query_path, truth_path, metric_text = "l2";
   std::string json_path, save_path;
   std::size_t m = 16, ef_construction = 200, k = 10, max_elements = 0, seed = 100;
   std::vector<std::size_t> ef_search = {10, 20, 40, 80, 160};
   unsigned threads = 0;
-  // CLI11 2.1 would wrap "-1" into a huge unsigned value.
-  const CLI::Validator non_negative(
-      [](std::string& text) {
-        return text.find('-') == std::string::npos ? std::string() : "must be >= 0, got " + text;
-      },
-      "", "non-negative");
 
-  app.add_option("--base", base_path,
-                 "base vectors, label = row id (.fvecs .bvecs .fbin .u8bin .i8bin)")
-      ->required();
-  auto* workload_opt = app.add_option(
-      "--workload", workload_path,
-      "dmhnsw workload file: its measured queries and their ground truth (warm-up part skipped)");
-  auto* query_opt = app.add_option("--queries", query_path,
-                                   "query vectors (same formats as --base); needs --groundtruth");
-  auto* truth_opt = app.add_option(
-      "--groundtruth", truth_path,
-      "exact neighbour ids of each query (.ivecs .ibin), at least --k per row; needs --queries");
-  workload_opt->excludes(query_opt)->excludes(truth_opt);
-  query_opt->needs(truth_opt);
-  truth_opt->needs(query_opt);
-  app.add_option("--metric", metric_text,
-                 "distance: l2 (squared Euclidean) or ip (inner product, hnswlib's 1 - <a,b>)")
-      ->capture_default_str();
-  app.add_option("--m", m, "HNSW M: links per node on upper layers (2*M on layer 0)")
-      ->capture_default_str()->check(CLI::Range(std::size_t{2}, std::size_t{10000}));
-  app.add_option("--ef-construction", ef_construction, "candidate list size while building")
-      ->capture_default_str()->check(CLI::Range(std::size_t{1}, std::size_t{1} << 20));
-  app.add_option("--ef-search", ef_search,
-                 "comma-separated candidate list sizes to search with, one run each "
-                 "(hnswlib uses max(ef, k))")
-      ->delimiter(',')->capture_default_str()
-      ->check(CLI::Range(std::size_t{1}, std::size_t{1} << 20));
-  app.add_option("--k", k, "neighbours returned per query; recall@k is measured")
-      ->capture_default_str()->check(CLI::Range(std::size_t{1}, dmhnsw::kMaxDim));
-  app.add_option("--threads", threads,
-                 "threads for building and for searching (0: all hardware threads)")
-      ->capture_default_str()->check(CLI::Range(0u, 1024u));
-  app.add_option("--seed", seed, "hnswlib's random_seed for the level draws")
-      ->capture_default_str()->check(non_negative);
-  app.add_option("--max-elements", max_elements,
-                 "index only the first N base rows (0: all); the ground truth must refer to "
-                 "those rows only")
-      ->capture_default_str()->check(non_negative);
-  app.add_option("--json", json_path, "write the parameters and results to this JSON file");
-  app.add_option("--save,--save-index", save_path,
-                 "save the built index with hnswlib's saveIndex (for shine-import --hnswlib)");
+  void add(CLI::App& app) {
+    // CLI11 2.1 would wrap "-1" into a huge unsigned value.
+    const CLI::Validator non_negative(
+        [](std::string& text) {
+          return text.find('-') == std::string::npos ? std::string() : "must be >= 0, got " + text;
+        },
+        "", "non-negative");
+    app.add_option("--base", base_path,
+                   "base vectors, label = row id (.fvecs .bvecs .fbin .u8bin .i8bin)")
+        ->required();
+    auto* workload_opt = app.add_option(
+        "--workload", workload_path,
+        "dmhnsw workload file: its measured queries and their ground truth (warm-up part skipped)");
+    auto* query_opt = app.add_option("--queries", query_path,
+                                     "query vectors (same formats as --base); needs --groundtruth");
+    auto* truth_opt = app.add_option(
+        "--groundtruth", truth_path,
+        "exact neighbour ids of each query (.ivecs .ibin), at least --k per row; needs --queries");
+    workload_opt->excludes(query_opt)->excludes(truth_opt);
+    query_opt->needs(truth_opt);
+    truth_opt->needs(query_opt);
+    app.add_option("--metric", metric_text,
+                   "distance: l2 (squared Euclidean) or ip (inner product, hnswlib's 1 - <a,b>)")
+        ->capture_default_str();
+    app.add_option("--m", m, "HNSW M: links per node on upper layers (2*M on layer 0)")
+        ->capture_default_str()->check(CLI::Range(std::size_t{2}, std::size_t{10000}));
+    app.add_option("--ef-construction", ef_construction, "candidate list size while building")
+        ->capture_default_str()->check(CLI::Range(std::size_t{1}, std::size_t{1} << 20));
+    app.add_option("--ef-search", ef_search,
+                   "comma-separated candidate list sizes to search with, one run each "
+                   "(hnswlib uses max(ef, k))")
+        ->delimiter(',')->capture_default_str()
+        ->check(CLI::Range(std::size_t{1}, std::size_t{1} << 20));
+    app.add_option("--k", k, "neighbours returned per query; recall@k is measured")
+        ->capture_default_str()->check(CLI::Range(std::size_t{1}, dmhnsw::kMaxDim));
+    app.add_option("--threads", threads,
+                   "threads for building and for searching (0: all hardware threads)")
+        ->capture_default_str()->check(CLI::Range(0u, 1024u));
+    app.add_option("--seed", seed, "hnswlib's random_seed for the level draws")
+        ->capture_default_str()->check(non_negative);
+    app.add_option("--max-elements", max_elements,
+                   "index only the first N base rows (0: all); the ground truth must refer to "
+                   "those rows only")
+        ->capture_default_str()->check(non_negative);
+    app.add_option("--json", json_path, "write the parameters and results to this JSON file");
+    app.add_option("--save,--save-index", save_path,
+                   "save the built index with hnswlib's saveIndex (for shine-import --hnswlib)");
+  }
+};
+
+/// The queries' ground truth against the indexed base: enough ids, each a row that is indexed.
+void check_inputs(const Flags& f, const QuerySet& qs, std::size_t n, std::size_t dim) {
+  if (qs.dim != dim)
+    throw std::invalid_argument("dimension mismatch: " + f.base_path + " has d=" + std::to_string(dim) + ", " +
+                                qs.source + " has d=" + std::to_string(qs.dim));
+  if (f.k > n)
+    throw std::invalid_argument("--k " + std::to_string(f.k) + " exceeds the " + std::to_string(n) +
+                                " base vectors indexed from " + f.base_path);
+  if (qs.truth_k < f.k)
+    throw std::invalid_argument("--k " + std::to_string(f.k) + ": " + qs.groundtruth_source + " has only " +
+                                std::to_string(qs.truth_k) + " ground-truth ids per query");
+  for (std::size_t q = 0; q < qs.vectors.size(); ++q)
+    for (std::size_t j = 0; j < f.k; ++j)
+      if (static_cast<std::size_t>(qs.truth[q][j]) >= n)
+        throw std::invalid_argument(
+            qs.groundtruth_source + ": query " + std::to_string(q) + " has neighbour id " +
+            std::to_string(qs.truth[q][j]) + " but only " + std::to_string(n) + " base rows are indexed" +
+            (f.max_elements > 0 ? " (--max-elements " + std::to_string(f.max_elements) +
+                                      "; use a ground truth computed over those rows)"
+                                : " (ground truth of another base?)"));
+}
+
+/// Inserts every row with `threads` threads; returns the seconds it took.
+double build(hnswlib::HierarchicalNSW<float>& index, const dmhnsw::FloatMatrix& base, unsigned threads) {
+  const std::size_t n = base.n();
+  const auto build_start = Clock::now();
+  dmhnsw::Progress progress("hnswlib build", n, "vectors");
+  index.addPoint(base.row(0), 0);  // the entry point, alone (as hnswlib's ParallelFor users do)
+  progress.add();
+  parallel_for(1, n, threads, [&](std::size_t i) {
+    index.addPoint(base.row(i), static_cast<hnswlib::labeltype>(i));
+    progress.add();
+  });
+  progress.finish();
+  const double build_seconds = seconds_since(build_start);
+  std::printf("build: %zu vectors in %.3f s (%.0f inserts/s), %u threads\n", n, build_seconds,
+              static_cast<double>(n) / build_seconds, threads);
+  std::fflush(stdout);
+  return build_seconds;
+}
+
+void save_index(hnswlib::HierarchicalNSW<float>& index, const std::string& save_path) {
+  // saveIndex checks no write: the file's size tells whether all of it reached the disk.
+  const std::string tmp = save_path + ".tmp." + std::to_string(::getpid());
+  index.saveIndex(tmp);
+  std::uintmax_t want = 96 /* the header */ + index.cur_element_count * index.size_data_per_element_;
+  for (std::size_t i = 0; i < index.cur_element_count; ++i)
+    want += 4 + static_cast<std::uintmax_t>(index.element_levels_[i]) * index.size_links_per_element_;
+  std::error_code ec;
+  const auto size = std::filesystem::file_size(tmp, ec);
+  if (ec || size != want) {
+    std::filesystem::remove(tmp, ec);
+    throw std::runtime_error("--save " + save_path + ": writing " + tmp + " failed (disk full?)");
+  }
+  std::filesystem::rename(tmp, save_path);
+  std::printf("saved index to %s (%ju bytes)\n", save_path.c_str(), static_cast<std::uintmax_t>(size));
+}
+
+void write_report(const Flags& f, const QuerySet& qs, std::size_t n, std::size_t dim, const std::string& metric_name,
+                  const std::string& kernel, double build_seconds, const std::vector<RunResult>& runs) {
+  nlohmann::json report;
+  report["system"] = "hnswlib";
+  report["base"] = f.base_path;
+  report["queries"] = qs.source;
+  report["nq"] = qs.vectors.size();
+  report["n"] = n;
+  report["dim"] = dim;
+  report["metric"] = metric_name;
+  report["distance_kernel"] = kernel;
+  report["m"] = f.m;
+  report["ef_construction"] = f.ef_construction;
+  report["threads"] = f.threads;
+  report["seed"] = f.seed;
+  report["build_seconds"] = build_seconds;
+  report["runs"] = nlohmann::json::array();
+  for (const RunResult& r : runs)
+    report["runs"].push_back({{"ef_search", r.ef},
+                              {"k", f.k},
+                              {"recall", r.recall},
+                              {"qps", r.qps},
+                              {"latency_us", {{"p50", r.p50_us}, {"p99", r.p99_us}}},
+                              {"dist_comps_per_query", r.dist_comps},
+                              {"hops_per_query", r.hops}});
+  dmhnsw::write_json_file(f.json_path, report, "--json");
+  std::printf("wrote %s\n", f.json_path.c_str());
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{
+      "hnswlib-bench: build an hnswlib 0.6.2 HNSW index on one machine and measure recall@k, "
+      "QPS and latency per efSearch (the reference for dmhnsw's shine mode)"};
+  Flags f;
+  f.add(app);
   try {
     app.parse(argc, argv);
-    if (workload_path.empty() && query_path.empty())
+    if (f.workload_path.empty() && f.query_path.empty())
       throw CLI::RequiredError("--workload or --queries with --groundtruth");
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
@@ -314,123 +412,47 @@ int main(int argc, char** argv) {
   try {
     dmhnsw::Metric metric;
     try {
-      metric = dmhnsw::parse_metric(metric_text);
+      metric = dmhnsw::parse_metric(f.metric_text);
     } catch (const std::invalid_argument& e) {
       throw std::invalid_argument(std::string("--metric: ") + e.what());
     }
-    if (ef_search.empty()) throw std::invalid_argument("--ef-search: no values given");
-    if (threads == 0) threads = std::max(1u, std::thread::hardware_concurrency());
-    check_writable("--json", json_path);
-    check_writable("--save", save_path);
+    if (f.ef_search.empty()) throw std::invalid_argument("--ef-search: no values given");
+    if (f.threads == 0) f.threads = std::max(1u, std::thread::hardware_concurrency());
+    check_writable("--json", f.json_path);
+    check_writable("--save", f.save_path);
 
     dmhnsw::LoadOptions base_options;
-    if (max_elements > 0) base_options.max_rows = max_elements;
-    const dmhnsw::FloatMatrix base = dmhnsw::load_vectors_as_float(base_path, base_options);
-    const QuerySet qs = load_queries(workload_path, query_path, truth_path);
+    if (f.max_elements > 0) base_options.max_rows = f.max_elements;
+    const dmhnsw::FloatMatrix base = dmhnsw::load_vectors_as_float(f.base_path, base_options);
+    const QuerySet qs = load_queries(f.workload_path, f.query_path, f.truth_path);
     const std::size_t n = base.n(), dim = base.d(), nq = qs.vectors.size();
-    if (qs.dim != dim)
-      throw std::invalid_argument("dimension mismatch: " + base_path + " has d=" +
-                                  std::to_string(dim) + ", " + qs.source + " has d=" +
-                                  std::to_string(qs.dim));
-    if (k > n)
-      throw std::invalid_argument("--k " + std::to_string(k) + " exceeds the " +
-                                  std::to_string(n) + " base vectors indexed from " + base_path);
-    if (qs.truth_k < k)
-      throw std::invalid_argument("--k " + std::to_string(k) + ": " + qs.groundtruth_source +
-                                  " has only " + std::to_string(qs.truth_k) +
-                                  " ground-truth ids per query");
-    for (std::size_t q = 0; q < nq; ++q)
-      for (std::size_t j = 0; j < k; ++j)
-        if (static_cast<std::size_t>(qs.truth[q][j]) >= n)
-          throw std::invalid_argument(
-              qs.groundtruth_source + ": query " + std::to_string(q) + " has neighbour id " +
-              std::to_string(qs.truth[q][j]) + " but only " + std::to_string(n) +
-              " base rows are indexed" +
-              (max_elements > 0 ? " (--max-elements " + std::to_string(max_elements) +
-                                      "; use a ground truth computed over those rows)"
-                                : " (ground truth of another base?)"));
+    check_inputs(f, qs, n, dim);
 
     const std::string metric_name(dmhnsw::to_string(metric));
     DispatchedSpace space(metric, dim);
     std::printf("hnswlib-bench: base %s (%zu x %zu), %s, %zu queries from %s, k=%zu, M=%zu, "
                 "efConstruction=%zu, threads=%u, seed=%zu, kernel %s\n",
-                base_path.c_str(), n, dim, metric_name.c_str(), nq, qs.source.c_str(), k, m,
-                ef_construction, threads, seed, space.kernel_name().c_str());
+                f.base_path.c_str(), n, dim, metric_name.c_str(), nq, qs.source.c_str(), f.k, f.m,
+                f.ef_construction, f.threads, f.seed, space.kernel_name().c_str());
     std::fflush(stdout);
 
-    hnswlib::HierarchicalNSW<float> index(&space, n, m, ef_construction, seed);
-
-    const auto build_start = Clock::now();
-    dmhnsw::Progress progress("hnswlib build", n, "vectors");
-    index.addPoint(base.row(0), 0);  // the entry point, alone (as hnswlib's ParallelFor users do)
-    progress.add();
-    parallel_for(1, n, threads, [&](std::size_t i) {
-      index.addPoint(base.row(i), static_cast<hnswlib::labeltype>(i));
-      progress.add();
-    });
-    progress.finish();
-    const double build_seconds = seconds_since(build_start);
-    std::printf("build: %zu vectors in %.3f s (%.0f inserts/s), %u threads\n", n, build_seconds,
-                static_cast<double>(n) / build_seconds, threads);
-    std::fflush(stdout);
-
-    if (!save_path.empty()) {
-      // saveIndex checks no write: the file's size tells whether all of it reached the disk.
-      const std::string tmp = save_path + ".tmp." + std::to_string(::getpid());
-      index.saveIndex(tmp);
-      std::uintmax_t want = 96 /* the header */ + index.cur_element_count * index.size_data_per_element_;
-      for (std::size_t i = 0; i < index.cur_element_count; ++i)
-        want += 4 + static_cast<std::uintmax_t>(index.element_levels_[i]) * index.size_links_per_element_;
-      std::error_code ec;
-      const auto size = std::filesystem::file_size(tmp, ec);
-      if (ec || size != want) {
-        std::filesystem::remove(tmp, ec);
-        throw std::runtime_error("--save " + save_path + ": writing " + tmp + " failed (disk full?)");
-      }
-      std::filesystem::rename(tmp, save_path);
-      std::printf("saved index to %s (%ju bytes)\n", save_path.c_str(),
-                  static_cast<std::uintmax_t>(size));
-    }
+    hnswlib::HierarchicalNSW<float> index(&space, n, f.m, f.ef_construction, f.seed);
+    const double build_seconds = build(index, base, f.threads);
+    if (!f.save_path.empty()) save_index(index, f.save_path);
 
     std::printf("%9s %10s %12s %10s %10s %12s %10s\n", "efSearch",
-                ("recall@" + std::to_string(k)).c_str(), "QPS", "p50 us", "p99 us", "dist/query",
+                ("recall@" + std::to_string(f.k)).c_str(), "QPS", "p50 us", "p99 us", "dist/query",
                 "hops/query");
     std::vector<RunResult> runs;
-    for (std::size_t ef : ef_search) {
-      const RunResult r = run_queries(index, qs, k, ef, threads);
+    for (std::size_t ef : f.ef_search) {
+      const RunResult r = run_queries(index, qs, f.k, ef, f.threads);
       std::printf("%9zu %10.4f %12.1f %10.1f %10.1f %12.1f %10.1f\n", r.ef, r.recall, r.qps,
                   r.p50_us, r.p99_us, r.dist_comps, r.hops);
       std::fflush(stdout);
       runs.push_back(r);
     }
-
-    if (!json_path.empty()) {
-      nlohmann::json report;
-      report["system"] = "hnswlib";
-      report["base"] = base_path;
-      report["queries"] = qs.source;
-      report["nq"] = nq;
-      report["n"] = n;
-      report["dim"] = dim;
-      report["metric"] = metric_name;
-      report["distance_kernel"] = space.kernel_name();
-      report["m"] = m;
-      report["ef_construction"] = ef_construction;
-      report["threads"] = threads;
-      report["seed"] = seed;
-      report["build_seconds"] = build_seconds;
-      report["runs"] = nlohmann::json::array();
-      for (const RunResult& r : runs)
-        report["runs"].push_back({{"ef_search", r.ef},
-                                  {"k", k},
-                                  {"recall", r.recall},
-                                  {"qps", r.qps},
-                                  {"latency_us", {{"p50", r.p50_us}, {"p99", r.p99_us}}},
-                                  {"dist_comps_per_query", r.dist_comps},
-                                  {"hops_per_query", r.hops}});
-      dmhnsw::write_json_file(json_path, report, "--json");
-      std::printf("wrote %s\n", json_path.c_str());
-    }
+    if (!f.json_path.empty())
+      write_report(f, qs, n, dim, metric_name, space.kernel_name(), build_seconds, runs);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
     return 1;
