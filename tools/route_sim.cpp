@@ -21,7 +21,6 @@
 #include <algorithm>
 #include <array>
 #include <cstdio>
-#include <fstream>
 #include <memory>
 #include <numeric>
 #include <string>
@@ -32,6 +31,7 @@
 #include "cache/node_cache.hpp"
 #include "cache/trace.hpp"
 #include "common/fabric/fabric_cluster.hpp"
+#include "common/json_file.hpp"
 #include "common/units.hpp"
 #include "common/workload.hpp"
 #include "compute/shine/graph.hpp"
@@ -149,47 +149,114 @@ std::vector<uint32_t> access_bound(const std::vector<Accesses>& acc, std::vector
   return route;
 }
 
+struct Flags {
+  std::string memnodes, provider = "shm", token_file, wl_path, json_path;
+  uint32_t K = 4, k = 10, ef = 64, bound_rounds = 15, route_batch = 200;
+  double cache_ratio = 0.05, admit = 0.01;
+  uint64_t kmeans_seed = 1, seed = 7;
+
+  void add(CLI::App& app) {
+    app.add_option("--memnodes", memnodes, "control addresses of every memnode, HOST:PORT[,HOST:PORT...]")->required();
+    app.add_option("--provider", provider, "shm | tcp | verbs | cxl")->capture_default_str()->check(CLI::IsMember({"shm", "tcp", "verbs", "cxl"}));
+    app.add_option("--token-file", token_file, "file holding the cluster token (else the DMHNSW_TOKEN variable)");
+    app.add_option("--workload", wl_path, "workload file from tools/workload (warm-up queries fill the caches)")->required();
+    app.add_option("--num-cns", K, "K, simulated computenodes")->capture_default_str()->check(CLI::Range(1u, 64u));
+    app.add_option("--k", k, "neighbours per query")->capture_default_str();
+    app.add_option("--ef-search", ef, "efSearch")->capture_default_str()->check(CLI::PositiveNumber);
+    app.add_option("--cache-ratio", cache_ratio, "cache per computenode, share of the index size")->capture_default_str()->check(CLI::Range(0.0, 1.0));
+    app.add_option("--admit-probability", admit, "level-0 admission probability")->capture_default_str()->check(CLI::Range(0.0, 1.0));
+    app.add_option("--kmeans-seed", kmeans_seed, "seed of the balanced k-means")->capture_default_str();
+    app.add_option("--seed", seed, "seed of the simulated caches")->capture_default_str();
+    app.add_option("--bound-rounds", bound_rounds, "rounds of the access clustering behind 'bound' (0: skip it)")->capture_default_str();
+    app.add_option("--route-batch", route_batch, "b of the quota routings (0: skip them)")->capture_default_str();
+    app.add_option("--json", json_path, "also write the results here");
+  }
+};
+
+/// Every distinct query searched once over the served index, its node accesses recorded.
+std::vector<Accesses> record_accesses(const shine::Graph& g, fabric::Endpoint& ep, uint32_t dim,
+                                      const std::vector<const float*>& queries, uint32_t k, uint32_t ef) {
+  cache::NodeCacheConfig probe;  // the search records accesses only through a node cache
+  probe.capacity_bytes = 1u << 20;
+  probe.dim = dim;
+  cache::NodeCache probe_cache(probe);
+  std::vector<Accesses> acc(queries.size());
+  compute::Scheduler s(ep);
+  shine::Worker w(g, s, 1);
+  shine::OpContext ctx;
+  ctx.node_cache = &probe_cache;
+  std::vector<cache::TraceRecord> recs;
+  ctx.accesses = &recs;
+  for (size_t q = 0; q < queries.size(); ++q) {
+    recs.clear();
+    compute::run_sync(s, w.search(queries[q], k, ef, ctx));
+    for (const auto& r : recs) {
+      acc[q].keys.push_back(r.key);
+      acc[q].levels.push_back(r.level);
+    }
+  }
+  return acc;
+}
+
+// Quotas: every computenode routes its own share (stream position j mod K) in batches of b
+// through RoutingPolicy with balanced limits b/K (adaptive routing with equal queues), the
+// batch placed by regret (choose_batch) or, with equal regrets, in arrival order.
+std::vector<uint32_t> quota_route(const router::Oracle& balanced, const std::vector<uint32_t>& stream,
+                                  const std::vector<const float*>& queries, uint32_t K, uint32_t route_batch,
+                                  bool by_regret) {
+  std::vector<uint32_t> per_pos(stream.size());
+  std::vector<uint32_t> ranks(static_cast<size_t>(route_batch) * K);
+  std::vector<float> sc(K);
+  for (uint32_t origin = 0; origin < K; ++origin) {
+    router::RoutingPolicy rp(router::Policy::Balanced, K, origin, route_batch);
+    std::vector<size_t> batch;
+    std::vector<const uint32_t*> ranked;
+    std::vector<float> regret;
+    for (size_t j0 = origin; j0 < stream.size(); j0 += static_cast<size_t>(route_batch) * K) {
+      batch.clear();
+      ranked.clear();
+      regret.clear();
+      for (size_t j = j0; j < stream.size() && batch.size() < route_batch; j += K) {
+        uint32_t* r = ranks.data() + batch.size() * K;
+        balanced.rank(queries[stream[j]], r, sc.data());
+        batch.push_back(j);
+        ranked.push_back(r);
+        regret.push_back(by_regret ? sc[r[1]] - sc[r[0]] : 0.0f);
+      }
+      const std::vector<uint32_t> targets = rp.choose_batch(ranked, regret);
+      for (size_t x = 0; x < batch.size(); ++x) per_pos[batch[x]] = targets[x];
+      rp.end_batch({});
+    }
+  }
+  return per_pos;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"shine-route-sim: CHR, CHR_max and CSP of K computenode caches under each routing (none, nearest, "
                "balanced, and a bound with the queries' accesses known in advance), from one pass of a workload "
                "over a stored shine index"};
-  std::string memnodes, provider = "shm", token_file, wl_path, json_path;
-  uint32_t K = 4, k = 10, ef = 64, bound_rounds = 15, route_batch = 200;
-  double cache_ratio = 0.05, admit = 0.01;
-  uint64_t kmeans_seed = 1, seed = 7;
-  app.add_option("--memnodes", memnodes, "control addresses of every memnode, HOST:PORT[,HOST:PORT...]")->required();
-  app.add_option("--provider", provider, "shm | tcp | verbs | cxl")->capture_default_str()->check(CLI::IsMember({"shm", "tcp", "verbs", "cxl"}));
-  app.add_option("--token-file", token_file, "file holding the cluster token (else the DMHNSW_TOKEN variable)");
-  app.add_option("--workload", wl_path, "workload file from tools/workload (warm-up queries fill the caches)")->required();
-  app.add_option("--num-cns", K, "K, simulated computenodes")->capture_default_str()->check(CLI::Range(1u, 64u));
-  app.add_option("--k", k, "neighbours per query")->capture_default_str();
-  app.add_option("--ef-search", ef, "efSearch")->capture_default_str()->check(CLI::PositiveNumber);
-  app.add_option("--cache-ratio", cache_ratio, "cache per computenode, share of the index size")->capture_default_str()->check(CLI::Range(0.0, 1.0));
-  app.add_option("--admit-probability", admit, "level-0 admission probability")->capture_default_str()->check(CLI::Range(0.0, 1.0));
-  app.add_option("--kmeans-seed", kmeans_seed, "seed of the balanced k-means")->capture_default_str();
-  app.add_option("--seed", seed, "seed of the simulated caches")->capture_default_str();
-  app.add_option("--bound-rounds", bound_rounds, "rounds of the access clustering behind 'bound' (0: skip it)")->capture_default_str();
-  app.add_option("--route-batch", route_batch, "b of the quota routings (0: skip them)")->capture_default_str();
-  app.add_option("--json", json_path, "also write the results here");
+  Flags f;
+  f.add(app);
   CLI11_PARSE(app, argc, argv);
+  const uint32_t K = f.K;
 
   try {
     fabric::ClusterOptions co;
-    co.provider = fabric::parse_provider(provider);
-    co.memnodes = split_commas(memnodes);
-    co.token = fabric::load_token(token_file);
+    co.provider = fabric::parse_provider(f.provider);
+    co.memnodes = split_commas(f.memnodes);
+    co.token = fabric::load_token(f.token_file);
     co.mode = fabric::Mode::Shine;
     auto cluster = fabric::connect_cluster(co);
     auto ep = cluster->make_endpoint(64u << 20);
     const shine::GraphParams gp = shine::format_or_attach(*cluster, *ep, nullptr);
     shine::Graph g(*cluster, gp);
     const uint64_t idx_bytes = shine::index_bytes(g, *ep);
-    const shine::LevelSample smp = shine::sample_level(g, *ep, 1000, 100000, kmeans_seed);
-    const Workload wl = read_workload(wl_path);
+    const shine::LevelSample smp = shine::sample_level(g, *ep, 1000, 100000, f.kmeans_seed);
+    const Workload wl = read_workload(f.wl_path);
     if (wl.dim() != gp.dim)
-      throw std::invalid_argument("--workload " + wl_path + ": queries have dim " + std::to_string(wl.dim()) +
+      throw std::invalid_argument("--workload " + f.wl_path + ": queries have dim " + std::to_string(wl.dim()) +
                                   ", the index " + std::to_string(gp.dim));
 
     // ---- every distinct query once, its accesses recorded
@@ -201,34 +268,14 @@ int main(int argc, char** argv) {
       if (fresh) queries.push_back(wl.queries.row(j));
       stream.push_back(it->second);
     }
-    cache::NodeCacheConfig probe;  // the search records accesses only through a node cache
-    probe.capacity_bytes = 1u << 20;
-    probe.dim = gp.dim;
-    cache::NodeCache probe_cache(probe);
-    std::vector<Accesses> acc(queries.size());
-    {
-      compute::Scheduler s(*ep);
-      shine::Worker w(g, s, 1);
-      shine::OpContext ctx;
-      ctx.node_cache = &probe_cache;
-      std::vector<cache::TraceRecord> recs;
-      ctx.accesses = &recs;
-      for (size_t q = 0; q < queries.size(); ++q) {
-        recs.clear();
-        compute::run_sync(s, w.search(queries[q], k, ef, ctx));
-        for (const auto& r : recs) {
-          acc[q].keys.push_back(r.key);
-          acc[q].levels.push_back(r.level);
-        }
-      }
-    }
+    const std::vector<Accesses> acc = record_accesses(g, *ep, gp.dim, queries, f.k, f.ef);
     double per_query = 0;
     for (const auto& a : acc) per_query += double(a.keys.size());
     per_query /= double(acc.size());
 
     // ---- routings
     router::BalancedKMeansOptions ko;
-    ko.seed = kmeans_seed;
+    ko.seed = f.kmeans_seed;
     const router::Clustering cl = router::balanced_kmeans(smp.vectors.data(), smp.size(gp.dim), gp.dim, K, gp.metric, ko);
     const router::Oracle nearest(cl.centroids, K, gp.dim, gp.metric);
     const router::Oracle balanced(cl.centroids, K, gp.dim, gp.metric, cl.offsets);
@@ -239,57 +286,27 @@ int main(int argc, char** argv) {
       for (size_t q = 0; q < queries.size(); ++q) r[q] = o->best(queries[q]);
       routings.emplace_back(o == &nearest ? "nearest" : "balanced", std::move(r));
     }
-    // Quotas: every computenode routes its own share (stream position j mod K) in batches of b
-    // through RoutingPolicy with balanced limits b/K (adaptive routing with equal queues), the
-    // batch placed by regret (choose_batch) or, with equal regrets, in arrival order.
-    auto quota_route = [&](bool by_regret) {
-      std::vector<uint32_t> per_pos(stream.size());
-      std::vector<uint32_t> ranks(static_cast<size_t>(route_batch) * K);
-      std::vector<float> sc(K);
-      for (uint32_t origin = 0; origin < K; ++origin) {
-        router::RoutingPolicy rp(router::Policy::Balanced, K, origin, route_batch);
-        std::vector<size_t> batch;
-        std::vector<const uint32_t*> ranked;
-        std::vector<float> regret;
-        for (size_t j0 = origin; j0 < stream.size(); j0 += static_cast<size_t>(route_batch) * K) {
-          batch.clear();
-          ranked.clear();
-          regret.clear();
-          for (size_t j = j0; j < stream.size() && batch.size() < route_batch; j += K) {
-            uint32_t* r = ranks.data() + batch.size() * K;
-            balanced.rank(queries[stream[j]], r, sc.data());
-            batch.push_back(j);
-            ranked.push_back(r);
-            regret.push_back(by_regret ? sc[r[1]] - sc[r[0]] : 0.0f);
-          }
-          const std::vector<uint32_t> targets = rp.choose_batch(ranked, regret);
-          for (size_t x = 0; x < batch.size(); ++x) per_pos[batch[x]] = targets[x];
-          rp.end_batch({});
-        }
-      }
-      return per_pos;
-    };
-    if (route_batch > 0 && K > 1) {
-      quota_routings.emplace_back("quota", quota_route(false));
-      quota_routings.emplace_back("quota-regret", quota_route(true));
+    if (f.route_batch > 0 && K > 1) {
+      quota_routings.emplace_back("quota", quota_route(balanced, stream, queries, K, f.route_batch, false));
+      quota_routings.emplace_back("quota-regret", quota_route(balanced, stream, queries, K, f.route_batch, true));
     }
-    if (bound_rounds > 0 && K > 1)
-      routings.emplace_back("bound", access_bound(acc, routings.back().second, K, 1.05, static_cast<int>(bound_rounds)));
+    if (f.bound_rounds > 0 && K > 1)
+      routings.emplace_back("bound", access_bound(acc, routings.back().second, K, 1.05, static_cast<int>(f.bound_rounds)));
 
     cache::NodeCacheConfig cfg;
-    cfg.capacity_bytes = static_cast<uint64_t>(cache_ratio * double(idx_bytes));
+    cfg.capacity_bytes = static_cast<uint64_t>(f.cache_ratio * double(idx_bytes));
     cfg.dim = gp.dim;
-    cfg.admit_probability = admit;
-    cfg.seed = seed;
+    cfg.admit_probability = f.admit;
+    cfg.seed = f.seed;
     std::printf("shine-route-sim: %zu queries (%zu distinct, %llu warm-up), efSearch %u, %.0f node accesses per query\n",
-                stream.size(), queries.size(), static_cast<unsigned long long>(wl.warmup_count), ef, per_query);
+                stream.size(), queries.size(), static_cast<unsigned long long>(wl.warmup_count), f.ef, per_query);
     std::printf("  %u computenodes, cache %.3f of the index (%llu MiB of %llu MiB each), level-0 admission %g\n", K,
-                cache_ratio, static_cast<unsigned long long>(cfg.capacity_bytes >> 20),
-                static_cast<unsigned long long>(idx_bytes >> 20), admit);
+                f.cache_ratio, static_cast<unsigned long long>(cfg.capacity_bytes >> 20),
+                static_cast<unsigned long long>(idx_bytes >> 20), f.admit);
     std::printf("  %-13s %7s %8s %7s %9s %10s\n", "routing", "CHR", "CHR_max", "CSP", "L0 hits", "load max");
-    json out = {{"workload", wl_path}, {"queries", stream.size()}, {"distinct", queries.size()},
-                {"warmup", wl.warmup_count}, {"ef_search", ef}, {"num_cns", K}, {"cache_ratio", cache_ratio},
-                {"cache_bytes", cfg.capacity_bytes}, {"index_bytes", idx_bytes}, {"admit_probability", admit},
+    json out = {{"workload", f.wl_path}, {"queries", stream.size()}, {"distinct", queries.size()},
+                {"warmup", wl.warmup_count}, {"ef_search", f.ef}, {"num_cns", K}, {"cache_ratio", f.cache_ratio},
+                {"cache_bytes", cfg.capacity_bytes}, {"index_bytes", idx_bytes}, {"admit_probability", f.admit},
                 {"accesses_per_query", per_query}, {"routings", json::array()}};
     for (size_t i = 0; i < routings.size() + quota_routings.size(); ++i) {
       const bool by_position = i >= routings.size();
@@ -302,10 +319,7 @@ int main(int argc, char** argv) {
                                  {"level0_hit_rate", r.level0_hit()}, {"load", r.load},
                                  {"load_max_over_mean", r.load_max_over_mean()}, {"accesses", r.accesses}});
     }
-    if (!json_path.empty()) {
-      std::ofstream f(json_path);
-      if (!(f << out.dump(2) << "\n")) throw std::runtime_error("--json: cannot write '" + json_path + "'");
-    }
+    if (!f.json_path.empty()) write_json_file(f.json_path, out, "--json");
   } catch (const std::exception& e) {
     std::fprintf(stderr, "shine-route-sim: error: %s\n", e.what());
     return 1;
