@@ -82,6 +82,18 @@ case $CASE in
     cat "$W/cn.log"
     echo "computenode exit $rc after $(awk "BEGIN{printf \"%.2f\", $t1 - $t0}") s"
     ;;
+  readme)
+    # README.md's RDMA blocks, extracted on the host (tests/docs/readme_blocks.py --extract rdma
+    # --set NETDEV=... --set MY_IP=...) into $1, run as a user runs them. They make soft-RoCE
+    # themselves (modprobe rdma_rxe; rdma link add rxe0 ...), so the rxe0 that rxe-vm.sh made goes
+    # first; the script lays out its work directory (build/bin -> BIN_DIR) and runs there.
+    rdma link delete "${RXE_VM_DEV:-rxe0}" || exit 1
+    RW=$(mktemp -d /tmp/readme-rdma.XXXXXX)
+    bash "$1" "$RW"
+    rc=$?
+    echo "README rdma blocks exit $rc"
+    exit $rc
+    ;;
   pair-memnode)
     # Guest A of --pair: a memnode on its NIC's address, reachable from guest B with the token.
     start_memnode 0

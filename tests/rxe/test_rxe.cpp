@@ -154,6 +154,24 @@ TEST_CASE("verbs on soft-RoCE: a memnode killed under a computenode's reads is n
   CHECK(secs < 10.0);  // the guest runs ~10x slower than the host; the host-side deadline is 5 s
 }
 
+TEST_CASE("verbs on soft-RoCE: the README's RDMA commands run as written", "[rxe]") {
+  REQUIRE_GUEST();
+  TempDir dir;
+  // The README's rdma blocks as one script, with the guest's netdev and address (tools/rxe-vm.sh).
+  const std::string script = dir.file("readme-rdma.sh");
+  auto x = run({"python3", kSource + "/tests/docs/readme_blocks.py", "--extract", "rdma", "--bin",
+                std::string(DMHNSW_BIN_DIR), "--set", "NETDEV=dmy0", "--set", "MY_IP=10.77.0.1", "--out", script},
+               dir, "extract", seconds(60));
+  INFO(x.output);
+  REQUIRE(x.code == 0);
+  auto r = in_guest(dir, "readme", {script});
+  INFO(r.output);
+  REQUIRE(r.code == 0);
+  CHECK_THAT(r.output, Contains("every block of tag rdma ran") && Contains("README rdma blocks exit 0"));
+  CHECK_THAT(r.output, Contains("all checks passed") && Contains("selftest: 8 checks, 0 failed"));
+  CHECK_THAT(r.output, Contains("provider verbs"));  // the shine query's header line
+}
+
 TEST_CASE("verbs on soft-RoCE: a memnode in one guest, a computenode in another", "[rxe]") {
   REQUIRE_GUEST();
   TempDir dir;
