@@ -225,10 +225,12 @@ def block_header(b: Block, tag: str, host: str | None = None) -> str:
 
 
 def python_lines(b: Block, lines: list[str]) -> list[str]:
-    """A ```python block as a heredoc; blank lines in front so that tracebacks name README lines."""
+    """A ```python block written to a file and run by its interpreter (with= or python3); blank
+    lines in front of the code make a traceback's line numbers README lines."""
     interp = b.interp or "python3"
+    path = f".readme-python-line{b.first}.py"
     pad = [""] * (b.first - 1)
-    return [f"{interp} - <<'__README_PYTHON__'", *pad, *lines, "__README_PYTHON__"]
+    return [f"cat > {path} <<'__README_PYTHON__'", *pad, *lines, "__README_PYTHON__", f"{interp} {path}"]
 
 
 def preamble(bin_dir: Path, repo: Path, tag: str, readme: Path) -> list[str]:
@@ -256,8 +258,9 @@ def script_for(blocks: list[Block], tag: str, bin_dir: Path, repo: Path, readme:
         out.append(block_header(b, tag))
         if b.lang == "python":
             # a failing interpreter is named by the block's first line (its traceback names the line)
-            out.append(f"__rb_off={b.first - (len(out) + 2)}")
-            out += python_lines(b, texts[b.line])
+            body = python_lines(b, texts[b.line])
+            out.append(f"__rb_off={b.first - (len(out) + 1 + len(body))}")
+            out += body
         else:
             # LINENO + __rb_off is the README line of the command that failed
             out.append(f"__rb_off={b.first - (len(out) + 2)}")
