@@ -54,12 +54,12 @@ TraceRecord make_record(RemotePtr key, unsigned level, bool hit, bool measured, 
   return r;
 }
 
-TraceWriter::TraceWriter(const std::string& path, const TraceMeta& meta) : path_(path) {
+TraceWriter::TraceWriter(const std::string& path, const TraceMeta& meta) : path_(path), tmp_(path + ".tmp") {
   TraceMeta m = meta;
   if (m.start_unix_ns == 0) m.start_unix_ns = realtime_ns();  // no common start given: now
   start_ns_ = m.start_unix_ns;
-  f_ = std::fopen(path.c_str(), "wb");
-  if (f_ == nullptr) throw std::runtime_error(path + ": cannot create trace file: " + errno_text());
+  f_ = std::fopen(tmp_.c_str(), "wb");
+  if (f_ == nullptr) throw std::runtime_error(tmp_ + ": cannot create trace file: " + errno_text());
   TraceFileHeader h{};  // no padding anywhere: every byte is zero or set below
   std::memcpy(h.magic, kTraceMagic, sizeof h.magic);
   h.version = kTraceVersion;
@@ -69,18 +69,35 @@ TraceWriter::TraceWriter(const std::string& path, const TraceMeta& meta) : path_
     const std::string err = errno_text();
     std::fclose(f_);
     f_ = nullptr;
+    std::remove(tmp_.c_str());
     throw std::runtime_error(path + ": cannot write trace header: " + err);
   }
   buf_.reserve(kBufferRecords);
 }
 
 TraceWriter::~TraceWriter() {
+  try {
+    close();
+  } catch (...) {  // destructors must not throw; close() explicitly to see write errors
+  }
+}
+
+void TraceWriter::close() {
   if (f_ == nullptr) return;
+  std::string err;
   try {
     flush();
-  } catch (...) {  // destructors must not throw; flush() explicitly to see write errors
+  } catch (const std::exception& e) {
+    err = e.what();
   }
-  std::fclose(f_);
+  if (std::fclose(f_) != 0 && err.empty()) err = path_ + ": write error: " + errno_text();
+  f_ = nullptr;
+  if (err.empty() && std::rename(tmp_.c_str(), path_.c_str()) != 0)
+    err = path_ + ": cannot rename " + tmp_ + " to it: " + errno_text();
+  if (!err.empty()) {
+    std::remove(tmp_.c_str());
+    throw std::runtime_error(err);
+  }
 }
 
 void TraceWriter::record(RemotePtr key, unsigned level, bool hit, bool measured) {

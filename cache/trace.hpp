@@ -64,16 +64,19 @@ TraceRecord make_record(RemotePtr key, unsigned level, bool hit, bool measured, 
 /// Buffered writer of one thread's trace. Not thread-safe (one per thread).
 class TraceWriter {
  public:
+  /// Writes PATH.tmp; close() (or the destructor) renames it to PATH once complete, so a
+  /// trace cut short by a crash is never read as a whole one.
   TraceWriter(const std::string& path, const TraceMeta& meta);  // throws naming the path
   ~TraceWriter();
   TraceWriter(const TraceWriter&) = delete;
   TraceWriter& operator=(const TraceWriter&) = delete;
   void record(RemotePtr key, unsigned level, bool hit, bool measured);
   void flush();  // throws naming the path on a write error
+  void close();  // flushes and renames PATH.tmp to PATH; throws naming the path
   uint64_t records() const { return records_; }
 
  private:
-  std::string path_;
+  std::string path_, tmp_;
   std::FILE* f_ = nullptr;
   int64_t start_ns_ = 0;
   std::vector<TraceRecord> buf_;

@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "cache/trace.hpp"
+#include "common/json_file.hpp"
 
 extern char** environ;
 
@@ -148,12 +149,7 @@ nlohmann::json to_json(const std::vector<Run>& runs, const std::string& x) {
   return j;
 }
 
-void write_json(const std::string& path, const nlohmann::json& j) {
-  std::ofstream out(path, std::ios::trunc);
-  out << j.dump(2) << "\n";
-  out.close();
-  if (!out) throw std::runtime_error(path + ": cannot write JSON");
-}
+void write_json(const std::string& path, const nlohmann::json& j) { dmhnsw::write_json_file(path, j, "--json"); }
 
 // Runs argv without a shell; returns the exit code (127 if it cannot be started).
 int run(const std::vector<std::string>& args, bool quiet) {

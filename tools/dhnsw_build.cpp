@@ -15,6 +15,7 @@
 #include <string>
 
 #include "common/dataset.hpp"
+#include "common/json_file.hpp"
 #include "common/distance.hpp"
 #include "common/units.hpp"
 #include "compute/dhnsw/build.hpp"
@@ -129,10 +130,7 @@ int main(int argc, char** argv) {
       std::printf("  image       %s: memnode %u, region %s, file %s\n", i.path.c_str(), unsigned{i.memnode_id},
                   format_bytes(i.region_size).c_str(), format_bytes(i.file_bytes).c_str());
     if (!json_path.empty()) {
-      std::ofstream f(json_path);
-      if (!f) throw std::runtime_error("--json " + json_path + ": cannot open for writing");
-      f << report.dump(2) << "\n";
-      if (!f) throw std::runtime_error("--json " + json_path + ": write failed");
+      write_json_file(json_path, report, "--json");
       std::printf("  report      %s\n", json_path.c_str());
     }
   } catch (const std::exception& e) {

@@ -186,6 +186,8 @@ json QuerySession::run() {
     if (self_ != 0) continue;
     report["runs"].push_back(merge_run(ef, board_->gather(rel.generation, 60, rel.gone)));
   }
+  for (auto& t : traces_)
+    if (t) t->close();  // complete: renamed to its name
   if (o_.on_report) o_.on_report(report);
   return report;
 }
