@@ -12,15 +12,23 @@
 namespace dmhnsw::compute {
 
 namespace {
+// The barrier page holds one block per run size K = 1..kMaxCns: the counter of K's barriers,
+// then word i: generation + 1 of the last barrier computenode i arrived at (who is still
+// missing). The counter outlives a run (it lives in memnode 0's region, and in its image): a
+// counter shared by runs of different sizes would leave a run of K started after a run of
+// another size off a multiple of K, and its computenodes on different generations.
+constexpr uint64_t kBlockBytes = 128;
 constexpr uint64_t kBarrierWord = 0;
-// Word i: generation + 1 of the last barrier computenode i arrived at (who is still missing).
-constexpr uint64_t kArrivedWords = 64;
+constexpr uint64_t kArrivedWords = 8;
 constexpr uint64_t kSlotsStart = 4096;
-static_assert(kArrivedWords + 8 * Board::kMaxCns <= kSlotsStart);
+static_assert(kArrivedWords + 8 * Board::kMaxCns <= kBlockBytes && kBlockBytes * Board::kMaxCns <= kSlotsStart);
+// A slot's stamp: K in the top byte, generation + 1 below, so that a slot left by a run of
+// another size never passes for this run's.
+uint64_t slot_stamp(uint32_t k, uint64_t gen) { return (uint64_t{k} << 56) | (gen + 1); }
 // A missing peer's presence is checked this often while waiting: one small READ.
 constexpr auto kPresencePoll = std::chrono::milliseconds(250);
-// `stamp` is the generation + 1: a slot nobody wrote yet (all zeros) never matches, not
-// even for the first barrier's generation 0.
+// `stamp` (slot_stamp) holds the generation + 1: a slot nobody wrote yet (all zeros) never
+// matches, not even for the first barrier's generation 0.
 struct SlotHeader {
   uint64_t stamp;
   uint64_t len;
@@ -82,12 +90,13 @@ std::string Board::gone_message(uint32_t i) const {
 }
 
 uint64_t Board::barrier(int timeout_s) {
-  uint64_t old = ep_.fetch_add(base_ + kBarrierWord, 1);
+  const RemotePtr block = base_ + kBlockBytes * (k_ - 1);
+  uint64_t old = ep_.fetch_add(block + kBarrierWord, 1);
   uint64_t gen = old / k_;
   uint64_t target = (gen + 1) * k_;
   auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(timeout_s);
   const uint64_t stamp = gen + 1;
-  ep_.write(base_ + kArrivedWords + 8 * uint64_t{cn_}, &stamp, 8);
+  ep_.write(block + kArrivedWords + 8 * uint64_t{cn_}, &stamp, 8);
   uint64_t v = old + 1;
   while (v < target) {
     if (std::chrono::steady_clock::now() > deadline)
@@ -95,12 +104,12 @@ uint64_t Board::barrier(int timeout_s) {
                                 " computenodes arrived within " + std::to_string(timeout_s) + " s");
     const auto gone = gone_peer([&](uint32_t i) {
       uint64_t a = 0;
-      ep_.read(base_ + kArrivedWords + 8 * uint64_t{i}, &a, 8);
+      ep_.read(block + kArrivedWords + 8 * uint64_t{i}, &a, 8);
       return a < stamp;
     });
     if (gone) throw fabric::FabricError("barrier: " + gone_message(*gone) + " before arriving");
     std::this_thread::sleep_for(std::chrono::microseconds(200));  // bounded poll of a remote word
-    ep_.read(base_ + kBarrierWord, &v, 8);
+    ep_.read(block + kBarrierWord, &v, 8);
   }
   return gen;
 }
@@ -111,7 +120,7 @@ void Board::publish(uint64_t gen, const std::string& text) {
                               std::to_string(text.size()) + " bytes)");
   RemotePtr slot = base_ + kSlotsStart + uint64_t{cn_} * kSlotBytes;
   if (!text.empty()) ep_.write(slot + sizeof(SlotHeader), text.data(), text.size());
-  SlotHeader h{gen + 1, text.size()};
+  SlotHeader h{slot_stamp(k_, gen), text.size()};
   ep_.write(slot, &h, sizeof h);  // header last: readers see a complete text
 }
 
@@ -124,7 +133,7 @@ std::vector<std::string> Board::gather(uint64_t gen, int timeout_s, const std::v
     SlotHeader h{};
     for (;;) {
       ep_.read(slot, &h, sizeof h);
-      if (h.stamp == gen + 1 && h.len <= kSlotBytes - sizeof h) break;
+      if (h.stamp == slot_stamp(k_, gen) && h.len <= kSlotBytes - sizeof h) break;
       if (std::chrono::steady_clock::now() > deadline)
         throw fabric::FabricError("computenode " + std::to_string(i) + " did not publish its results within " +
                                   std::to_string(timeout_s) + " s");
