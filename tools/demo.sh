@@ -12,24 +12,31 @@
 # modes side by side.
 #
 #   tools/demo.sh [--provider cxl|shm|tcp]   (cxl: the regions mapped, as a shared memory device)
+#                 [--bin DIR]   use the binaries in DIR as they are (no install, no build)
+#                 [--out DIR]   reports and logs here (default runs/demo-<time>)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 PROVIDER=cxl
+BIN=""
+RUN=$ROOT/runs/demo-$(date +%Y%m%d-%H%M%S)
 while [[ $# -gt 0 ]]; do
   case $1 in
     --provider) PROVIDER=$2; shift 2 ;;
-    -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
+    --bin) BIN=$(cd "$2" && pwd); shift 2 ;;
+    --out) RUN=$2; shift 2 ;;
+    -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
     *) echo "demo.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
 
-tools/install-deps.sh
-cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
-cmake --build build -j"$(nproc)"
-BIN=$ROOT/build/bin
+if [[ -z $BIN ]]; then
+  tools/install-deps.sh
+  cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+  cmake --build build -j"$(nproc)"
+  BIN=$ROOT/build/bin
+fi
 
-RUN=$ROOT/runs/demo-$(date +%Y%m%d-%H%M%S)
 mkdir -p "$RUN"
 PIDS=()
 cleanup() {

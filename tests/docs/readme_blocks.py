@@ -69,7 +69,7 @@ TAGS = {
     "several-hosts": "run by --run several-hosts, one network namespace per host= (ctest docs_readme_several_hosts)",
     "rdma": "run in a soft-RoCE QEMU guest (ctest test_rxe: the README's RDMA commands; tests/rxe/guest.sh readme)",
     "python": "run by --run python (ctest docs_readme_python)",
-    "ci": "run by CI: .ci/run runs tools/test.sh (not by this script)",
+    "ci": "run by CI and ctest, not by this script: .ci/run runs tools/test.sh; ctest docs_demo runs tools/demo.sh",
 }
 NOT_RUN_HERE = {"ci"}
 SH_LANGS = {"sh", "bash", "shell"}
