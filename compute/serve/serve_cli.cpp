@@ -26,8 +26,8 @@ CLI::App* add_serve_subcommand(CLI::App& app, ServeOptions& o) {
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
   s->add_option("--cache", o.shine.cache_bytes,
-                "shine: bytes of the node cache (cooling table) searches go through, e.g. 64MiB (0: none; inserts "
-                "by others leave cached neighbour lists stale until evicted)")
+                "shine: bytes of the node cache (cooling table) searches go through, e.g. 64MiB (0: none; it "
+                "holds vectors, which never change, and reads neighbour lists afresh)")
       ->capture_default_str()
       ->transform(CLI::AsSizeValue(false));
   s->add_option("--admit-probability", o.shine.admit_probability, "shine: node cache admission of level-0 nodes")
