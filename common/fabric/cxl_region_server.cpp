@@ -196,6 +196,7 @@ class CxlRegionServer final : public RegionBackend {
       }
       ::poll(pfs.data(), pfs.size(), std::max(10, tick_ms_));
       if (pfs[0].revents & POLLIN) accept_new();
+      drop_silent();
       for (size_t i = 1; i < pfs.size(); ++i) {
         if (pfs[i].revents & POLLOUT) {
           std::lock_guard g(mu_);
@@ -221,8 +222,15 @@ class CxlRegionServer final : public RegionBackend {
     uint32_t cn = 0;
     std::vector<char> in;
     std::vector<char> out;  // frames not written yet: the loop writes them when the socket takes them
+    std::chrono::steady_clock::time_point accepted{};
   };
   static constexpr size_t kMaxQueued = 256u << 20;  // a client that reads nothing is dropped past this
+  // Anyone on the host can find the abstract name (/proc/net/unix) and connect: as on the
+  // control port, a hello must come within kHelloWithin, and at most kMaxPending connections
+  // wait for theirs (a new one past that closes the oldest), so silent connections hold no
+  // file descriptors for long.
+  static constexpr auto kHelloWithin = std::chrono::seconds(3);
+  static constexpr size_t kMaxPending = 32;
 
   /// Queues a frame and writes what the socket takes now (never blocks: a slow or silent
   /// computenode delays nobody). Caller holds mu_.
@@ -250,7 +258,38 @@ class CxlRegionServer final : public RegionBackend {
       const int fd = ::accept4(listen_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
       if (fd < 0) return;
       std::lock_guard g(mu_);
-      conns_[next_id_++] = Conn{fd, false, 0, {}};
+      size_t pending = 0;
+      auto oldest = conns_.end();
+      for (auto it = conns_.begin(); it != conns_.end(); ++it)
+        if (!it->second.hello_done) {
+          ++pending;
+          if (oldest == conns_.end()) oldest = it;  // ids grow: the first is the oldest
+        }
+      if (pending >= kMaxPending) {
+        spdlog::warn("cxl: {} socket connections wait for a hello; closing the oldest", pending);
+        ::close(oldest->second.fd);
+        conns_.erase(oldest);
+      }
+      Conn c;
+      c.fd = fd;
+      c.accepted = std::chrono::steady_clock::now();
+      conns_[next_id_++] = std::move(c);
+    }
+  }
+
+  /// Closes the connections that sent no hello within kHelloWithin.
+  void drop_silent() {
+    const auto now = std::chrono::steady_clock::now();
+    std::lock_guard g(mu_);
+    for (auto it = conns_.begin(); it != conns_.end();) {
+      if (!it->second.hello_done && now - it->second.accepted > kHelloWithin) {
+        spdlog::warn("cxl: closed a socket connection that sent no hello within {} s",
+                     std::chrono::duration_cast<std::chrono::seconds>(kHelloWithin).count());
+        ::close(it->second.fd);
+        it = conns_.erase(it);
+      } else {
+        ++it;
+      }
     }
   }
 

@@ -16,6 +16,9 @@
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -27,6 +30,7 @@
 #include <thread>
 
 #include "common/fabric/bootstrap.hpp"
+#include "common/fabric/cxl.hpp"
 #include "common/fabric/lf.hpp"
 #include "memory/admin.hpp"
 #include "memory/relay_protocol.hpp"
@@ -439,4 +443,39 @@ TEST_CASE("security: a member that reads none of its replies fills only its own 
   CHECK(answered(other, wire_message(other.ep.name(), 6, stats)));
   CHECK(m.proc->running());
   CHECK_THAT(m.proc->output(), Catch::Contains("replies wait for it already"));
+}
+
+TEST_CASE("security: over cxl the memnode's socket closes connections that send no hello and delays no computenode",
+          "[integration][security]") {
+  TempDir dir;
+  Memnode m(dir, 0, "cxl");
+  // Anyone on the host finds the abstract name (/proc/net/unix); the memnode's log names it too.
+  const std::string log = m.proc->output();
+  const auto at = log.find("socket @");
+  REQUIRE(at != std::string::npos);
+  const std::string name = log.substr(at + 8, log.find(')', at) - at - 8);
+  std::vector<int> silent;
+  for (int i = 0; i < 40; ++i) {
+    const int fd = fabric::cxl::connect_abstract(name);
+    REQUIRE(fd >= 0);
+    silent.push_back(fd);
+  }
+  // A computenode joins and checks every operation meanwhile.
+  auto r = run({bin("computenode"), "--provider", "cxl", "--memnodes", m.address, "selftest"}, dir, "selftest",
+               std::chrono::seconds(30));
+  CHECK(r.code == 0);
+  // Every silent connection is closed: the oldest 8 at once (32 wait at most), the rest after 3 s.
+  const auto t0 = std::chrono::steady_clock::now();
+  size_t closed = 0;
+  for (int fd : silent) {
+    pollfd pf{fd, POLLIN, 0};
+    char c;
+    if (::poll(&pf, 1, 6000) == 1 && ::recv(fd, &c, 1, 0) == 0) ++closed;
+    ::close(fd);
+  }
+  CHECK(closed == silent.size());
+  CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(8));
+  CHECK_THAT(m.proc->output(), Catch::Contains("wait for a hello; closing the oldest") &&
+                                   Catch::Contains("sent no hello within 3 s"));
+  CHECK(m.proc->running());
 }
