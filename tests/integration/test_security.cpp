@@ -479,3 +479,19 @@ TEST_CASE("security: over cxl the memnode's socket closes connections that send 
                                    Catch::Contains("sent no hello within 3 s"));
   CHECK(m.proc->running());
 }
+
+TEST_CASE("security: serve refuses a non-loopback address without the cluster token, naming the flag",
+          "[integration][security]") {
+  TempDir dir;
+  Memnode m(dir, 0, "shm");
+  for (const std::vector<std::string>& flags :
+       {std::vector<std::string>{"--listen", "0.0.0.0:0"},
+        std::vector<std::string>{"--listen", "127.0.0.1:0", "--metrics-listen", "0.0.0.0:0"}}) {
+    std::vector<std::string> argv{bin("computenode"), "--memnodes", m.address, "serve"};
+    argv.insert(argv.end(), flags.begin(), flags.end());
+    auto r = run(argv, dir, "serve", std::chrono::seconds(30));
+    CHECK(r.code != 0);
+    CHECK_THAT(r.output, Catch::Contains(flags[flags.size() - 2] + " 0.0.0.0:0: a non-loopback address needs the "
+                                         "cluster token"));
+  }
+}
