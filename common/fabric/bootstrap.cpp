@@ -33,18 +33,29 @@ std::pair<std::string, uint16_t> parse_host_port(const std::string& s, const std
   return {host, static_cast<uint16_t>(port)};
 }
 
+// A token ends at its first line, without trailing blanks, however it was given: the same
+// token in a file and in DMHNSW_TOKEN (`export DMHNSW_TOKEN="$(cat cluster.token) "`) is one token.
+static std::string trim_token(std::string t) {
+  if (const auto nl = t.find('\n'); nl != std::string::npos) t.resize(nl);
+  while (!t.empty() && (t.back() == '\r' || t.back() == ' ' || t.back() == '\t')) t.pop_back();
+  return t;
+}
+
 std::string load_token(const std::string& token_file) {
   if (!token_file.empty()) {
     std::ifstream in(token_file);
     if (!in) throw FabricError("--token-file: cannot read '" + token_file + "': " + errno_str());
     std::string t;
     std::getline(in, t);
-    while (!t.empty() && (t.back() == '\r' || t.back() == ' ' || t.back() == '\t')) t.pop_back();
+    t = trim_token(t);
     if (t.empty()) throw FabricError("--token-file: '" + token_file + "' holds an empty token");
     return t;
   }
   const char* env = std::getenv("DMHNSW_TOKEN");
-  return env != nullptr ? std::string(env) : std::string();
+  if (env == nullptr) return {};
+  const std::string t = trim_token(env);
+  if (t.empty() && env[0] != '\0') throw FabricError("DMHNSW_TOKEN holds only blanks: an empty token");
+  return t;
 }
 
 // ================================================================= client

@@ -9,7 +9,10 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <mutex>
 #include <set>
 #include <thread>
@@ -324,6 +327,19 @@ TEST_CASE("bootstrap: helpers parse addresses and name the flag", "[bootstrap]")
   CHECK_THROWS_WITH(ControlClient("127.0.0.1:1"), Catch::Contains("127.0.0.1:1"));
   CHECK_THROWS_WITH(parse_provider("ib"), Catch::Contains("--provider"));
   CHECK_THROWS_WITH(load_token("/nonexistent/token"), Catch::Contains("--token-file") && Catch::Contains("/nonexistent/token"));
+}
+
+TEST_CASE("bootstrap: a token file and DMHNSW_TOKEN holding the same token give the same token", "[bootstrap]") {
+  const std::string path = "/tmp/dmhnsw-token-" + std::to_string(::getpid());
+  { std::ofstream(path) << "sesame \t\r\nsecond line\n"; }
+  ::setenv("DMHNSW_TOKEN", "sesame \t\n", 1);
+  CHECK(load_token(path) == "sesame");
+  CHECK(load_token("") == "sesame");
+  ::setenv("DMHNSW_TOKEN", "  ", 1);
+  CHECK_THROWS_WITH(load_token(""), Catch::Contains("DMHNSW_TOKEN"));
+  ::unsetenv("DMHNSW_TOKEN");
+  CHECK(load_token("").empty());
+  std::remove(path.c_str());
 }
 
 TEST_CASE("rma_lane_for: with lanes >= computenodes no two computenodes share a lane", "[fabric][lanes]") {
