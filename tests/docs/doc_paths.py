@@ -28,7 +28,7 @@ def exists(path):
 
 def check(page):
     bad = []
-    here = os.path.dirname(page)
+    here = os.path.dirname(os.path.abspath(page))
     in_fence = False
     for lineno, line in enumerate(open(page, encoding="utf-8"), 1):
         if line.lstrip().startswith("```"):
