@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Fails when a page names a file or folder of this repository that does not exist.
 
-Checks README.md, CONTRIBUTING.md and docs/*.md (or the pages given): every `path` in
+Checks README.md, CONTRIBUTING.md, docs/*.md and the other READMEs (or the pages given): every `path` in
 backticks that starts with one of the repository's top-level folders (a `*` in it is a glob,
 e.g. `cache/node_cache.*`; a trailing `/` is a folder), and every relative Markdown link
 target. Anchors (#...) and external links are not checked. So that a page cannot point at a
@@ -39,7 +39,8 @@ def check(page):
         for m in CODE.finditer(line):
             token = m.group(1)
             token = token.split(":", 1)[0] if re.match(r"^[\w./*-]+:\w", token) else token
-            if token.startswith(TOP) and not re.search(r"[<>{}$]", token) and not exists(token):
+            placeholder = re.search(r"[<>{}$]|(^|[/_.-])(NAME|DIR|FILE)([/_.-]|$)", token)
+            if token.startswith(TOP) and not placeholder and not exists(token):
                 bad.append((lineno, token))
         for m in LINK.finditer(line):
             target = m.group(1).split("#", 1)[0]
@@ -54,8 +55,10 @@ def check(page):
 
 
 def main():
-    pages = sys.argv[1:] or ([os.path.join(ROOT, "README.md"), os.path.join(ROOT, "CONTRIBUTING.md")] +
-                             sorted(glob.glob(os.path.join(ROOT, "docs", "*.md"))))
+    pages = sys.argv[1:] or ([os.path.join(ROOT, p) for p in ("README.md", "CONTRIBUTING.md", "python/README.md",
+                                                               "tests/fuzz/README.md", "tools/sanitizers/README.md")] +
+                             sorted(glob.glob(os.path.join(ROOT, "docs", "*.md"))) +
+                             sorted(glob.glob(os.path.join(ROOT, "experiments", "**", "README.md"), recursive=True)))
     failed = 0
     for page in pages:
         for lineno, token in check(page):
