@@ -64,8 +64,8 @@ TraceRecord make_record(RemotePtr key, unsigned level, bool hit, bool measured, 
 /// Buffered writer of one thread's trace. Not thread-safe (one per thread).
 class TraceWriter {
  public:
-  /// Writes PATH.tmp; close() (or the destructor) renames it to PATH once complete, so a
-  /// trace cut short by a crash is never read as a whole one.
+  /// Writes PATH.tmp; close() renames it to PATH once the run is complete. Destroyed without
+  /// close() (the run failed), it removes PATH.tmp: a trace cut short is never read as whole.
   TraceWriter(const std::string& path, const TraceMeta& meta);  // throws naming the path
   ~TraceWriter();
   TraceWriter(const TraceWriter&) = delete;

@@ -130,7 +130,7 @@ inline void select_top(const float* row, uint32_t k, uint32_t L, uint32_t* ids, 
 }
 
 /// out[4 q + w] = <x_q, c_w>.
-DMHNSW_KERNEL_CLONES void dot44(const float* __restrict x0, const float* __restrict x1,
+DMHNSW_KERNEL_CLONES inline void dot44(const float* __restrict x0, const float* __restrict x1,
                                 const float* __restrict x2, const float* __restrict x3,
                                 const float* __restrict c0, const float* __restrict c1,
                                 const float* __restrict c2, const float* __restrict c3,

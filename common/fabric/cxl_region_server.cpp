@@ -195,8 +195,6 @@ class CxlRegionServer final : public RegionBackend {
         }
       }
       ::poll(pfs.data(), pfs.size(), std::max(10, tick_ms_));
-      if (pfs[0].revents & POLLIN) accept_new();
-      drop_silent();
       for (size_t i = 1; i < pfs.size(); ++i) {
         if (pfs[i].revents & POLLOUT) {
           std::lock_guard g(mu_);
@@ -208,6 +206,10 @@ class CxlRegionServer final : public RegionBackend {
         }
         if (pfs[i].revents & (POLLIN | POLLHUP | POLLERR)) on_readable(ids[i - 1]);
       }
+      // After the readable ones: a hello already in a socket's buffer is read before that
+      // connection could be taken for silent or the oldest waiting one.
+      if (pfs[0].revents & POLLIN) accept_new();
+      drop_silent();
       if (tick_ && std::chrono::steady_clock::now() - last_tick >= std::chrono::milliseconds(tick_ms_)) {
         last_tick = std::chrono::steady_clock::now();
         tick_();

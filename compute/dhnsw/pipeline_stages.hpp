@@ -1,6 +1,6 @@
 #pragma once
-// The d-HNSW engine's stages (paper section 4.4), shared by the engine (pipeline.cpp) and its
-// run loop (pipeline_run.cpp): a batch is planned against the meta-HNSW (open_batch), the
+// The d-HNSW engine's stages (paper section 4.4), which the engine's run loop (pipeline.cpp)
+// takes each batch through: a batch is planned against the meta-HNSW (open_batch), the
 // sub-HNSWs it needs that are not cached are fetched a doorbell group at a time
 // (fetch_group), deserialized, and searched.
 #include "compute/dhnsw/pipeline.hpp"
@@ -406,7 +406,7 @@ struct Engine::Impl {
     return --job.remaining == 0;
   }
 
-  // ---- one Engine::run: batches through the stages, in sequence or pipelined (pipeline_run.cpp)
+  // ---- one Engine::run: batches through the stages, in sequence or pipelined (pipeline.cpp)
   struct Run;
   RunStats run(const float* queries, size_t n, std::vector<Answer>& answers);
   void run_in_sequence(Run& r);

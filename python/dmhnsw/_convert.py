@@ -117,9 +117,14 @@ def uint32_arg(value: Any, name: str, minimum: int) -> int:
 
 
 def resolve_token(token: Optional[str]) -> Optional[str]:
-    """The token to send: ``token`` when not None, else ``$DMHNSW_TOKEN``; "" means none."""
+    """The token to send: ``token`` when not None, else ``$DMHNSW_TOKEN``; "" means none.
+
+    Trimmed as the dmhnsw processes trim theirs (its first line, without trailing blanks), so
+    the same token given to ``serve`` in a file and to the client in the variable matches."""
     if token is None:
         token = os.environ.get(TOKEN_ENV)
+    if token:
+        token = token.split("\n", 1)[0].rstrip(" \t\r")
     return token or None
 
 

@@ -270,6 +270,11 @@ class TokenTest(unittest.TestCase):
             self.assertIsNone(_convert.resolve_token(None))
         self.assertEqual(_convert.metadata(None), ())
 
+    def test_token_trimmed_as_the_processes_trim_theirs(self) -> None:
+        with mock.patch.dict(os.environ, {"DMHNSW_TOKEN": "sesame \t\r\nsecond line"}):
+            self.assertEqual(_convert.resolve_token(None), "sesame")
+        self.assertEqual(_convert.resolve_token("sesame  "), "sesame")
+
     def test_empty_token_sends_none(self) -> None:
         with mock.patch.dict(os.environ, {"DMHNSW_TOKEN": "from-env"}):
             self.assertIsNone(_convert.resolve_token(""))

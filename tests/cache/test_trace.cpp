@@ -53,6 +53,7 @@ TEST_CASE("TraceWriter / read_trace round-trip", "[trace]") {
     // Written under PATH.tmp until closed: a trace cut short is never read as a whole one.
     CHECK_FALSE(std::filesystem::exists(path));
     CHECK(std::filesystem::file_size(path + ".tmp") == sizeof(TraceFileHeader) + n * sizeof(TraceRecord));
+    w.close();
   }
   CHECK_FALSE(std::filesystem::exists(path + ".tmp"));
   const TraceFile tf = read_trace(path);
@@ -84,8 +85,17 @@ TEST_CASE("TraceWriter / read_trace round-trip", "[trace]") {
 TEST_CASE("TraceWriter: an empty trace is a valid file, an uncreatable one throws naming the path", "[trace]") {
   TempDir tmp;
   const std::string path = tmp.file("empty.trace");
-  { TraceWriter w(path, meta(0, 1, 0, 8, 1000, now_ns())); }
+  { TraceWriter(path, meta(0, 1, 0, 8, 1000, now_ns())).close(); }
   const TraceFile tf = read_trace(path);
+  // Destroyed without close() (its run failed): nothing under either name.
+  const std::string failed = tmp.file("failed.trace");
+  {
+    TraceWriter w(failed, meta(0, 1, 0, 8, 1000, now_ns()));
+    w.record(RemotePtr(0, 64), 0, true, true);
+    w.flush();
+  }
+  CHECK_FALSE(std::filesystem::exists(failed));
+  CHECK_FALSE(std::filesystem::exists(failed + ".tmp"));
   CHECK(tf.records.empty());
   const std::string bad = tmp.file("no-such-dir/x.trace");
   try {

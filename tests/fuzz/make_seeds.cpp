@@ -405,6 +405,7 @@ void trace_seeds() {
       cache::TraceWriter w(path, meta);
       for (uint32_t i = 0; i < 12; ++i)
         w.record(RemotePtr(static_cast<uint16_t>(i % 2), 4096 + 64 * ((i * 5 + cn) % 7)), i % 3, i % 4 == 0, i >= 4);
+      w.close();
     }
     std::vector<char> b = file_bytes(path);
     // t_us: small, increasing (the writer stamps the clock)
