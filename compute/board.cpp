@@ -45,8 +45,8 @@ std::vector<uint64_t> Board::departures(fabric::Endpoint& ep) {
 Board::Board(fabric::Cluster& c, fabric::Endpoint& ep, uint32_t cn_id, uint32_t num_cns, const std::string& group,
              const std::vector<uint64_t>& departed_since)
     : c_(c), ep_(ep), cn_(cn_id), k_(num_cns), departed_(departed_since) {
-  if (num_cns > kMaxCns)
-    throw std::invalid_argument("--num-cns " + std::to_string(num_cns) + ": at most " + std::to_string(kMaxCns) +
+  if (num_cns == 0 || num_cns > kMaxCns)
+    throw std::invalid_argument("--num-cns " + std::to_string(num_cns) + ": 1 to " + std::to_string(kMaxCns) +
                                 " computenodes per run");
   RegionHeader h = header_from_blob(c.memnodes()[0].header, "memnode 0");
   // The board lives in the upper half of the scratch area (the selftest uses the lower half):
@@ -98,16 +98,27 @@ uint64_t Board::barrier(int timeout_s) {
   const uint64_t stamp = gen + 1;
   ep_.write(block + kArrivedWords + 8 * uint64_t{cn_}, &stamp, 8);
   uint64_t v = old + 1;
+  // A barrier that fails takes this computenode's arrival back: the counter outlives the run,
+  // and an arrival left in it would put the next run of this size out of step (its first
+  // arrivals on one generation, the rest on the next).
+  auto fail = [&](const std::string& why) {
+    try {
+      ep_.fetch_add(block + kBarrierWord, ~uint64_t{0});  // - 1
+    } catch (const std::exception&) {
+      // memnode 0 unreachable: the error below is the one to report
+    }
+    return fabric::FabricError("barrier: " + why);
+  };
   while (v < target) {
     if (std::chrono::steady_clock::now() > deadline)
-      throw fabric::FabricError("barrier: only " + std::to_string(v - gen * k_) + " of " + std::to_string(k_) +
-                                " computenodes arrived within " + std::to_string(timeout_s) + " s");
+      throw fail("only " + std::to_string(v - gen * k_) + " of " + std::to_string(k_) +
+                 " computenodes arrived within " + std::to_string(timeout_s) + " s");
     const auto gone = gone_peer([&](uint32_t i) {
       uint64_t a = 0;
       ep_.read(block + kArrivedWords + 8 * uint64_t{i}, &a, 8);
       return a < stamp;
     });
-    if (gone) throw fabric::FabricError("barrier: " + gone_message(*gone) + " before arriving");
+    if (gone) throw fail(gone_message(*gone) + " before arriving");
     std::this_thread::sleep_for(std::chrono::microseconds(200));  // bounded poll of a remote word
     ep_.read(block + kBarrierWord, &v, 8);
   }

@@ -139,3 +139,27 @@ TEST_CASE("board: runs of different sizes one after another each agree on their 
   run(2, 3);
   run(1, 1);
 }
+
+TEST_CASE("board: a run that failed at a barrier leaves the next run of its size in step", "[board]") {
+  auto c = board_cluster();
+  auto ep0 = c->make_endpoint(1u << 20), ep1 = c->make_endpoint(1u << 20);
+  {
+    compute::Board lonely(*c, *ep0, 0, 2, "query");  // its peer never comes
+    CHECK_THROWS_WITH(lonely.barrier(1), Catch::Contains("only 1 of 2 computenodes arrived"));
+  }
+  // The next run of 2: both on one generation, and computenode 0 gathers this run's texts.
+  compute::Board b0(*c, *ep0, 0, 2, "query"), b1(*c, *ep1, 1, 2, "query");
+  for (int round = 0; round < 3; ++round) {
+    uint64_t g1 = 0;
+    std::thread t([&] {
+      g1 = b1.barrier(10);
+      b1.publish(g1, "cn1-" + std::to_string(round));
+    });
+    const uint64_t g0 = b0.barrier(10);
+    b0.publish(g0, "cn0-" + std::to_string(round));
+    t.join();
+    CHECK(g0 == g1);
+    const auto texts = b0.gather(g0, 10);
+    CHECK(texts[1] == "cn1-" + std::to_string(round));
+  }
+}
