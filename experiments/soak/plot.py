@@ -8,8 +8,6 @@ import json
 import sys
 from pathlib import Path
 
-import numpy as np
-
 HERE = Path(__file__).resolve().parent
 src = Path(sys.argv[1]) if len(sys.argv) > 1 else HERE / "results.json"
 png = Path(sys.argv[2]) if len(sys.argv) > 2 else HERE / "soak.png"
@@ -29,17 +27,15 @@ def series(name, key):
 
 
 def querier_minutes():
-    """p50 / p99 of the querier's search batches, by minute."""
+    """p50 / p99 of the querier's search batches, by minute (minutes.py; results of older runs
+    carry the whole timeline instead)."""
     q = r.get("querier")
     if not q:
         return [], [], []
-    f = q["timeline_fields"]
-    t, ms = f.index("t_s"), f.index("search_ms")
-    by = {}
-    for row in q["timeline"]:
-        by.setdefault(int(row[t] // 60), []).append(row[ms])
-    mins = sorted(by)
-    return mins, [float(np.percentile(by[m], 50)) for m in mins], [float(np.percentile(by[m], 99)) for m in mins]
+    sys.path.insert(0, str(HERE))
+    import minutes
+    rows = q["timeline_by_minute"]["rows"] if "timeline_by_minute" in q else minutes.by_minute(q)
+    return [x[0] for x in rows], [x[2] for x in rows], [x[3] for x in rows]
 
 
 def table():

@@ -28,6 +28,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import dmh  # noqa: E402
+import minutes  # noqa: E402  (this folder: run as a script, it is on sys.path)
 
 HERE = Path(__file__).resolve().parent
 BIG = dmh.DATA / "bigann10k"
@@ -163,6 +164,9 @@ with dmh.Memnodes(2, PROVIDER, "1GiB", work / "mn-dhnsw") as mnd, \
     st.join()
     qlog.close()
     q = json.loads((work / "querier.json").read_text()) if querier.returncode == 0 else None  # a mixed report
+    if q is not None:  # every batch stays in the work dir's querier.json; results.json keeps minutes
+        q["timeline_by_minute"] = {"fields": minutes.FIELDS, "rows": minutes.by_minute(q)}
+        del q["timeline"]
     if q is None:
         failures.append({"what": "dhnsw querier", "code": querier.returncode,
                          "tail": (work / "querier.log").read_text()[-2000:]})
