@@ -80,7 +80,10 @@ void QuerySession::route(PhaseRun& run) {
   const size_t gather =
       run.need_done && (policy_ == router::Policy::Balanced || policy_ == router::Policy::Adaptive) ? o_.route_batch
                                                                                                     : 1;
-  std::vector<uint32_t> batch_pos, ranks(gather * K_);
+  std::vector<uint32_t> batch_pos;
+  RouteScratch scratch;
+  scratch.ranks.resize(gather * K_);
+  scratch.scores.resize(K_);
   std::vector<char> msg(sizeof(QueryMsg) + 4ull * p_.dim);
   uint64_t batch_no = 0;
   for (size_t i = 0; !run.stop.load();) {
@@ -96,7 +99,7 @@ void QuerySession::route(PhaseRun& run) {
     if (batch_pos.empty()) break;
     pr.input += batch_pos.size();
     std::vector<uint32_t> targets =
-        run.need_done ? choose_targets(batch_pos, rp, ranks) : std::vector<uint32_t>(batch_pos.size(), self_);
+        run.need_done ? choose_targets(batch_pos, rp, scratch) : std::vector<uint32_t>(batch_pos.size(), self_);
     for (size_t x = 0; x < batch_pos.size(); ++x) {
       const uint32_t pos = batch_pos[x], target = targets[x];
       if (target == self_) {
@@ -122,18 +125,18 @@ void QuerySession::route(PhaseRun& run) {
 
 // The oracle ranks the computenodes for each query (a gone one last); the policy picks.
 std::vector<uint32_t> QuerySession::choose_targets(const std::vector<uint32_t>& batch, router::RoutingPolicy& rp,
-                                                   std::vector<uint32_t>& ranks) {
-  std::vector<const uint32_t*> ranked;
-  std::vector<float> regret, scores(K_);
+                                                   RouteScratch& sc) {
+  sc.ranked.clear();
+  sc.regret.clear();
   for (size_t x = 0; x < batch.size(); ++x) {
     const float* q = wl_.queries.row(batch[x]);
-    uint32_t* r = ranks.data() + x * K_;
-    oracle_.rank(q, r, scores.data());
+    uint32_t* r = sc.ranks.data() + x * K_;
+    oracle_.rank(q, r, sc.scores.data());
     std::stable_partition(r, r + K_, [&](uint32_t cn) { return !ex_.gone(cn); });  // gone: last resort
-    ranked.push_back(r);
-    regret.push_back(scores[r[1]] - scores[r[0]]);  // routing between computenodes: K >= 2
+    sc.ranked.push_back(r);
+    sc.regret.push_back(sc.scores[r[1]] - sc.scores[r[0]]);  // routing between computenodes: K >= 2
   }
-  std::vector<uint32_t> targets = rp.choose_batch(ranked, regret);
+  std::vector<uint32_t> targets = rp.choose_batch(sc.ranked, sc.regret);
   for (uint32_t& t : targets)
     if (ex_.gone(t)) t = self_;
   return targets;

@@ -42,6 +42,13 @@ struct PhaseResult {
 /// The node cache's counters over a phase (entries as at its end).
 cache::NodeCacheStats stats_since(const cache::NodeCacheStats& now, const cache::NodeCacheStats& before);
 
+/// The router's buffers, reused by every routing batch of a phase.
+struct RouteScratch {
+  std::vector<uint32_t> ranks;  // gather x K: each query's computenodes, best first
+  std::vector<const uint32_t*> ranked;
+  std::vector<float> regret, scores;
+};
+
 /// What the router thread and the workers of one phase share.
 struct PhaseRun {
   uint32_t phase = 0;
@@ -78,7 +85,7 @@ class QuerySession {
                         bool is_measured, std::vector<PerQuery>& out);
   void route(PhaseRun& run);
   std::vector<uint32_t> choose_targets(const std::vector<uint32_t>& batch, router::RoutingPolicy& rp,
-                                       std::vector<uint32_t>& ranks);
+                                       RouteScratch& sc);
   void share_queue_length(PhaseRun& run, router::RoutingPolicy& rp, uint64_t& batch_no);
   void answer(PhaseRun& run, std::vector<PerQuery>& out);
   void note_progress(PhaseRun& run);
