@@ -53,6 +53,10 @@ void RelayClient::send_to_memnode(uint16_t node, const std::vector<char>& bytes)
     std::lock_guard g(ep_mu_);
     st = ep_->send(node, bytes.data(), bytes.size());
   }
+  if (std::this_thread::get_id() != io_.get_id() && !kicked_.exchange(true)) {
+    std::lock_guard g(kick_mu_);
+    kick_cv_.notify_one();
+  }
   if (st != Status::Ok)
     throw FabricError("query relay: sending to memnode " + std::to_string(node) + " (" + c_.memnodes()[node].address +
                       ") failed: " + fabric::status_name(st) +
@@ -185,7 +189,17 @@ void RelayClient::io_loop() {
     } catch (const std::exception& e) {
       spdlog::debug("relay I/O: {}", e.what());  // a dead memnode: the callers' sends report it
     }
-    if (!got) std::this_thread::sleep_for(std::chrono::microseconds(50));
+    const auto now = Clock::now();
+    if (got || kicked_.exchange(false)) last_traffic_ = now;  // a send of ours: its answer follows
+    if (got) continue;
+    if (now - last_traffic_ < kBusyWindow) {
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    } else {
+      // Idle for a while: wait up to 1 ms, woken at once by a send of ours, so a computenode
+      // that routes nothing costs ~1,000 wake-ups a second instead of 20,000.
+      std::unique_lock g(kick_mu_);
+      kick_cv_.wait_for(g, std::chrono::milliseconds(1), [&] { return kicked_.load() || stop_.load(); });
+    }
   }
 }
 

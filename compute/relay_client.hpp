@@ -4,6 +4,7 @@
 // random live memnode, and waits on barriers held by memnode 0. One I/O thread receives
 // and hands messages to the callbacks.
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
@@ -68,6 +69,13 @@ class RelayClient {
   std::mt19937_64 rng_;
   std::thread io_;
   std::atomic<bool> stop_{false};
+  // The I/O thread polls every 50 us while messages flow (kBusyWindow after the last one
+  // or our last send), then waits up to 1 ms at a time until a send of ours kicks it.
+  static constexpr std::chrono::milliseconds kBusyWindow{5};
+  std::chrono::steady_clock::time_point last_traffic_{};  // I/O thread only
+  std::atomic<bool> kicked_{false};
+  std::mutex kick_mu_;
+  std::condition_variable kick_cv_;
 
   mutable std::mutex mu_;
   std::condition_variable cv_;
