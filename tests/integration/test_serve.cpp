@@ -331,16 +331,21 @@ void check_service(const TempDir& dir, const std::string& mode, const std::strin
   CHECK(srv.proc->wait(seconds(20)) == 0);
 }
 
-/// Two memnodes over tcp with the token, and an index of `mode` over SmallData built on them.
+/// Two memnodes over tcp with the token, and an index of `mode` over SmallData on them: a
+/// d-HNSW build, or hnswlib's graph imported as a shine index (serving is under test here).
 struct Cluster {
   Memnode m0, m1;
   std::string mns;
   Cluster(const TempDir& dir, const std::string& mode, const SmallData& d)
       : m0(dir, 0, "tcp", "127.0.0.1:0", {}, {}, {kToken}), m1(dir, 1, "tcp", "127.0.0.1:0", {}, {}, {kToken}),
         mns(m0.address + "," + m1.address) {
-    std::vector<std::string> args{"build", "--data", d.base, "--ef-construction", "80"};
-    if (mode == "dhnsw") args.insert(args.end(), {"--partitions", "8", "--m", "16"});
-    auto b = run(computenode_args(mode, "tcp", mns, 0, 1, args), dir, mode + "-build", seconds(300), {kToken});
+    if (mode == "shine") {
+      import_shine_index(dir, "tcp", mns, d, {kToken});
+      return;
+    }
+    auto b = run(computenode_args(mode, "tcp", mns, 0, 1,
+                                  {"build", "--data", d.base, "--ef-construction", "80", "--partitions", "8", "--m", "16"}),
+                 dir, mode + "-build", seconds(300), {kToken});
     INFO(b.output);
     REQUIRE(b.code == 0);
   }

@@ -90,10 +90,7 @@ TEST_CASE("serve-bench: closed and open loop against computenode serve", "[integ
   TempDir dir;
   Memnode m0(dir, 0, "tcp", "127.0.0.1:0", {}, {}, {kToken}), m1(dir, 1, "tcp", "127.0.0.1:0", {}, {}, {kToken});
   const std::string mns = m0.address + "," + m1.address;
-  auto b = run(computenode_args("shine", "tcp", mns, 0, 1, {"build", "--data", d.base, "--ef-construction", "80"}), dir,
-               "shine-build", seconds(300), {kToken});
-  INFO(b.output);
-  REQUIRE(b.code == 0);
+  import_shine_index(dir, "tcp", mns, d, {kToken});
 
   Proc srv(computenode_args("shine", "tcp", mns, 0, 1, {"serve", "--listen", "127.0.0.1:0", "--ef-search", "64"}),
            dir.file("serve.log"), {kToken});
