@@ -529,6 +529,11 @@ Workload read_workload(const std::string& path, bool allow_view) {
     fail(offsetof(WorkloadHeader, distribution), e.what());
   }
 
+  // Zero as written: a later version may give them a meaning this build would ignore.
+  if (h.reserved32 != 0) fail(offsetof(WorkloadHeader, reserved32), "reserved field is not zero");
+  for (std::size_t i = 0; i < std::size(h.reserved); ++i)
+    if (h.reserved[i] != 0) fail(offsetof(WorkloadHeader, reserved) + 8 * i, "reserved field is not zero");
+
   Hasher hasher;
   hasher.update(file->data(), offsetof(WorkloadHeader, checksum));
   hasher.zeros(sizeof h.checksum);

@@ -37,7 +37,7 @@ constexpr size_t kChunk = 8u << 20;
 
 std::string err(const std::string& path, const std::string& what) { return path + ": " + what; }
 std::string at(const std::string& path, uint64_t offset, const std::string& what) {
-  return path + ": offset " + std::to_string(offset) + ": " + what;
+  return path + ": byte offset " + std::to_string(offset) + ": " + what;
 }
 std::string sz(uint64_t n) { return format_bytes(n) + " (" + std::to_string(n) + " bytes)"; }
 std::string hex(uint64_t v) {

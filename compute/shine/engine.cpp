@@ -196,7 +196,7 @@ json run_build(const RunContext& rc, const BuildOptions& o) {
                  {"vector_cache", {{"entries", vcache.entries()}, {"bytes", vcache.bytes()}}}};
   uint64_t gen = board.barrier();
   board.publish(gen, mine_j.dump());
-  json report = {{"mode", "shine"}, {"kind", "build"}, {"provider", rc.provider}, {"data", o.data},
+  json report = {{"mode", "shine"}, {"kind", o.format ? "build" : "insert"}, {"provider", rc.provider}, {"data", o.data},
                  {"n", end - o.begin}, {"dim", p.dim}, {"m", p.m}, {"ef_construction", p.ef_construction},
                  {"metric", std::string(to_string(p.metric))}, {"num_cns", rc.num_cns}, {"threads", o.threads},
                  {"coroutines", o.coroutines}, {"memnodes", c.memnodes().size()}};

@@ -43,7 +43,7 @@ std::string str(uint64_t v) { return std::to_string(v); }
 
 // ================================================================== the file
 void HnswlibFile::fail(uint64_t offset, const std::string& what) const {
-  throw std::runtime_error(path() + ": offset " + str(offset) + ": " + what);
+  throw std::runtime_error(path() + ": byte offset " + str(offset) + ": " + what);
 }
 
 uint64_t HnswlibFile::u64_at(uint64_t off) const {

@@ -341,6 +341,15 @@ TEST_CASE("corrupted workload files are refused", "[workload][malformed]") {
     patched(offsetof(WorkloadHeader, distribution), "pareto:1", 9);
     require_format_error([&] { read_workload(path); }, path, 96);
   }
+  SECTION("reserved fields not zero") {
+    const std::uint32_t one32 = 1;
+    patched(offsetof(WorkloadHeader, reserved32), &one32, 4);
+    require_format_error([&] { read_workload(path); }, path, 164);
+    const std::uint64_t one = 1;
+    patched(offsetof(WorkloadHeader, reserved) + 8 * 10, &one, 8);
+    require_format_error([&] { read_workload(path); }, path, 168 + 80);
+    CHECK_THROWS_WITH(read_workload(path), Catch::Contains("reserved"));
+  }
   SECTION("not a file at all") {
     CHECK_THROWS_WITH(read_workload(tmp.file("missing.dmw")), Catch::Contains("missing.dmw"));
   }

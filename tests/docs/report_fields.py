@@ -150,6 +150,8 @@ def classify(r: dict) -> str | None:
     }
     if tool in by_tool:
         return by_tool[tool]
+    if mode == "shine" and kind == "insert":
+        return "shine-build"  # one section for build and insert
     if mode == "shine" and kind in ("build", "query", "import"):
         return "shine-" + kind
     if mode == "dhnsw" and kind in ("query", "mixed"):

@@ -173,5 +173,5 @@ TEST_CASE("shine-import: a corrupted hnswlib file is refused naming the file and
   }
   auto r = run({bin("shine-import"), "--hnswlib", bad, "--memnodes", m0.address}, dir, "bad", seconds(60));
   CHECK(r.code == 1);
-  CHECK_THAT(r.output, Contains(bad + ": offset "));
+  CHECK_THAT(r.output, Contains(bad + ": byte offset "));
 }

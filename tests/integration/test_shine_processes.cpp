@@ -210,7 +210,9 @@ TEST_CASE("shine: inserts by one computenode while another queries", "[integrati
          dir.file("q.log"));
   Proc ins(cn("shm", mns, 1, 2, {"insert", "--data", d.base, "--begin", "1500", "--threads", "1", "--coroutines", "2"}),
            dir.file("ins.log"));
-  Proc ins2(cn("shm", mns, 0, 2, {"insert", "--data", d.base, "--begin", "1500", "--threads", "1"}), dir.file("ins2.log"));
+  const std::string irep = dir.file("insert.json");
+  Proc ins2(cn("shm", mns, 0, 2, {"insert", "--data", d.base, "--begin", "1500", "--threads", "1", "--report", irep}),
+            dir.file("ins2.log"));
   int ci = ins.wait(seconds(300)), ci2 = ins2.wait(seconds(300)), cq = q.wait(seconds(300));
   INFO(q.output() << ins.output() << ins2.output());
   REQUIRE(ci == 0);
@@ -218,6 +220,9 @@ TEST_CASE("shine: inserts by one computenode while another queries", "[integrati
   REQUIRE(cq == 0);  // no crash, no failed read, no garbage pointer followed
   auto during = load_json(qrep);
   CHECK(during["runs"][0]["queries"].get<uint64_t>() > 0);
+  const auto ir = load_json(irep);
+  CHECK(ir["kind"] == "insert");
+  CHECK(ir["inserted"] == 1500);  // both computenodes' shares, merged by computenode 0
   // After the inserts the index holds every vector and answers the full ground truth.
   std::string after = dir.file("after.json");
   auto q2 = run(cn("shm", mns, 0, 1, {"query", "--workload", d.wl, "--ef-search", "64", "--report", after}), dir, "q2",

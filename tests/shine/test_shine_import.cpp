@@ -116,7 +116,7 @@ TEST_CASE("hnswlib import: truncated and inconsistent files are refused naming t
                     const std::string& offset, const std::string& what) {
     std::string p = fx.variant(name, edit);
     INFO(name);
-    CHECK_THROWS_WITH(HnswlibFile(p), Contains(p + ": offset " + offset + (offset.empty() ? "" : ":")) && Contains(what));
+    CHECK_THROWS_WITH(HnswlibFile(p), Contains(p + ": byte offset " + offset + (offset.empty() ? "" : ":")) && Contains(what));
   };
   expect("empty", [](auto& b) { b.clear(); }, "0", "truncated");
   expect("header", [](auto& b) { b.resize(50); }, "50", "truncated");
