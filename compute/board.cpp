@@ -89,40 +89,66 @@ std::string Board::gone_message(uint32_t i) const {
          "(killed, or dropped by the memnode after going silent)";
 }
 
-uint64_t Board::barrier(int timeout_s) {
-  const RemotePtr block = base_ + kBlockBytes * (k_ - 1);
-  uint64_t old = ep_.fetch_add(block + kBarrierWord, 1);
-  uint64_t gen = old / k_;
-  uint64_t target = (gen + 1) * k_;
-  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(timeout_s);
-  const uint64_t stamp = gen + 1;
+uint64_t Board::barrier(int timeout_s) { return wait_rest(arrive(), timeout_s); }
+
+RemotePtr Board::barrier_block() const { return base_ + kBlockBytes * (k_ - 1); }
+
+Board::Arrival Board::arrive() {
+  const RemotePtr block = barrier_block();
+  const uint64_t old = ep_.fetch_add(block + kBarrierWord, 1);
+  const Arrival a{old / k_, old + 1};
+  const uint64_t stamp = a.gen + 1;
   ep_.write(block + kArrivedWords + 8 * uint64_t{cn_}, &stamp, 8);
-  uint64_t v = old + 1;
-  // A barrier that fails takes this computenode's arrival back: the counter outlives the run,
-  // and an arrival left in it would put the next run of this size out of step (its first
-  // arrivals on one generation, the rest on the next).
+  return a;
+}
+
+uint64_t Board::wait_rest(const Arrival& a, int timeout_s) {
+  const RemotePtr block = barrier_block();
+  const uint64_t gen = a.gen, target = (gen + 1) * k_, stamp = gen + 1;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(timeout_s);
+  uint64_t v = a.count;
   auto fail = [&](const std::string& why) {
     try {
-      ep_.fetch_add(block + kBarrierWord, ~uint64_t{0});  // - 1
+      take_back(stamp);
     } catch (const std::exception&) {
       // memnode 0 unreachable: the error below is the one to report
     }
     return fabric::FabricError("barrier: " + why);
   };
   while (v < target) {
-    if (std::chrono::steady_clock::now() > deadline)
+    if (std::chrono::steady_clock::now() > deadline) {
+      ep_.read(block + kBarrierWord, &v, 8);
+      if (v >= target) break;  // complete after all: the others passed it, so must this one
       throw fail("only " + std::to_string(v - gen * k_) + " of " + std::to_string(k_) +
                  " computenodes arrived within " + std::to_string(timeout_s) + " s");
+    }
     const auto gone = gone_peer([&](uint32_t i) {
-      uint64_t a = 0;
-      ep_.read(block + kArrivedWords + 8 * uint64_t{i}, &a, 8);
-      return a < stamp;
+      uint64_t w = 0;
+      ep_.read(block + kArrivedWords + 8 * uint64_t{i}, &w, 8);
+      return w < stamp;
     });
     if (gone) throw fail(gone_message(*gone) + " before arriving");
     std::this_thread::sleep_for(std::chrono::microseconds(200));  // bounded poll of a remote word
     ep_.read(block + kBarrierWord, &v, 8);
   }
   return gen;
+}
+
+// The counter outlives a run: an arrival left in it by a failed barrier would put the next
+// run of this size out of step (its first arrivals on one generation, the rest on the next).
+// So a computenode whose barrier fails takes back its own arrival and that of every peer that
+// arrived and has left since (killed after arriving, it cannot take its own back). Each
+// arrival word is claimed with a COMPARE_SWAP, so each arrival is taken back once, by
+// whoever claims it.
+void Board::take_back(uint64_t stamp) {
+  const RemotePtr block = barrier_block();
+  Presence p{};
+  ep_.read(RemotePtr(0, kPresenceOffset), &p, sizeof p);
+  for (uint32_t i = 0; i < k_; ++i) {
+    if (i != cn_ && !presence_gone(p, i, departed_[i])) continue;
+    if (ep_.compare_swap(block + kArrivedWords + 8 * uint64_t{i}, stamp, 0) == stamp)
+      ep_.fetch_add(block + kBarrierWord, ~uint64_t{0});  // - 1
+  }
 }
 
 void Board::publish(uint64_t gen, const std::string& text) {

@@ -30,6 +30,13 @@ class Board {
   /// same number on every computenode). Fails after `timeout_s` naming how many arrived, or
   /// as soon as memnode 0's presence table shows that a missing one left (common/presence.hpp).
   uint64_t barrier(int timeout_s = 600);
+  /// barrier() in its two steps: arrive (counted, and this computenode's arrival word
+  /// stamped), then wait for the rest. Apart only to test a computenode that dies between them.
+  struct Arrival {
+    uint64_t gen = 0, count = 0;  // the generation; the counter just after this arrival
+  };
+  Arrival arrive();
+  uint64_t wait_rest(const Arrival& a, int timeout_s = 600);
   /// Publishes `text` under generation `gen` in this computenode's slot.
   void publish(uint64_t gen, const std::string& text);
   /// Computenode 0: every computenode's text of generation `gen`, by cn id; the ones in
@@ -51,6 +58,9 @@ class Board {
 
   /// A computenode for which `missing` holds and that left since the board started.
   std::optional<uint32_t> gone_peer(const std::function<bool(uint32_t)>& missing);
+  RemotePtr barrier_block() const;
+  /// A failed barrier's clean-up (see board.cpp).
+  void take_back(uint64_t stamp);
 };
 
 }  // namespace dmhnsw::compute

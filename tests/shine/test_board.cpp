@@ -163,3 +163,48 @@ TEST_CASE("board: a run that failed at a barrier leaves the next run of its size
     CHECK(texts[1] == "cn1-" + std::to_string(round));
   }
 }
+
+TEST_CASE("board: a computenode killed after arriving at a barrier that then fails does not put the next run out of step",
+          "[board]") {
+  auto c = board_cluster();
+  PresenceWriter presence(c->region(0));
+  for (uint32_t i = 0; i < 3; ++i) presence.joined(i);
+  auto ep0 = c->make_endpoint(1u << 20), ep1 = c->make_endpoint(1u << 20), ep2 = c->make_endpoint(1u << 20);
+  {
+    compute::Board b0(*c, *ep0, 0, 3, "query"), b2(*c, *ep2, 2, 3, "query");
+    b2.arrive();       // computenode 2 arrives ...
+    presence.left(2);  // ... and is killed before the barrier completes; computenode 1 never comes
+    CHECK_THROWS_WITH(b0.barrier(1), Catch::Contains("only 2 of 3 computenodes arrived"));
+  }
+  // The next run of 3 (computenode 2 restarted): one generation for all, this run's texts.
+  presence.joined(2);
+  compute::Board n0(*c, *ep0, 0, 3, "query"), n1(*c, *ep1, 1, 3, "query"), n2(*c, *ep2, 2, 3, "query");
+  uint64_t g1 = 99, g2 = 99;
+  bool threw = false;
+  std::thread t1([&] {
+    try {
+      g1 = n1.barrier(10);
+      n1.publish(g1, "cn1");
+    } catch (const std::exception&) {
+      threw = true;
+    }
+  });
+  std::thread t2([&] {
+    try {
+      g2 = n2.barrier(10);
+      n2.publish(g2, "cn2");
+    } catch (const std::exception&) {
+      threw = true;
+    }
+  });
+  uint64_t g0 = 0;
+  REQUIRE_NOTHROW(g0 = n0.barrier(10));
+  n0.publish(g0, "cn0");
+  t1.join();
+  t2.join();
+  CHECK_FALSE(threw);
+  CHECK(g1 == g0);
+  CHECK(g2 == g0);
+  const auto texts = n0.gather(g0, 10);
+  CHECK(texts == std::vector<std::string>{"cn0", "cn1", "cn2"});
+}
