@@ -15,6 +15,7 @@
 #include "common/fabric/fabric_cluster.hpp"
 #include "common/json_file.hpp"
 #include "common/units.hpp"
+#include "compute/memnode_cpu.hpp"
 #include "compute/shine/import.hpp"
 
 using namespace dmhnsw;
@@ -84,8 +85,13 @@ int main(int argc, char** argv) {
     auto cluster = fabric::connect_cluster(co);
     spdlog::info("connected to {} memnode(s) over {}", cluster->memnodes().size(), provider);
 
+    compute::MemnodeCpuMeter cpu(*cluster);
     nlohmann::json r = shine::import_hnswlib(*cluster, f, io);
     const double secs = secs_since(t0);
+    // The fields every computenode report carries (the import writes without a wire model).
+    r["memnode_cpu"] = cpu.since_start();
+    r["process_memory"] = compute::process_memory();
+    r["wire"] = {{"model", "none"}, {"latency_us", 0.0}, {"gbytes_per_s", 0.0}};
     r["parse_seconds"] = parse_secs;
     r["seconds"] = secs;
     std::printf("shine-import: %llu nodes (dim %u, M %u, efC %u, %s) from %s into %zu memnode(s) over %s\n",

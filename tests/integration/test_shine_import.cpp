@@ -94,6 +94,9 @@ TEST_CASE("shine-import: an hnswlib index served by 2 memnodes answers as hnswli
       CHECK(ir["memnode_usage"][0]["nodes"].get<uint64_t>() > 1000);  // spread over both memnodes
       CHECK(ir["memnode_usage"][1]["nodes"].get<uint64_t>() > 1000);
       CHECK(ir["record_doorbells"].get<uint64_t>() < ir["record_writes"].get<uint64_t>());
+      CHECK(ir["memnode_cpu"]["seconds"].size() == 2);  // the fields of every computenode report
+      CHECK(ir["process_memory"]["peak_rss_mib"].get<double>() > 0);
+      CHECK(ir["wire"]["model"] == "none");
 
       // The unchanged query path: hnswlib's recall.
       const std::string qrep = dir.file("query.json");
