@@ -477,7 +477,7 @@ std::vector<uint32_t> probe_buckets(const Control& c, const float* q, uint32_t d
 }
 
 nlohmann::json run_rebuild(fabric::Cluster& c, fabric::Endpoint& ep, uint32_t cn_id, const RebuildOptions& o) {
-  nlohmann::json rep{{"tool", "computenode dhnsw rebuild"}, {"cn_id", cn_id}};
+  nlohmann::json rep{{"tool", "computenode dhnsw rebuild"}, {"mode", "dhnsw"}, {"kind", "rebuild"}, {"cn_id", cn_id}};
   Mastership ms(c, cn_id, o.lease_ms);
   if (!ms.acquire(ep, o.wait_for_master)) {
     rep["skipped"] = true;

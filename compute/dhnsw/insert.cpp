@@ -448,6 +448,8 @@ nlohmann::json run_insert(const compute::RunContext& rc, const InsertOptions& o)
   leave_epochs(*ep, rc.cn_id);
   nlohmann::json r;
   r["tool"] = "computenode dhnsw insert";
+  r["mode"] = "dhnsw";
+  r["kind"] = "insert";
   r["cn_id"] = rc.cn_id;
   r["num_cns"] = rc.num_cns;
   r["provider"] = rc.provider;

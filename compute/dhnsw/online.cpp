@@ -114,7 +114,7 @@ nlohmann::json write_index(fabric::Cluster& c, fabric::Endpoint& ep, const Built
 nlohmann::json run_online_build(const compute::RunContext& rc, const OnlineBuildOptions& o) {
   if (rc.cn_id != 0) {
     std::printf("dhnsw build: computenode 0 builds the index; nothing to do here\n");
-    return {{"tool", "computenode dhnsw build"}, {"cn_id", rc.cn_id}, {"skipped", true}};
+    return {{"tool", "computenode dhnsw build"}, {"mode", "dhnsw"}, {"kind", "build"}, {"cn_id", rc.cn_id}, {"skipped", true}};
   }
   fabric::Cluster& c = *rc.cluster;
   LoadOptions load;
@@ -140,6 +140,8 @@ nlohmann::json run_online_build(const compute::RunContext& rc, const OnlineBuild
                built.seconds_partition + built.seconds_build_subs + built.seconds_layout, built.regions.size());
   nlohmann::json r = built.report();
   r["tool"] = "computenode dhnsw build";
+  r["mode"] = "dhnsw";
+  r["kind"] = "build";
   r["data"] = o.data;
   r["write"] = write_index(c, *ep, built);
   return r;

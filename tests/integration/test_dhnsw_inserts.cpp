@@ -114,6 +114,8 @@ TEST_CASE("dhnsw inserts: online build then two computenodes insert 20 % while o
         INFO(ins[static_cast<size_t>(i)]->output());
         REQUIRE(code == 0);
         const auto r = load_json(dir.file("ins.json.cn" + std::to_string(1 + i)));
+        CHECK(r["mode"] == "dhnsw");
+        CHECK(r["kind"] == "insert");
         inserted += r["insert"]["inserted"].get<uint64_t>();
         commits += r["insert"]["commits"].get<uint64_t>();
         CHECK(r["insert"]["overwritten_bytes"].get<uint64_t>() > 0);
