@@ -47,13 +47,13 @@ RelayClient::~RelayClient() {
   if (io_.joinable()) io_.join();
 }
 
-void RelayClient::send_to_memnode(uint16_t node, const std::vector<char>& bytes) {
+void RelayClient::send_to_memnode(uint16_t node, const std::vector<char>& bytes, bool kick) {
   Status st;
   {
     std::lock_guard g(ep_mu_);
     st = ep_->send(node, bytes.data(), bytes.size());
   }
-  if (std::this_thread::get_id() != io_.get_id() && !kicked_.exchange(true)) {
+  if (kick && !kicked_.exchange(true)) {
     std::lock_guard g(kick_mu_);
     kick_cv_.notify_one();
   }
@@ -173,7 +173,7 @@ void RelayClient::io_loop() {
       if (Clock::now() >= next_beat) {
         next_beat = Clock::now() + std::chrono::milliseconds(100);
         for (uint16_t i = 0; i < n; ++i)
-          if (c_.alive(i)) send_to_memnode(i, relay::encode(relay::Type::Heartbeat, cn_, 0, k_, 0));
+          if (c_.alive(i)) send_to_memnode(i, relay::encode(relay::Type::Heartbeat, cn_, 0, k_, 0), false);
       }
       for (;;) {
         fabric::Message m;

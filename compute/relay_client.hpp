@@ -57,7 +57,8 @@ class RelayClient {
 
  private:
   void io_loop();
-  void send_to_memnode(uint16_t node, const std::vector<char>& bytes);
+  /// `kick`: wake the I/O thread to poll for the answer (the I/O thread's own heartbeats do not).
+  void send_to_memnode(uint16_t node, const std::vector<char>& bytes, bool kick = true);
   uint16_t pick_memnode();
   void handle(const fabric::Message& m);
 
