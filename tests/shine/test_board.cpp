@@ -179,32 +179,29 @@ TEST_CASE("board: a computenode killed after arriving at a barrier that then fai
   // The next run of 3 (computenode 2 restarted): one generation for all, this run's texts.
   presence.joined(2);
   compute::Board n0(*c, *ep0, 0, 3, "query"), n1(*c, *ep1, 1, 3, "query"), n2(*c, *ep2, 2, 3, "query");
-  uint64_t g1 = 99, g2 = 99;
-  bool threw = false;
-  std::thread t1([&] {
-    try {
-      g1 = n1.barrier(10);
-      n1.publish(g1, "cn1");
-    } catch (const std::exception&) {
-      threw = true;
-    }
-  });
-  std::thread t2([&] {
-    try {
-      g2 = n2.barrier(10);
-      n2.publish(g2, "cn2");
-    } catch (const std::exception&) {
-      threw = true;
-    }
-  });
+  // Computenodes 1 and 2 on threads; each records its generation (or that it threw) for the
+  // main thread to check after join (Catch2's assertions are not thread-safe).
+  compute::Board* peers[2] = {&n1, &n2};
+  uint64_t gens[2] = {99, 99};
+  bool threw[2] = {false, false};
+  std::vector<std::thread> ts;
+  for (int p = 0; p < 2; ++p)
+    ts.emplace_back([&, p] {
+      try {
+        gens[p] = peers[p]->barrier(10);
+        peers[p]->publish(gens[p], "cn" + std::to_string(p + 1));
+      } catch (const std::exception&) {
+        threw[p] = true;
+      }
+    });
   uint64_t g0 = 0;
   REQUIRE_NOTHROW(g0 = n0.barrier(10));
   n0.publish(g0, "cn0");
-  t1.join();
-  t2.join();
-  CHECK_FALSE(threw);
-  CHECK(g1 == g0);
-  CHECK(g2 == g0);
+  for (auto& t : ts) t.join();
+  CHECK_FALSE(threw[0]);
+  CHECK_FALSE(threw[1]);
+  CHECK(gens[0] == g0);
+  CHECK(gens[1] == g0);
   const auto texts = n0.gather(g0, 10);
   CHECK(texts == std::vector<std::string>{"cn0", "cn1", "cn2"});
 }
