@@ -167,7 +167,7 @@ with dmh.Memnodes(2, PROVIDER, "1GiB", work / "mn-dhnsw") as mnd, \
     if q is not None:  # every batch stays in the work dir's querier.json; results.json keeps minutes
         q["timeline_by_minute"] = {"fields": minutes.FIELDS, "rows": minutes.by_minute(q)}
         del q["timeline"]
-    if q is None:
+    else:
         failures.append({"what": "dhnsw querier", "code": querier.returncode,
                          "tail": (work / "querier.log").read_text()[-2000:]})
     memnode_errors = {d.name: sum(1 for l in (d / f"memnode{i}.log").read_text().splitlines() if "[error]" in l)
