@@ -98,7 +98,7 @@ Board::Arrival Board::arrive() {
   const uint64_t old = ep_.fetch_add(block + kBarrierWord, 1);
   const Arrival a{old / k_, old + 1};
   const uint64_t stamp = a.gen + 1;
-  ep_.write(block + kArrivedWords + 8 * uint64_t{cn_}, &stamp, 8);
+  ep_.atomic_store(block + kArrivedWords + 8 * uint64_t{cn_}, stamp, stamp - 1);  // take_back CASes it
   return a;
 }
 

@@ -30,13 +30,21 @@ namespace {
 struct Flags {
   std::string listen = "127.0.0.1:7000", provider = "shm", region = "256MiB", token_file, ready_file,
               log_level = "info", load, dax, store_dir;
-  int id = 0, numa_node = -1, relay_timeout_ms = 10000, rma_lanes = -1;
+  int id = 0, numa_node = -1, relay_timeout_ms = 10000, rma_lanes = -1, replicas = 1, copy = 0;
   bool hugepages = false;
   CLI::Option* region_opt = nullptr;
 
   void add(CLI::App& app) {
     app.add_option("--listen", listen, "HOST:PORT of the TCP control port (port 0 picks a free one)")->capture_default_str();
     app.add_option("--id", id, "memory node id (0..N-1, unique in the cluster)")->capture_default_str()->check(CLI::Range(0, 65534));
+    app.add_option("--replicas", replicas,
+                   "memnodes serving this id, each an identical copy of the region (docs/replication.md); "
+                   "computenodes list every copy in --memnodes")
+        ->capture_default_str()
+        ->check(CLI::Range(1, static_cast<int>(fabric::kMaxCopies)));
+    app.add_option("--copy", copy, "which of the --replicas copies of this id this memnode is (0..R-1)")
+        ->capture_default_str()
+        ->check(CLI::Range(0, static_cast<int>(fabric::kMaxCopies) - 1));
     app.add_option("--provider", provider,
                    "fabric: shm (one host), tcp (any IP network), verbs (RDMA NICs, soft-RoCE), cxl (one host: "
                    "computenodes map the region, a shared memory object)")
@@ -141,6 +149,8 @@ fabric::ControlServer::Config control_config(const Flags& f, fabric::Provider pr
   cc.listen = f.listen;
   cc.token = token;
   cc.memnode_id = static_cast<uint16_t>(f.id);
+  cc.copy = static_cast<uint8_t>(f.copy);
+  cc.copies = static_cast<uint8_t>(f.replicas);
   cc.provider = prov;
   cc.region_base = server.remote_base();
   cc.region_size = mem.size();
@@ -211,7 +221,8 @@ int main(int argc, char** argv) {
   f.add(app);
   CLI11_PARSE(app, argc, argv);
 
-  spdlog::set_pattern("[%H:%M:%S.%e] [memnode " + std::to_string(f.id) + "] [%l] %v");
+  spdlog::set_pattern("[%H:%M:%S.%e] [memnode " + std::to_string(f.id) +
+                      (f.replicas > 1 ? " copy " + std::to_string(f.copy) : std::string()) + "] [%l] %v");
   spdlog::set_level(spdlog::level::from_str(f.log_level));
   try {
     // Block the stop signals in every thread; the main thread waits for them.
@@ -221,6 +232,9 @@ int main(int argc, char** argv) {
     sigaddset(&sigs, SIGTERM);
     pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
 
+    if (f.copy >= f.replicas)
+      throw std::invalid_argument("--copy " + std::to_string(f.copy) + ": want 0.." + std::to_string(f.replicas - 1) +
+                                  " (--replicas " + std::to_string(f.replicas) + ")");
     fabric::Provider prov = fabric::parse_provider(f.provider);
     std::string token = fabric::load_token(f.token_file);
     auto [host, port] = fabric::parse_host_port(f.listen, "--listen");

@@ -18,7 +18,7 @@
 namespace dmhnsw::fabric {
 
 inline constexpr uint32_t kControlMagic = 0x43484D44;  // "DMHC" little-endian
-inline constexpr uint16_t kControlVersion = 3;  // v3: challenge, and an HMAC instead of the token
+inline constexpr uint16_t kControlVersion = 4;  // v3: challenge, HMAC; v4: the welcome names the copy of a replica set
 
 /// Index mode carried in the hello and in the region header: 0 = none (any client).
 enum class Mode : uint8_t { None = 0, Shine = 1, Dhnsw = 2 };
@@ -56,6 +56,9 @@ struct Welcome {
   /// (empty: use fabric_addr). See RegionServer's `rma_lanes`.
   std::vector<std::vector<char>> rma_lanes;
   std::array<char, kHeaderBlobBytes> header{};
+  /// Replica sets (docs/replication.md): this memnode is copy `copy` of the `copies` memnodes
+  /// that serve memnode id `memnode_id`, each with an identical region.
+  uint8_t copy = 0, copies = 1;
 };
 
 struct Hello {
@@ -111,6 +114,7 @@ class ControlServer {
     std::string listen;  // host:port (port 0 = pick one)
     std::string token;   // "" = no token: only loopback allowed
     uint16_t memnode_id = 0;
+    uint8_t copy = 0, copies = 1;  // memnode --copy, --replicas
     Provider provider = Provider::Shm;
     uint64_t region_base = 0, region_size = 0, region_key = 0;
     std::vector<char> fabric_addr;

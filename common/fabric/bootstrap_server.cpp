@@ -230,6 +230,8 @@ void ControlServer::handle_hello(Pending& p, uint16_t version, uint16_t type, co
     w.put(static_cast<uint16_t>(c_.rma_lanes.size()));
     for (const auto& l : c_.rma_lanes) w.bytes(l.data(), l.size());
     w.b.insert(w.b.end(), hdr.begin(), hdr.end());
+    w.put(c_.copy);
+    w.put(c_.copies);
     if (c_.on_join) c_.on_join(h.cn_id, h.fabric_addr);
     if (!send_frame_now(fd, kControlVersion, kWelcome, w.b)) {
       spdlog::warn("dropped {}: it does not take its welcome", who);

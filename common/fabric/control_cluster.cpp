@@ -38,6 +38,8 @@ std::unique_ptr<PeerState> ControlledCluster::make_peer(const std::string& host_
   p->info.address = host_port;
   p->info.region_size = w.region_size;
   p->info.header = w.header;
+  p->info.copy = w.copy;
+  p->info.copies = w.copies;
   p->host = parse_host_port(host_port, "--memnodes").first;
   p->fabric_addr = w.fabric_addr;
   p->rma_lanes = w.rma_lanes;
@@ -47,16 +49,27 @@ std::unique_ptr<PeerState> ControlledCluster::make_peer(const std::string& host_
 }
 
 void ControlledCluster::order_peers(std::vector<std::unique_ptr<PeerState>> peers) {
-  // Memnode ids must be exactly 0..N-1; order peers by id.
+  // Memnode ids must be exactly 0..N-1, each served by R copies 0..R-1 (R = 1 without replica
+  // sets); order peers by (id, copy): peer id * R + copy.
   std::vector<size_t> order(peers.size());
   for (size_t i = 0; i < order.size(); ++i) order[i] = i;
-  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return peers[a]->info.id < peers[b]->info.id; });
+  auto key = [&](size_t i) { return std::pair{peers[i]->info.id, peers[i]->info.copy}; };
+  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return key(a) < key(b); });
+  const unsigned r = peers.empty() ? 1u : peers[order[0]]->info.copies;
+  const size_t n = peers.empty() ? 0 : size_t{peers[order.back()]->info.id} + 1;
   for (size_t i = 0; i < order.size(); ++i) {
-    if (peers[order[i]]->info.id != i) {
+    const auto& info = peers[order[i]]->info;
+    if (peers.size() % r != 0 || info.copies != r || info.id != i / r || info.copy != i % r) {
       std::string ids;
-      for (auto& q : peers) ids += (ids.empty() ? "" : ", ") + std::to_string(q->info.id);
-      throw FabricError("--memnodes: memnode ids must be 0.." + std::to_string(peers.size() - 1) +
-                        " (each once); these memnodes have ids " + ids);
+      for (auto& q : peers)
+        ids += (ids.empty() ? "" : ", ") + std::to_string(q->info.id) +
+               (q->info.copies > 1 ? " copy " + std::to_string(q->info.copy) + "/" + std::to_string(q->info.copies) : "");
+      if (r == 1)
+        throw FabricError("--memnodes: memnode ids must be 0.." + std::to_string(peers.size() - 1) +
+                          " (each once); these memnodes have ids " + ids);
+      throw FabricError("--memnodes: with --replicas " + std::to_string(r) + ", each memnode id 0.." +
+                        std::to_string(n == 0 ? 0 : n - 1) + " must be listed once per copy 0.." +
+                        std::to_string(r - 1) + " (every memnode started with the same --replicas); these are " + ids);
     }
   }
   std::vector<std::unique_ptr<ControlClient>> ordered_controls;

@@ -36,6 +36,9 @@ class ControlledCluster : public Cluster {
   const std::vector<MemnodeInfo>& memnodes() const override { return infos_; }
   bool alive(uint16_t node) const override { return node < peers_.size() && !peers_[node]->dead.load(); }
   std::string dead_reason(uint16_t node) const override;
+  void declare_dead(uint16_t node, const std::string& why) override {
+    if (node < peers_.size()) mark_dead(node, why);
+  }
 
   uint64_t deaths() const { return deaths_.load(); }
   const PeerState& peer(uint16_t i) const { return *peers_[i]; }

@@ -151,6 +151,12 @@ inline Welcome decode_welcome(const std::vector<char>& payload, const std::strin
   for (uint16_t i = 0; i < lanes; ++i) wl.rma_lanes.push_back(r.bytes());
   r.need(kHeaderBlobBytes);
   std::memcpy(wl.header.data(), payload.data() + r.at, kHeaderBlobBytes);
+  r.at += kHeaderBlobBytes;
+  wl.copy = r.get<uint8_t>();
+  wl.copies = r.get<uint8_t>();
+  if (wl.copies == 0 || wl.copy >= wl.copies || wl.copies > kMaxCopies)
+    throw FabricError(who + ": welcome names copy " + std::to_string(wl.copy) + " of " + std::to_string(wl.copies) +
+                      " (want copy < copies <= " + std::to_string(kMaxCopies) + ")");
   return wl;
 }
 

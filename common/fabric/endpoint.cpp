@@ -226,6 +226,14 @@ uint64_t Endpoint::compare_swap(RemotePtr dst, uint64_t expected, uint64_t desir
   return *b.as<uint64_t>();
 }
 
+uint64_t Endpoint::atomic_store(RemotePtr dst, uint64_t value, uint64_t guess) {
+  for (;;) {
+    const uint64_t seen = compare_swap(dst, guess, value);
+    if (seen == guess) return seen;
+    guess = seen;
+  }
+}
+
 Message Endpoint::recv(int timeout_ms) {
   auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
   Message m;

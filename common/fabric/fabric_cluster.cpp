@@ -20,6 +20,7 @@
 #include <thread>
 
 #include "common/fabric/control_cluster.hpp"
+#include "common/fabric/replicas.hpp"
 #include "common/fabric/lf.hpp"
 
 namespace dmhnsw::fabric {
@@ -452,12 +453,21 @@ bool FabricEndpoint::try_recv(Message& out) {
 
 }  // namespace
 
-std::shared_ptr<Cluster> connect_cluster(const ClusterOptions& opts) {
+namespace {
+std::shared_ptr<Cluster> connect_physical(const ClusterOptions& opts) {
   if (opts.provider == Provider::Verbs) return connect_verbs_cluster(opts);
   if (opts.provider == Provider::Cxl) return connect_cxl_cluster(opts);
   auto c = std::make_shared<FabricCluster>(opts);
   c->connect();
   return c;
+}
+}  // namespace
+
+std::shared_ptr<Cluster> connect_cluster(const ClusterOptions& opts) {
+  auto c = connect_physical(opts);
+  // Memnodes started with --replicas R form sets of R copies (ordered by id, then copy).
+  const unsigned copies = c->memnodes().empty() ? 1u : c->memnodes().front().copies;
+  return with_replicas(std::move(c), copies);
 }
 
 }  // namespace dmhnsw::fabric

@@ -22,6 +22,7 @@ class LocalCluster : public Cluster, public std::enable_shared_from_this<LocalCl
   const std::vector<MemnodeInfo>& memnodes() const override { return infos_; }
   std::unique_ptr<Endpoint> make_endpoint(size_t pool_bytes = 64u << 20) override;
   bool alive(uint16_t node) const override;
+  void declare_dead(uint16_t node, const std::string& why) override { disconnect(node, why); }
   std::string dead_reason(uint16_t node) const override;
 
   /// Direct access to a node's region (to format headers, inspect results).

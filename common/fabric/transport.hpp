@@ -143,11 +143,13 @@ struct Message {
 };
 
 class WireEndpoint;  // common/fabric/wire.cpp: a decorator that hands out its inner endpoint's pool
+class ReplicatedEndpoint;  // common/fabric/replicas.cpp: likewise
 
 /// One endpoint with its completion queue and registered buffer pool. Not thread-safe:
 /// one per worker thread.
 class Endpoint {
   friend class WireEndpoint;
+  friend class ReplicatedEndpoint;
 
  public:
   virtual ~Endpoint() = default;
@@ -182,6 +184,11 @@ class Endpoint {
   void write(RemotePtr dst, const void* src, size_t len);
   uint64_t fetch_add(RemotePtr dst, uint64_t add);
   uint64_t compare_swap(RemotePtr dst, uint64_t expected, uint64_t desired);
+  /// Sets a word that atomics also touch to `value` by COMPARE_SWAPs from `guess` (its
+  /// expected value) and returns the value it replaced. Never a WRITE: RDMA does not make a
+  /// WRITE atomic against another queue pair's atomics (soft-RoCE writes back the old value of
+  /// a failed COMPARE_SWAP, undoing a WRITE that landed meanwhile).
+  uint64_t atomic_store(RemotePtr dst, uint64_t value, uint64_t guess = 0);
   /// Waits for every completion of `ops` (already posted with unique tags) and throws on
   /// the first failure; completions of other tags are kept for later poll() calls.
   Completion wait_tag(uint64_t tag);
@@ -204,6 +211,7 @@ class Endpoint {
 
 inline constexpr size_t kMaxRmaLanes = 64;  // memnode --rma-lanes; checked in the welcome
 inline constexpr size_t kHeaderBlobBytes = 512;  // common/region.hpp pins RegionHeader to this
+inline constexpr unsigned kMaxCopies = 8;          // memnode --replicas
 
 /// What a compute node knows of one memory node.
 struct MemnodeInfo {
@@ -211,6 +219,7 @@ struct MemnodeInfo {
   std::string address;  // "host:port" of its control port, for messages
   uint64_t region_size = 0;
   std::array<char, kHeaderBlobBytes> header{};  // region header as served at connect time
+  uint8_t copy = 0, copies = 1;                  // its place in its replica set (docs/replication.md)
 };
 
 /// The compute-side view of the cluster: every memory node, liveness, endpoint factory.
@@ -224,6 +233,12 @@ class Cluster {
   /// False once the memory node is known to be gone; dead_reason() says why.
   virtual bool alive(uint16_t node) const = 0;
   virtual std::string dead_reason(uint16_t node) const = 0;
+  /// From now on the memory node is dead to this computenode: its operations fail with
+  /// PeerDead (a replica set fences a copy that failed an operation). Default: nothing.
+  virtual void declare_dead(uint16_t node, const std::string& why) {
+    (void)node;
+    (void)why;
+  }
 };
 
 }  // namespace dmhnsw::fabric

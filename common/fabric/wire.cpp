@@ -1,5 +1,7 @@
 #include "common/fabric/wire.hpp"
 
+#include "common/fabric/replicas.hpp"
+
 #include <sys/prctl.h>
 
 #include <algorithm>
@@ -157,6 +159,7 @@ class WireCluster final : public Cluster {
   }
   bool alive(uint16_t node) const override { return inner_->alive(node); }
   std::string dead_reason(uint16_t node) const override { return inner_->dead_reason(node); }
+  void declare_dead(uint16_t node, const std::string& why) override { inner_->declare_dead(node, why); }
 
  private:
   std::shared_ptr<Cluster> inner_;
@@ -205,6 +208,9 @@ std::string describe(const WireModel& m) {
 
 std::shared_ptr<Cluster> with_wire(std::shared_ptr<Cluster> inner, const WireModel& m) {
   if (!m.enabled()) return inner;
+  unsigned copies = 1;  // each copy of a replica set has a link of its own: the model goes under the sets
+  if (auto physical = replicas_physical(*inner, &copies))
+    return with_replicas(std::make_shared<WireCluster>(std::move(physical), m), copies);
   return std::make_shared<WireCluster>(std::move(inner), m);
 }
 

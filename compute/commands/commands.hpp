@@ -17,6 +17,7 @@
 #include "compute/dhnsw/query.hpp"
 #include "compute/memnode_cpu.hpp"
 #include "compute/run_context.hpp"
+#include "compute/lock_hammer.hpp"
 #include "compute/selftest.hpp"
 #include "compute/shine/engine.hpp"
 
@@ -93,6 +94,8 @@ class SelftestCommand {
  private:
   CLI::App* st_ = nullptr;
   compute::SelftestOptions so_;
+  compute::LockHammerOptions lh_;
+  std::string lock_release_ = "cas";
 };
 
 }  // namespace dmhnsw::commands

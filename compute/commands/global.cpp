@@ -50,6 +50,24 @@ void SelftestCommand::add(CLI::App& app) {
                                        "against the scratch area of every memnode, checking every result");
   st_->add_option("--atomics", so_.atomics, "fetch_adds and compare_swap increments per memnode")->capture_default_str();
   st_->add_option("--loop", so_.loop_seconds, "after the checks, keep reading for this many seconds")->capture_default_str();
+  st_->add_option("--lock-hammer", lh_.seconds,
+                  "after the checks, threads x coroutines take and release shared lock words on memnode 0 for this "
+                  "many seconds, checking exclusion and that no release is lost (0: off; run one computenode)")
+      ->default_val(0);
+  st_->add_option("--lock-words", lh_.words, "--lock-hammer: shared lock words")
+      ->capture_default_str()
+      ->check(CLI::Range(1u, compute::LockHammerOptions::kMaxWords));
+  st_->add_option("--lock-threads", lh_.threads, "--lock-hammer: threads, one endpoint each")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 64));
+  st_->add_option("--lock-coroutines", lh_.coroutines, "--lock-hammer: coroutines per thread")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 256));
+  st_->add_option("--lock-release", lock_release_,
+                  "--lock-hammer: release a lock by cas (COMPARE_SWAP, as dmhnsw does), or by write (a plain WRITE, "
+                  "which RDMA does not order against other queue pairs' atomics: shows a lost release)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"cas", "write"}));
 }
 
 int SelftestCommand::run(RunEnv& env) {
@@ -57,7 +75,21 @@ int SelftestCommand::run(RunEnv& env) {
   auto r = compute::run_selftest(env.cluster, so_);
   std::printf("selftest: %llu checks, %llu failed\n", static_cast<unsigned long long>(r.checks),
               static_cast<unsigned long long>(r.failures));
-  return r.failures == 0 ? 0 : 1;
+  if (r.failures != 0) return 1;
+  if (lh_.seconds <= 0) return 0;
+  lh_.release_by_write = lock_release_ == "write";
+  const auto h = compute::run_lock_hammer(env.cluster, lh_);
+  std::printf("lock hammer: %u word(s), %u thread(s) x %u coroutine(s), release by %s: %llu acquisitions, %llu "
+              "failed COMPARE_SWAPs, counters grew by %llu, longest wait %.1f ms, %.1f s\n",
+              lh_.words, lh_.threads, lh_.coroutines, lock_release_.c_str(),
+              static_cast<unsigned long long>(h.acquisitions), static_cast<unsigned long long>(h.cas_failures),
+              static_cast<unsigned long long>(h.counter_delta), h.max_wait_ms, h.seconds);
+  if (!h.failure.empty()) {
+    std::printf("lock hammer: FAILED: %s\n", h.failure.c_str());
+    return 1;
+  }
+  std::printf("lock hammer: every lock exclusive, every release seen\n");
+  return 0;
 }
 
 }  // namespace dmhnsw::commands

@@ -298,7 +298,8 @@ bool merge_buffer(fabric::Cluster& c, fabric::Endpoint& ep, uint32_t cn_id, cons
     put_word(ep, cfield(offsetof(Control, phase)), kBuilding);
     return false;
   }
-  for (uint32_t b = 0; b < ctl.buckets; ++b) put_word(ep, bucket_ptr(b), bucket_word(kBucketIdle, 0));
+  // Inserters FETCH_ADD the bucket words: they are set by COMPARE_SWAP, never WRITE.
+  for (uint32_t b = 0; b < ctl.buckets; ++b) ep.atomic_store(bucket_ptr(b), bucket_word(kBucketIdle, 0), ctl.bucket_words[b]);
   put_word(ep, cfield(offsetof(Control, phase)), kIdle);
   rep["merged"] = ids.size();
   rep["merge_duplicates_skipped"] = ins.stats().duplicates_skipped;
@@ -501,7 +502,8 @@ nlohmann::json run_rebuild(fabric::Cluster& c, fabric::Endpoint& ep, uint32_t cn
     // 1. Inserts go to the buffer from here on (a master that died in kBuilding left it active).
     if (ctl.phase == kIdle) {
       put_word(ep, cfield(offsetof(Control, generation)), ctl.generation + 1);
-      for (uint32_t b = 0; b < ctl.buckets; ++b) put_word(ep, bucket_ptr(b), bucket_word(kBucketActive, 0));
+      for (uint32_t b = 0; b < ctl.buckets; ++b)
+        ep.atomic_store(bucket_ptr(b), bucket_word(kBucketActive, 0), ctl.bucket_words[b]);
       put_word(ep, cfield(offsetof(Control, phase)), kBuilding);
     }
     if (ctl.old_end > ctl.old_base)  // the previous epoch's area, once every live computenode left it

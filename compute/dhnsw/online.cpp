@@ -100,12 +100,18 @@ nlohmann::json write_index(fabric::Cluster& c, fabric::Endpoint& ep, const Built
     std::memcpy(&h, built.regions[who].data(), sizeof h);
     h.region_size = c.memnodes()[who].region_size;  // the region's own size: the room past the scratch stays free
     validate_region_header(h, mn_name(c, who) + " new region header");
+    // The claim word keeps its value under the WRITE (another builder's COMPARE_SWAP may land on
+    // it meanwhile) and is released by a COMPARE_SWAP of its own below.
+    if (who == 0) h.mode_words[dhnsw_word::kBuildClaim] = mine;
     std::memcpy(buf.data(), &h, sizeof h);
     ep.write(RemotePtr(who, 0), buf.data(), sizeof h);
     bytes += sizeof h;
     ++writes;
     ++doorbells;
   }
+  if (const uint64_t old = ep.compare_swap(RemotePtr(0, claim), mine, 0); old != mine)
+    throw std::runtime_error("memnode 0: the build claim word changed to " + std::to_string(old) +
+                             " while this computenode wrote the index");
   const double s = std::chrono::duration<double>(Clock::now() - t0).count();
   return {{"bytes", bytes}, {"writes", writes}, {"doorbells", doorbells}, {"seconds", s},
           {"mb_per_s", s > 0 ? static_cast<double>(bytes) / s / 1e6 : 0.0}};

@@ -70,9 +70,13 @@ GraphParams format_or_attach(fabric::Cluster& c, fabric::Endpoint& ep, const Gra
       h.mode_words[shine_word::kFormat] = i == 0 ? shine_word::formatting_by(self) : shine_word::kFormatted;
       ep.write(RemotePtr(i, 0), &h, sizeof h);
     }
-    uint64_t done = shine_word::kFormatted;
-    ep.write(word_ptr(shine_word::kFormat), &done, 8);
-    state = done;
+    // Others COMPARE_SWAP this word: the end of formatting is one too.
+    if (const uint64_t was = ep.compare_swap(word_ptr(shine_word::kFormat), shine_word::formatting_by(self),
+                                             shine_word::kFormatted);
+        was != shine_word::formatting_by(self))
+      throw FabricError("memnode 0: the shine format word changed to " + std::to_string(was) +
+                        " while this computenode formatted");
+    state = shine_word::kFormatted;
   }
   // A word no formatter writes is corruption, not a format in progress: no reason to wait.
   if (state != 0 && !shine_word::is_formatting(state) && state != shine_word::kFormatted)

@@ -337,6 +337,21 @@ Task<void> Worker::lock_entry(OpContext& ctx) {
   }
 }
 
+Task<void> Worker::unlock_node(RemotePtr n, unsigned level, OpContext& ctx) {
+  const uint64_t unlocked = NodeHeader::make(level, false), locked = NodeHeader::make(level, true);
+  const uint64_t old = co_await atomic(Op::compare_swap(n, locked, unlocked, nullptr), ctx);
+  if (old != locked)
+    throw FabricError("the node at memnode " + std::to_string(n.node()) + " offset " + std::to_string(n.offset()) +
+                      " was not locked when its holder released it (header word " + std::to_string(old) + ")");
+}
+
+Task<void> Worker::unlock_entry(OpContext& ctx) {
+  const uint64_t old = co_await atomic(Op::compare_swap(word_ptr(shine_word::kEntryLock), 1, 0, nullptr), ctx);
+  if (old != 1)
+    throw FabricError("the entry-point lock (memnode 0 header) was not held when its holder released it (word " +
+                      std::to_string(old) + ")");
+}
+
 Task<void> Worker::write_list(RemotePtr n, unsigned level, const std::vector<RemotePtr>& list, OpContext& ctx) {
   const auto& L = g_.layout();
   std::vector<char> buf(L.list_bytes(level), 0);
@@ -379,8 +394,7 @@ Task<void> Worker::link(RemotePtr n, RemotePtr me, float d_me, unsigned level, O
     for (const auto& c : select_heuristic(cands, cap, cache)) next.push_back(c.node);
   }
   co_await write_list(n, level, next, ctx);
-  const uint64_t unlocked = NodeHeader::make(n_level, false);
-  co_await write(n, &unlocked, 8, ctx);  // release: a plain WRITE of the header word
+  co_await unlock_node(n, n_level, ctx);
 }
 
 Task<void> Worker::insert(const float* v, uint32_t label, OpContext& ctx) {
@@ -424,18 +438,14 @@ Task<void> Worker::insert(const float* v, uint32_t label, OpContext& ctx) {
     if (again.first.is_null()) {
       std::array<uint64_t, 2> w{me.raw(), level};
       co_await write(word_ptr(shine_word::kEntryPoint), w.data(), 16, ctx);
-      uint64_t zero = 0;
-      co_await write(word_ptr(shine_word::kEntryLock), &zero, 8, ctx);
+      co_await unlock_entry(ctx);
       co_await atomic(Op::fetch_add(word_ptr(shine_word::kNodeCount), 1, nullptr), ctx);
       co_return;
     }
     ep = again.first;
     max_level = again.second;
     hold_entry = level > max_level;
-    if (!hold_entry) {
-      uint64_t zero = 0;
-      co_await write(word_ptr(shine_word::kEntryLock), &zero, 8, ctx);
-    }
+    if (!hold_entry) co_await unlock_entry(ctx);
   }
 
   // 3. Greedy descent above the new node's level, then efConstruction search and linking.
@@ -460,8 +470,7 @@ Task<void> Worker::insert(const float* v, uint32_t label, OpContext& ctx) {
       if (std::find(next.begin(), next.end(), p) == next.end() && next.size() < L.capacity(static_cast<unsigned>(l)))
         next.push_back(p);
     co_await write_list(me, static_cast<unsigned>(l), next, ctx);
-    const uint64_t unlocked = NodeHeader::make(level, false);
-    co_await write(me, &unlocked, 8, ctx);
+    co_await unlock_node(me, level, ctx);
     for (const auto& n : sel) co_await link(n.node, me, n.dist, static_cast<unsigned>(l), ctx, cache);
     if (!w.empty()) eps = w;
   }
@@ -470,8 +479,7 @@ Task<void> Worker::insert(const float* v, uint32_t label, OpContext& ctx) {
   if (hold_entry) {
     std::array<uint64_t, 2> w{me.raw(), level};
     co_await write(word_ptr(shine_word::kEntryPoint), w.data(), 16, ctx);
-    uint64_t zero = 0;
-    co_await write(word_ptr(shine_word::kEntryLock), &zero, 8, ctx);
+    co_await unlock_entry(ctx);
   }
   co_await atomic(Op::fetch_add(word_ptr(shine_word::kNodeCount), 1, nullptr), ctx);
 }

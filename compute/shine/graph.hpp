@@ -178,6 +178,10 @@ class Worker {
   Task<void> write(RemotePtr dst, const void* src, size_t len, OpContext& ctx);
   Task<void> lock_node(RemotePtr n, unsigned level, OpContext& ctx);
   Task<void> lock_entry(OpContext& ctx);
+  // Releases are COMPARE_SWAPs, never WRITEs: a WRITE is not atomic against another queue
+  // pair's atomics (docs/architecture.md, "Words that atomics touch").
+  Task<void> unlock_node(RemotePtr n, unsigned level, OpContext& ctx);
+  Task<void> unlock_entry(OpContext& ctx);
   void fail(const fabric::Completion& c) const;
 
   const Graph& g_;

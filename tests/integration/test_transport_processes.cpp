@@ -131,6 +131,30 @@ TEST_CASE("a provider mismatch is refused naming both providers", "[integration]
   CHECK_THAT(r.output, Contains("provider mismatch") && Contains("--provider tcp") && Contains("--provider shm"));
 }
 
+TEST_CASE("lock hand-over by COMPARE_SWAP is exclusive and loses no release over every provider", "[integration]") {
+  for (std::string provider : {"shm", "tcp", "cxl"}) {
+    DYNAMIC_SECTION(provider) {
+      TempDir dir;
+      Memnode m(dir, 0, provider);
+      auto r = run(computenode(provider, m.address,
+                               {"selftest", "--atomics", "10", "--lock-hammer", "1", "--lock-words", "2",
+                                "--lock-threads", "2", "--lock-coroutines", "4"}),
+                   dir, "cn", seconds(60));
+      INFO(r.output);
+      CHECK(r.code == 0);
+      CHECK_THAT(r.output, Contains("release by cas") && Contains("every lock exclusive, every release seen"));
+      unsigned long long acq = 0, fails = 0, grew = 0;
+      const auto at = r.output.find("release by cas: ");
+      REQUIRE(at != std::string::npos);
+      std::sscanf(r.output.c_str() + at, "release by cas: %llu acquisitions, %llu failed COMPARE_SWAPs, counters grew by %llu",
+                  &acq, &fails, &grew);
+      CHECK(acq > 100);
+      CHECK(grew == acq);
+      CHECK(fails > 0);  // the words were contended
+    }
+  }
+}
+
 TEST_CASE("a memnode killed with SIGKILL fails the computenode within 5 s naming it", "[integration]") {
   for (std::string provider : {"shm", "tcp", "cxl"}) {
     DYNAMIC_SECTION(provider) {

@@ -67,6 +67,22 @@ case $CASE in
     "$B/computenode" --mode dhnsw --provider verbs --memnodes "$M0,$M1" --cn-id 0 --num-cns 1 \
       query --workload "$2" --k 10 --ef-search 32 --threads 1 --report "$W/query.json" || exit 1
     ;;
+  locks)
+    # Lock hand-over under contention (docs/architecture.md, "Words that atomics touch"): the
+    # release by COMPARE_SWAP holds; the plain-WRITE release is lost to a waiter's failed
+    # COMPARE_SWAP; then a shine build with many coroutines per thread, no build vector cache.
+    start_memnode 0; M0=$MN
+    "$B/computenode" --provider verbs --memnodes "$M0" selftest --atomics 10 --lock-hammer "$1" --lock-words 2 \
+      --lock-threads 2 --lock-coroutines 4 --lock-release cas
+    echo "hammer cas exit $?"
+    "$B/computenode" --provider verbs --memnodes "$M0" selftest --atomics 10 --lock-hammer "$2" --lock-words 2 \
+      --lock-threads 2 --lock-coroutines 4 --lock-release write
+    echo "hammer write exit $?"
+    start_memnode 1; M1=$MN
+    "$B/computenode" --mode shine --provider verbs --memnodes "$M0,$M1" --cn-id 0 --num-cns 1 build --data "$3" \
+      --m 8 --ef-construction 40 --threads 2 --coroutines 8 --build-cache 0 --report "$W/build.json"
+    echo "build exit $?"
+    ;;
   kill)
     # A memnode killed under a computenode's reads: the computenode fails naming it, fast.
     start_memnode 0

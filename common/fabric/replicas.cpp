@@ -1,0 +1,441 @@
+#include "common/fabric/replicas.hpp"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <deque>
+#include <mutex>
+#include <thread>
+
+namespace dmhnsw::fabric {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// A copy that becomes a set's primary takes atomics only this long after the previous primary
+// was seen dead: a result another computenode took from the old primary has had its mirror
+// posted at once (in the poll that delivered it), so it lands on the new primary first. Without
+// the wait two computenodes could both be handed one bump-pointer range.
+constexpr auto kPrimarySettle = std::chrono::milliseconds(200);
+// A mirrored COMPARE_SWAP waits this long for the copy to hold its expected value (the copy
+// applies the primary's transitions in order); past it the copy takes the primary's result.
+constexpr auto kMirrorPatience = std::chrono::seconds(2);
+
+bool caller_error(Status s) {
+  return s == Status::OutOfBounds || s == Status::BadLocalBuffer || s == Status::UnknownNode || s == Status::Misaligned;
+}
+
+}  // namespace
+
+class ReplicatedCluster;
+
+class ReplicatedEndpoint final : public Endpoint {
+ public:
+  ReplicatedEndpoint(ReplicatedCluster& c, std::unique_ptr<Endpoint> inner) : c_(c), inner_(std::move(inner)) {}
+
+  Status post(std::span<const Op> ops) override;
+  std::string describe(const Completion& c) const override;
+  Status send(uint16_t node, const void* data, size_t len) override;
+  bool try_recv(Message& out) override;
+
+ protected:
+  BufferPool& pool() override { return inner_->pool(); }
+  size_t poll_impl(std::span<Completion> out) override;
+  size_t in_flight_impl() const override { return live_ + ready_.size(); }
+
+ private:
+  enum class Stage : uint8_t { First, Mirrors };
+  struct Pending {
+    Op op;                  // the caller's operation (logical node)
+    Stage stage = Stage::First;
+    uint32_t waiting = 0;   // physical completions outstanding
+    uint32_t succeeded = 0; // WRITE copies that took it
+    uint32_t tried = 0;     // bit per copy: READ or atomic sent there
+    uint8_t primary = 0;    // atomics: the copy that ordered it
+    Status status = Status::Ok;
+    Clock::time_point mirror_start{};
+    std::vector<Buffer> scratch;  // mirrors' old values, by copy
+    bool active = false;
+  };
+
+  uint32_t open(const Op& op);
+  void finish(uint32_t i, Status s);
+  /// Physical ops for pending `i`'s first stage, appended to `out`; false when the set has no
+  /// live copy to send it to.
+  bool first_stage(uint32_t i, std::vector<Op>& out);
+  void on_completion(const Completion& pc);
+  void start_mirrors(uint32_t i);
+  void post_now(std::vector<Op>& ops);
+  void sync_counters() { counters_ = inner_->counters(); }
+
+  ReplicatedCluster& c_;
+  std::unique_ptr<Endpoint> inner_;
+  std::vector<Pending> pend_;
+  std::vector<uint32_t> free_;
+  size_t live_ = 0;
+  std::deque<Completion> ready_;
+  uint64_t turn_ = 0;  // READ spreading
+};
+
+class ReplicatedCluster final : public Cluster, public std::enable_shared_from_this<ReplicatedCluster> {
+ public:
+  ReplicatedCluster(std::shared_ptr<Cluster> physical, unsigned copies) : p_(std::move(physical)), r_(copies) {
+    const auto& phys = p_->memnodes();
+    if (r_ == 0 || phys.size() % r_ != 0)
+      throw FabricError("replica sets: " + std::to_string(phys.size()) + " memnodes cannot form sets of " +
+                        std::to_string(r_));
+    const size_t n = phys.size() / r_;
+    for (size_t l = 0; l < n; ++l) {
+      MemnodeInfo info = phys[l * r_];
+      info.id = static_cast<uint16_t>(l);
+      info.copy = 0;
+      info.copies = static_cast<uint8_t>(r_);
+      for (unsigned c = 1; c < r_; ++c) {
+        const MemnodeInfo& o = phys[l * r_ + c];
+        info.address += ", " + o.address;
+        if (o.region_size != info.region_size)
+          throw FabricError("memnode " + std::to_string(l) + ": its copies have regions of different sizes (copy 0 " +
+                            std::to_string(info.region_size) + " bytes at " + phys[l * r_].address + ", copy " +
+                            std::to_string(c) + " " + std::to_string(o.region_size) + " bytes at " + o.address +
+                            "): start every copy with the same --region");
+      }
+      infos_.push_back(info);
+    }
+    seen_dead_ = std::make_unique<std::atomic<int64_t>[]>(phys.size());
+    for (size_t i = 0; i < phys.size(); ++i) seen_dead_[i].store(0);
+  }
+
+  Provider provider() const override { return p_->provider(); }
+  const std::vector<MemnodeInfo>& memnodes() const override { return infos_; }
+  std::unique_ptr<Endpoint> make_endpoint(size_t pool_bytes) override {
+    return std::make_unique<ReplicatedEndpoint>(*this, p_->make_endpoint(pool_bytes));
+  }
+  bool alive(uint16_t node) const override {
+    for (unsigned c = 0; c < r_; ++c)
+      if (copy_alive(node, c)) return true;
+    return false;
+  }
+  std::string dead_reason(uint16_t node) const override {
+    std::string why = "every copy is gone:";
+    for (unsigned c = 0; c < r_; ++c)
+      why += std::string(c ? ";" : "") + " copy " + std::to_string(c) + " (" + phys_info(node, c).address + ") " +
+             p_->dead_reason(phys(node, c));
+    return why;
+  }
+  void declare_dead(uint16_t node, const std::string& why) override {
+    for (unsigned c = 0; c < r_; ++c) fence(node, c, why);
+  }
+
+  const std::shared_ptr<Cluster>& physical() const { return p_; }
+  unsigned copies() const { return r_; }
+  uint16_t phys(uint16_t l, unsigned c) const { return static_cast<uint16_t>(l * r_ + c); }
+  const MemnodeInfo& phys_info(uint16_t l, unsigned c) const { return p_->memnodes()[phys(l, c)]; }
+
+  bool copy_alive(uint16_t l, unsigned c) const {
+    if (l >= infos_.size()) return false;
+    const uint16_t p = phys(l, c);
+    if (p_->alive(p)) return true;
+    note_dead(p);
+    return false;
+  }
+  /// The copy a set's atomics go to: its lowest live copy, or -1 when none is left.
+  int primary(uint16_t l) const {
+    for (unsigned c = 0; c < r_; ++c)
+      if (copy_alive(l, c)) return static_cast<int>(c);
+    return -1;
+  }
+  /// Waits until copy `c` of set `l` may order atomics (kPrimarySettle after the copies below
+  /// it were seen dead).
+  void settle(uint16_t l, unsigned c) const {
+    int64_t latest = 0;
+    for (unsigned b = 0; b < c; ++b) latest = std::max(latest, seen_dead_[phys(l, b)].load());
+    if (latest == 0) return;
+    const auto ready = Clock::time_point(Clock::duration(latest)) + kPrimarySettle;
+    if (Clock::now() < ready) std::this_thread::sleep_until(ready);
+  }
+  /// A copy that failed an operation leaves this computenode's view for good.
+  void fence(uint16_t l, unsigned c, const std::string& why) {
+    const uint16_t p = phys(l, c);
+    if (p_->alive(p)) {
+      spdlog::warn("memnode {} copy {} ({}): {}; its set goes on without it", l, c, phys_info(l, c).address, why);
+      p_->declare_dead(p, why);
+    }
+    note_dead(p);
+  }
+  void count_read_retry() { read_retries_.fetch_add(1, std::memory_order_relaxed); }
+
+  ReplicaView view() const {
+    ReplicaView v;
+    v.copies = r_;
+    for (uint16_t l = 0; l < infos_.size(); ++l) {
+      v.live.emplace_back();
+      for (unsigned c = 0; c < r_; ++c) v.live.back().push_back(copy_alive(l, c));
+    }
+    v.failovers = failovers_.load();
+    v.read_retries = read_retries_.load();
+    return v;
+  }
+
+ private:
+  void note_dead(uint16_t p) const {
+    int64_t zero = 0;
+    if (seen_dead_[p].compare_exchange_strong(zero, Clock::now().time_since_epoch().count())) failovers_.fetch_add(1);
+  }
+
+  std::shared_ptr<Cluster> p_;
+  unsigned r_;
+  std::vector<MemnodeInfo> infos_;
+  std::unique_ptr<std::atomic<int64_t>[]> seen_dead_;  // steady-clock ns when first seen dead, 0: live
+  mutable std::atomic<uint64_t> failovers_{0};
+  std::atomic<uint64_t> read_retries_{0};
+};
+
+// ---- ReplicatedEndpoint
+
+uint32_t ReplicatedEndpoint::open(const Op& op) {
+  uint32_t i;
+  if (!free_.empty()) {
+    i = free_.back();
+    free_.pop_back();
+  } else {
+    i = static_cast<uint32_t>(pend_.size());
+    pend_.emplace_back();
+  }
+  Pending& p = pend_[i];
+  p = Pending{};
+  p.op = op;
+  p.active = true;
+  ++live_;
+  return i;
+}
+
+void ReplicatedEndpoint::finish(uint32_t i, Status s) {
+  Pending& p = pend_[i];
+  ready_.push_back({p.op.tag, s, p.op.kind, p.op.remote.node()});
+  p.active = false;
+  p.scratch.clear();
+  free_.push_back(i);
+  --live_;
+}
+
+bool ReplicatedEndpoint::first_stage(uint32_t i, std::vector<Op>& out) {
+  Pending& p = pend_[i];
+  const uint16_t l = p.op.remote.node();
+  const unsigned r = c_.copies();
+  auto physical = [&](unsigned c) {
+    Op o = p.op;
+    o.remote = RemotePtr(c_.phys(l, c), p.op.remote.offset());
+    o.tag = i;
+    return o;
+  };
+  switch (p.op.kind) {
+    case OpKind::Read:
+      for (unsigned k = 0; k < r; ++k) {  // the next live copy in turn not tried yet
+        const unsigned c = static_cast<unsigned>((turn_ + k) % r);
+        if ((p.tried >> c & 1) || !c_.copy_alive(l, c)) continue;
+        ++turn_;
+        p.tried |= 1u << c;
+        p.waiting = 1;
+        out.push_back(physical(c));
+        return true;
+      }
+      return false;
+    case OpKind::Write:
+      for (unsigned c = 0; c < r; ++c)
+        if (c_.copy_alive(l, c)) {
+          out.push_back(physical(c));
+          ++p.waiting;
+        }
+      return p.waiting > 0;
+    case OpKind::FetchAdd:
+    case OpKind::CompareSwap:
+      for (unsigned c = 0; c < r; ++c) {
+        if ((p.tried >> c & 1) || !c_.copy_alive(l, c)) continue;
+        c_.settle(l, c);
+        p.tried |= 1u << c;
+        p.primary = static_cast<uint8_t>(c);
+        p.waiting = 1;
+        out.push_back(physical(c));
+        return true;
+      }
+      return false;
+  }
+  return false;
+}
+
+void ReplicatedEndpoint::post_now(std::vector<Op>& ops) {
+  // Ops go out in one doorbell; a copy that died since they were chosen fails the post
+  // synchronously (nothing posted): the ops are then completed as failures and retried.
+  if (ops.empty()) return;
+  const Status s = inner_->post(ops);
+  sync_counters();
+  if (s == Status::Ok) return;
+  std::vector<Op> batch;
+  batch.swap(ops);
+  for (const Op& o : batch) on_completion({o.tag, s, o.kind, o.remote.node()});
+}
+
+Status ReplicatedEndpoint::post(std::span<const Op> ops) {
+  for (const Op& op : ops)
+    if (op.remote.node() >= c_.memnodes().size()) return Status::UnknownNode;
+  std::vector<Op> phys;
+  std::vector<uint32_t> opened;
+  for (const Op& op : ops) {
+    const uint32_t i = open(op);
+    opened.push_back(i);
+    if (!first_stage(i, phys)) {
+      for (uint32_t j : opened) {  // nothing of the batch is posted
+        pend_[j].active = false;
+        free_.push_back(j);
+        --live_;
+      }
+      return Status::PeerDead;
+    }
+  }
+  post_now(phys);
+  return Status::Ok;
+}
+
+void ReplicatedEndpoint::start_mirrors(uint32_t i) {
+  Pending& p = pend_[i];
+  uint64_t old = 0;
+  std::memcpy(&old, p.op.local, 8);
+  if (p.op.kind == OpKind::CompareSwap && old != p.op.compare) return finish(i, Status::Ok);  // nothing changed
+  const uint16_t l = p.op.remote.node();
+  std::vector<Op> ops;
+  p.stage = Stage::Mirrors;
+  p.mirror_start = Clock::now();
+  p.scratch.resize(c_.copies());
+  for (unsigned c = 0; c < c_.copies(); ++c) {
+    if (c == p.primary || !c_.copy_alive(l, c)) continue;
+    p.scratch[c] = inner_->alloc(8);
+    Op o = p.op;
+    o.remote = RemotePtr(c_.phys(l, c), p.op.remote.offset());
+    o.local = p.scratch[c].data();
+    o.tag = i;
+    ops.push_back(o);
+    ++p.waiting;
+  }
+  if (ops.empty()) return finish(i, Status::Ok);
+  post_now(ops);
+}
+
+void ReplicatedEndpoint::on_completion(const Completion& pc) {
+  const uint32_t i = static_cast<uint32_t>(pc.tag);
+  if (i >= pend_.size() || !pend_[i].active) return;
+  Pending& p = pend_[i];
+  const uint16_t l = p.op.remote.node();
+  const unsigned c = pc.node % c_.copies();
+  --p.waiting;
+  if (pc.status != Status::Ok && caller_error(pc.status)) {
+    if (p.status == Status::Ok) p.status = pc.status;
+  } else if (pc.status != Status::Ok) {
+    c_.fence(l, c, std::string("failed a ") + op_name(pc.kind) + " (" + status_name(pc.status) + ")");
+  }
+  const bool copy_failed = pc.status != Status::Ok && !caller_error(pc.status);
+
+  if (p.stage == Stage::First && p.op.kind == OpKind::Write) {
+    if (pc.status == Status::Ok) ++p.succeeded;
+    if (p.waiting > 0) return;
+    if (p.status != Status::Ok) return finish(i, p.status);
+    return finish(i, p.succeeded > 0 ? Status::Ok : Status::PeerDead);
+  }
+  if (p.stage == Stage::First) {  // READ or the primary's atomic
+    if (copy_failed) {
+      std::vector<Op> again;
+      if (!first_stage(i, again)) return finish(i, Status::PeerDead);
+      if (p.op.kind == OpKind::Read) c_.count_read_retry();
+      return post_now(again);
+    }
+    if (pc.status != Status::Ok) return finish(i, pc.status);
+    if (p.op.kind == OpKind::Read) return finish(i, Status::Ok);
+    return start_mirrors(i);
+  }
+  // A mirror of an atomic.
+  if (pc.status == Status::Ok && p.op.kind == OpKind::CompareSwap) {
+    uint64_t seen = 0;
+    std::memcpy(&seen, p.scratch[c].data(), 8);
+    if (seen != p.op.compare) {
+      // The copy has not yet taken an earlier transition of the primary's: try again; after
+      // kMirrorPatience the primary's result wins.
+      Op o = p.op;
+      o.remote = RemotePtr(c_.phys(l, c), p.op.remote.offset());
+      o.local = p.scratch[c].data();
+      o.tag = i;
+      if (Clock::now() - p.mirror_start > kMirrorPatience) o.compare = seen;
+      ++p.waiting;
+      std::vector<Op> again{o};
+      return post_now(again);
+    }
+  }
+  if (p.waiting == 0) finish(i, p.status);
+}
+
+size_t ReplicatedEndpoint::poll_impl(std::span<Completion> out) {
+  Completion cs[64];
+  for (;;) {
+    const size_t got = inner_->poll(cs);
+    for (size_t k = 0; k < got; ++k) on_completion(cs[k]);
+    if (got < std::size(cs)) break;
+  }
+  sync_counters();
+  size_t n = 0;
+  while (n < out.size() && !ready_.empty()) {
+    out[n++] = ready_.front();
+    ready_.pop_front();
+  }
+  return n;
+}
+
+std::string ReplicatedEndpoint::describe(const Completion& c) const {
+  if (c.node >= c_.memnodes().size()) return Endpoint::describe(c);
+  std::string s = std::string(op_name(c.kind)) + " on memnode " + std::to_string(c.node) + " (" +
+                  c_.memnodes()[c.node].address + ") failed: " + status_name(c.status);
+  if (!c_.alive(c.node)) s += " [" + c_.dead_reason(c.node) + "]";
+  return s;
+}
+
+Status ReplicatedEndpoint::send(uint16_t node, const void* data, size_t len) {
+  if (node >= c_.memnodes().size()) return Status::UnknownNode;
+  Status s = Status::PeerDead;
+  for (unsigned c = 0; c < c_.copies() && s != Status::Ok; ++c)  // the first live copy takes it
+    if (c_.copy_alive(node, c)) s = inner_->send(c_.phys(node, c), data, len);
+  sync_counters();
+  return s;
+}
+
+bool ReplicatedEndpoint::try_recv(Message& out) {
+  const bool got = inner_->try_recv(out);
+  sync_counters();
+  // libfabric's messages carry the sender's memnode id (logical already); verbs, cxl and
+  // LocalFabric name the peer the message came from (physical).
+  const bool physical = c_.provider() != Provider::Shm && c_.provider() != Provider::Tcp;
+  if (got && physical && out.from_node != 0xffff) out.from_node = static_cast<uint16_t>(out.from_node / c_.copies());
+  return got;
+}
+
+// ---- factories
+
+std::shared_ptr<Cluster> with_replicas(std::shared_ptr<Cluster> physical, unsigned copies) {
+  if (copies <= 1) return physical;
+  return std::make_shared<ReplicatedCluster>(std::move(physical), copies);
+}
+
+std::shared_ptr<Cluster> replicas_physical(const Cluster& c, unsigned* copies) {
+  auto r = dynamic_cast<const ReplicatedCluster*>(&c);
+  if (!r) return nullptr;
+  if (copies) *copies = r->copies();
+  return r->physical();
+}
+
+ReplicaView replica_view(const Cluster& c) {
+  if (auto r = dynamic_cast<const ReplicatedCluster*>(&c)) return r->view();
+  ReplicaView v;
+  for (uint16_t l = 0; l < c.memnodes().size(); ++l) v.live.push_back({c.alive(l)});
+  return v;
+}
+
+}  // namespace dmhnsw::fabric
