@@ -25,9 +25,15 @@ void ControlledCluster::declare_stalled(uint16_t node, const std::string& what) 
   mark_dead(node, why + ")");
 }
 
+std::string ControlledCluster::label(uint16_t node) const {
+  const MemnodeInfo& i = peers_[node]->info;  // a copy of a replica set is named by its id and copy
+  if (i.copies <= 1) return "memnode " + std::to_string(node);
+  return "memnode " + std::to_string(i.id) + " copy " + std::to_string(i.copy);
+}
+
 std::string ControlledCluster::node_name(uint16_t node) const {
   if (node >= peers_.size()) return "memnode " + std::to_string(node) + " (unknown)";
-  std::string n = "memnode " + std::to_string(node) + " (" + peers_[node]->info.address + ")";
+  std::string n = label(node) + " (" + peers_[node]->info.address + ")";
   if (!alive(node)) n += " [" + dead_reason(node) + "]";
   return n;
 }
@@ -48,7 +54,37 @@ std::unique_ptr<PeerState> ControlledCluster::make_peer(const std::string& host_
   return p;
 }
 
-void ControlledCluster::order_peers(std::vector<std::unique_ptr<PeerState>> peers) {
+void ControlledCluster::order_peers(std::vector<std::unique_ptr<PeerState>> peers,
+                                    const std::vector<std::pair<std::string, std::string>>& unreachable) {
+  if (!unreachable.empty()) {
+    const unsigned r = peers.empty() ? 1u : peers.front()->info.copies;
+    if (r <= 1) throw FabricError(unreachable.front().second);
+    // Each missing (id, copy) of the sets the reachable copies name is one unreachable memnode.
+    uint16_t max_id = 0;
+    for (auto& p : peers) max_id = std::max(max_id, p->info.id);
+    std::vector<std::pair<uint16_t, uint8_t>> missing;
+    for (uint16_t id = 0; id <= max_id; ++id)
+      for (uint8_t c = 0; c < r; ++c)
+        if (std::none_of(peers.begin(), peers.end(), [&](auto& p) { return p->info.id == id && p->info.copy == c; }))
+          missing.emplace_back(id, c);
+    if (missing.size() != unreachable.size()) throw FabricError(unreachable.front().second);
+    for (size_t k = 0; k < missing.size(); ++k) {
+      const auto [id, c] = missing[k];
+      auto sibling = std::find_if(peers.begin(), peers.end(), [&](auto& p) { return p->info.id == id; });
+      if (sibling == peers.end())
+        throw FabricError("memnode " + std::to_string(id) + ": no copy of it can be reached (" + unreachable[k].second + ")");
+      auto p = std::make_unique<PeerState>();
+      p->info = (*sibling)->info;
+      p->info.copy = c;
+      p->info.address = unreachable[k].first;
+      p->host = parse_host_port(p->info.address, "--memnodes").first;
+      p->why = "unreachable when this computenode joined: " + unreachable[k].second;
+      p->dead.store(true);
+      spdlog::warn("memnode {} copy {} ({}): {}; its set goes on without it", id, c, p->info.address, p->why);
+      peers.push_back(std::move(p));
+      controls_.push_back(nullptr);
+    }
+  }
   // Memnode ids must be exactly 0..N-1, each served by R copies 0..R-1 (R = 1 without replica
   // sets); order peers by (id, copy): peer id * R + copy.
   std::vector<size_t> order(peers.size());
@@ -94,7 +130,7 @@ void ControlledCluster::mark_dead(size_t i, const std::string& why) {
     peers_[i]->dead.store(true);
   }
   deaths_.fetch_add(1);
-  spdlog::error("memnode {} ({}) is unreachable: {}", i, peers_[i]->info.address, why);
+  spdlog::error("{} ({}) is unreachable: {}", label(static_cast<uint16_t>(i)), peers_[i]->info.address, why);
 }
 
 void ControlledCluster::unregister_address(const std::vector<char>& fabric_addr) {
@@ -149,7 +185,7 @@ void ControlledCluster::monitor() {
       next_ping = now + std::chrono::milliseconds(500);
     }
     std::vector<pollfd> fds;
-    for (auto& c : controls_) fds.push_back({c->fd(), POLLIN, 0});
+    for (auto& c : controls_) fds.push_back({c ? c->fd() : -1, POLLIN, 0});  // none: a copy dead at connect
     ::poll(fds.data(), fds.size(), 100);
     now = Clock::now();
     for (size_t i = 0; i < controls_.size(); ++i) {

@@ -51,6 +51,8 @@ class ControlledCluster : public Cluster {
   void declare_stalled(uint16_t node, const std::string& what);
   /// "memnode 1 (10.0.0.2:7000)", with the reason when it is dead.
   std::string node_name(uint16_t node) const;
+  /// "memnode 1", or "memnode 1 copy 0" for a copy of a replica set.
+  std::string label(uint16_t node) const;
   /// Tells every live memnode another fabric address of this computenode (an endpoint just
   /// made) over the control connection and waits until each confirms, so that the endpoint's
   /// first message is not taken for a stranger's. Throws naming a memnode that does not.
@@ -66,8 +68,15 @@ class ControlledCluster : public Cluster {
   void connect_all(HelloAddr&& hello_addr) {
     if (opts_.memnodes.empty()) throw FabricError("--memnodes: no memory node given");
     std::vector<std::unique_ptr<PeerState>> peers;
+    std::vector<std::pair<std::string, std::string>> unreachable;  // address, why
     for (const auto& hp : opts_.memnodes) {
-      auto cc = std::make_unique<ControlClient>(hp, opts_.control_version);
+      std::unique_ptr<ControlClient> cc;
+      try {
+        cc = std::make_unique<ControlClient>(hp, opts_.control_version);
+      } catch (const FabricError& e) {  // no control port there: a dead copy of a replica set?
+        unreachable.emplace_back(hp, e.what());
+        continue;
+      }
       Hello h;
       h.mode = opts_.mode;
       h.provider = opts_.provider;
@@ -77,7 +86,7 @@ class ControlledCluster : public Cluster {
       peers.push_back(make_peer(hp, cc->handshake(h)));
       controls_.push_back(std::move(cc));
     }
-    order_peers(std::move(peers));
+    order_peers(std::move(peers), unreachable);
     monitor_ = std::thread([this] { monitor(); });
   }
   void stop_monitor();
@@ -86,7 +95,10 @@ class ControlledCluster : public Cluster {
 
  private:
   static std::unique_ptr<PeerState> make_peer(const std::string& host_port, const Welcome& w);
-  void order_peers(std::vector<std::unique_ptr<PeerState>> peers);
+  /// Orders the peers by (id, copy). A listed memnode that could not be reached takes the place
+  /// of a missing copy of a replica set, dead from the start; otherwise its error is thrown.
+  void order_peers(std::vector<std::unique_ptr<PeerState>> peers,
+                   const std::vector<std::pair<std::string, std::string>>& unreachable);
   void monitor();
 
   ClusterOptions opts_;

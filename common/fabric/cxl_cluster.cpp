@@ -71,6 +71,7 @@ class CxlCluster final : public ControlledCluster, public std::enable_shared_fro
     connect_all([&](ControlClient&) { return std::vector<char>(nonce_, nonce_ + cxl::kNonceBytes); });
     maps_.resize(num_peers());
     for (uint16_t i = 0; i < num_peers(); ++i) {
+      if (!alive(i)) continue;  // a copy of a replica set dead when we joined: never mapped
       int fd = open_socket(i, true, &maps_[i].size);
       int region_fd = fd_;
       fd_ = -1;

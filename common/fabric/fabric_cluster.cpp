@@ -149,6 +149,11 @@ FabricEndpoint::FabricEndpoint(std::shared_ptr<FabricCluster> c, size_t pool_byt
   const uint64_t ordinal = cluster_->next_endpoint_ordinal();
   for (uint16_t i = 0; i < cluster_->num_peers(); ++i) {
     const PeerState& p = cluster_->peer(i);
+    if (p.fabric_addr.empty()) {  // a copy of a replica set that was dead when we joined: never addressed
+      addr_.push_back(FI_ADDR_NOTAVAIL);
+      rma_addr_.push_back(FI_ADDR_NOTAVAIL);
+      continue;
+    }
     addr_.push_back(raw_.insert(p.fabric_addr));
     if (p.rma_lanes.empty()) {
       rma_addr_.push_back(addr_.back());
