@@ -22,7 +22,7 @@ uint64_t word_at(LocalCluster& l, uint16_t node, uint64_t off) {
 }
 }  // namespace
 
-TEST_CASE("replicas: R = 1 is the cluster itself; sets of R copies are the logical memnodes", "[fabric][replicas]") {
+TEST_CASE("replicas: R = 1 is the cluster itself, and sets of R copies are the logical memnodes", "[fabric][replicas]") {
   auto local = LocalCluster::create(4, 1 << 20);
   CHECK(with_replicas(local, 1).get() == local.get());
   auto c = with_replicas(local, 2);
@@ -39,7 +39,7 @@ TEST_CASE("replicas: R = 1 is the cluster itself; sets of R copies are the logic
   CHECK(replicas_physical(*w).get() != local.get());
 }
 
-TEST_CASE("replicas: a WRITE reaches every copy; READs spread over the copies", "[fabric][replicas]") {
+TEST_CASE("replicas: a WRITE reaches every copy, and READs spread over the copies", "[fabric][replicas]") {
   auto local = LocalCluster::create(4, 1 << 20);
   auto c = with_replicas(local, 2);
   auto ep = c->make_endpoint(1 << 20);

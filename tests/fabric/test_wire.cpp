@@ -17,7 +17,7 @@ namespace {
 double since_us(Clock::time_point t) { return std::chrono::duration<double, std::micro>(Clock::now() - t).count(); }
 }  // namespace
 
-TEST_CASE("wire: presets and LAT_US,GBPS parse; bad text names --wire", "[fabric][wire]") {
+TEST_CASE("wire: presets and LAT_US,GBPS parse, and bad text names --wire", "[fabric][wire]") {
   CHECK_FALSE(parse_wire("none").enabled());
   const WireModel r = parse_wire("rdma-100g");
   CHECK(r.latency_us == 2.0);
@@ -32,7 +32,7 @@ TEST_CASE("wire: presets and LAT_US,GBPS parse; bad text names --wire", "[fabric
     CHECK_THROWS_WITH(parse_wire(bad), Catch::Contains("--wire"));
 }
 
-TEST_CASE("wire: off adds nothing; on, the data is the same and no completion comes before its latency",
+TEST_CASE("wire: off adds nothing, and on, the data is the same and no completion comes before its latency",
           "[fabric][wire]") {
   auto local = LocalCluster::create(1, 1 << 20);
   for (size_t i = 0; i < 4096; ++i) local->region(0)[i] = static_cast<char>(i * 7);

@@ -65,7 +65,7 @@ double recall_of(const std::string& report) { return load_json(report)["runs"][0
 
 }  // namespace
 
-TEST_CASE("replica sets: R = 2 passes the selftest over every provider; a missing copy is refused naming them",
+TEST_CASE("replica sets: R = 2 passes the selftest over every provider, and a missing copy is refused naming them",
           "[integration][replicas]") {
   for (std::string provider : {"shm", "tcp", "cxl"}) {
     DYNAMIC_SECTION(provider) {
