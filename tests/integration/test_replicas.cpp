@@ -5,6 +5,7 @@
 #include <catch2/catch.hpp>
 
 #include <csignal>
+#include <fstream>
 #include <thread>
 
 #include "proc.hpp"
@@ -148,6 +149,128 @@ TEST_CASE("replica sets: a copy SIGKILLed during a shine build and another durin
                       dir, "q-self", seconds(60));
       REQUIRE(self.code == 0);
       CHECK(recall_of(dir.file("self.json")) >= 0.995);
+    }
+  }
+}
+
+namespace {
+
+/// Rows [begin, end) of the base as queries whose nearest neighbour is themselves.
+std::string self_workload(const SmallData& d, const TempDir& dir, int begin, int end) {
+  const std::string q = dir.file("self.fvecs"), gt = dir.file("self.ivecs"), wl = dir.file("self.wl");
+  {
+    std::ifstream in(d.base, std::ios::binary);
+    std::ofstream out(q, std::ios::binary);
+    const size_t row = 4 + 4 * 24;
+    std::vector<char> buf(row);
+    in.seekg(static_cast<std::streamoff>(row) * begin);
+    for (int i = begin; i < end; ++i) {
+      in.read(buf.data(), static_cast<std::streamsize>(row));
+      out.write(buf.data(), static_cast<std::streamsize>(row));
+    }
+  }
+  for (auto argv : std::vector<std::vector<std::string>>{
+           {bin("groundtruth"), "--base", d.base, "--queries", q, "--k", "10", "--metric", "l2", "--out", gt},
+           {bin("workload"), "--queries", q, "--groundtruth", gt, "--count", std::to_string(end - begin), "--seed",
+            "1", "--out", wl}})
+    if (run(argv, dir, "self-workload").code != 0) throw std::runtime_error("self workload failed");
+  return wl;
+}
+
+}  // namespace
+
+TEST_CASE("replica sets: memnode 0's first copy SIGKILLed under d-HNSW inserts, rebuilds and queries loses nothing",
+          "[integration][replicas][dhnsw]") {
+  for (std::string provider : {"tcp", "cxl"}) {
+    DYNAMIC_SECTION(provider) {
+      SmallData d;  // 3,000 rows: 2,400 built, 600 inserted
+      TempDir dir;
+      Sets s(dir, 2, 2, provider);
+      auto cn = [&](int id, int k, std::vector<std::string> rest) {
+        return computenode_args("dhnsw", provider, s.list(), id, k, rest);
+      };
+      // Tiny gaps: the inserts force online rebuilds (the control block, the insert buffer and
+      // the board live on memnode 0).
+      auto b = run(cn(0, 1, {"build", "--data", d.base, "--max-elements", "2400", "--partitions", "8", "--m", "16",
+                             "--ef-construction", "80", "--internal-gap", "0.02", "--overflow-gap", "0.02"}),
+                   dir, "build", seconds(300));
+      INFO(b.output);
+      REQUIRE(b.code == 0);
+      Proc q(cn(0, 1, {"query", "--workload", d.wl, "--k", "10", "--batch", "16", "--probe", "3", "--ef-search", "64",
+                       "--arrival-qps", "100", "--max-wait-us", "20000", "--report", dir.file("during.json")}),
+             dir.file("during.log"));
+      REQUIRE(wait_for_output(q, "d-HNSW index", seconds(30)));
+      std::vector<std::unique_ptr<Proc>> ins;
+      for (int i = 0; i < 2; ++i)
+        ins.push_back(std::make_unique<Proc>(
+            cn(1 + i, 3, {"--wire", "300,0", "insert", "--data", d.base, "--begin", "2400", "--share", std::to_string(i) + "/2", "--batch",
+                          "10", "--report", dir.file("ins.json")}),
+            dir.file("ins" + std::to_string(i) + ".log")));
+      // Inserts take seconds under a wire model of 300 us per operation; the copy dies as the
+      // first online rebuild starts.
+      s.kill_when(0, 0, *ins[0], "starting an online rebuild");
+      uint64_t inserted = 0, rebuilds = 0;
+      for (int i = 0; i < 2; ++i) {
+        const int code = ins[static_cast<size_t>(i)]->wait(seconds(300));
+        INFO(ins[static_cast<size_t>(i)]->output());
+        REQUIRE(code == 0);
+        const auto r = load_json(dir.file("ins.json.cn" + std::to_string(1 + i)))["insert"];
+        inserted += r["inserted"].get<uint64_t>();
+        rebuilds += r["rebuilds"].get<uint64_t>();
+      }
+      CHECK(inserted == 600);
+      WARN(provider << ": " << rebuilds << " rebuild(s) while memnode 0 copy 0 died");
+      const int qc = q.wait(seconds(300));
+      INFO(q.output());
+      CHECK(qc == 0);  // the querier never failed a query
+      CHECK_THAT(q.output(), Contains("memnode 0 copy 0 (" + s.at(0, 0).address));  // it saw the death
+      // Every acknowledged insert is on the surviving copies: each found by itself, searching
+      // every partition.
+      const std::string self = self_workload(d, dir, 2400, 3000);
+      auto all = run(cn(0, 1, {"query", "--workload", self, "--k", "10", "--batch", "64", "--probe", "8", "--ef-search",
+                               "400", "--report", dir.file("self.json")}),
+                     dir, "self", seconds(300));
+      INFO(all.output);
+      REQUIRE(all.code == 0);
+      CHECK(load_json(dir.file("self.json"))["runs"][0]["recall_at_1"].get<double>() == 1.0);
+    }
+  }
+}
+
+TEST_CASE("replica sets: a copy SIGKILLed under serve-bench fails no request of computenode serve",
+          "[integration][replicas][serve]") {
+  for (std::string provider : {"tcp", "cxl"}) {
+    DYNAMIC_SECTION(provider) {
+      SmallData d(400);
+      TempDir dir;
+      Sets s(dir, 2, 2, provider);
+      import_shine_index(dir, provider, s.list(), d);
+      Proc srv(computenode_args("shine", provider, s.list(), 0, 1,
+                                {"serve", "--listen", "127.0.0.1:0", "--ef-search", "64"}),
+               dir.file("serve.log"));
+      const bool serving = wait_for_output(srv, "serving shine on", seconds(120));
+      INFO(srv.output());
+      REQUIRE(serving);
+      const std::string out = srv.output();
+      const auto at = out.find("serving shine on ");
+      const std::string addr = out.substr(at + 17, out.find_first_of(" \n", at + 17) - at - 17);
+      Proc bench({bin("serve-bench"), "--target", addr, "--workload", d.wl, "--clients", "4", "--seconds", "6",
+                  "--json", dir.file("bench.json")},
+                 dir.file("bench.log"));
+      std::this_thread::sleep_for(seconds(2));  // into the measured loop (the warm-up takes well under a second)
+      REQUIRE(bench.running());
+      s.at(1, 0).proc->signal(SIGKILL);  // memnode 1's primary
+      const int code = bench.wait(seconds(60));
+      INFO(bench.output() << srv.output());
+      REQUIRE(code == 0);
+      const auto j = load_json(dir.file("bench.json"));
+      CHECK(j["requests"].get<uint64_t>() > 100);
+      CHECK(j["errors"] == 0);
+      CHECK(j["requests_ok"] == j["requests"]);
+      CHECK(j["recall"].get<double>() >= 0.9);
+      CHECK_THAT(srv.output(), Contains("memnode 1 copy 0 (" + s.at(1, 0).address));
+      WARN(provider << ": " << j["requests"] << " requests, 0 failed, p99 " << j["latency_us"]["p99"]
+                    << " us, max " << j["latency_us"]["max"] << " us through the kill");
     }
   }
 }
