@@ -274,3 +274,27 @@ TEST_CASE("replica sets: a copy SIGKILLed under serve-bench fails no request of 
     }
   }
 }
+
+TEST_CASE("replica sets: R = 3 survives two kills of one set; the third fails the computenode within 5 s naming the set",
+          "[integration][replicas]") {
+  TempDir dir;
+  Sets s(dir, 2, 3, "tcp");
+  Proc cn({bin("computenode"), "--provider", "tcp", "--memnodes", s.list(), "selftest", "--atomics", "50", "--loop",
+           "60"},
+          dir.file("cn.log"));
+  REQUIRE(wait_for_output(cn, "all checks passed", seconds(30)));
+  s.at(1, 0).proc->signal(SIGKILL);
+  REQUIRE(wait_for_output(cn, "memnode 1 copy 0", seconds(10)));
+  s.at(1, 2).proc->signal(SIGKILL);
+  REQUIRE(wait_for_output(cn, "memnode 1 copy 2", seconds(10)));
+  CHECK(cn.running());  // reading on from copy 1
+  s.at(1, 1).proc->signal(SIGKILL);
+  const auto t0 = std::chrono::steady_clock::now();
+  const int code = cn.wait(seconds(10));
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  INFO(cn.output());
+  CHECK(code > 0);
+  CHECK(secs < 5.0);
+  CHECK_THAT(cn.output(), Contains("memnode 1 (") && Contains("every copy is gone") &&
+                              Contains("copy 1 (" + s.at(1, 1).address + ")"));
+}
