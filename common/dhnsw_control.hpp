@@ -23,6 +23,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <type_traits>
+#include "common/fabric/rejoin_layout.hpp"
 
 namespace dmhnsw::dhnsw {
 
@@ -71,7 +72,7 @@ static_assert(offsetof(Control, old_base) == 88);
 static_assert(offsetof(Control, rebuilds) == 104);
 static_assert(offsetof(Control, bucket_words) == 152);
 static_assert(offsetof(Control, acks) == 664);
-static_assert(sizeof(Control) == 1176 && kControlOffset + sizeof(Control) <= 3584);  // the presence table follows (common/presence.hpp)
+static_assert(sizeof(Control) == 1176 && kControlOffset + sizeof(Control) <= fabric::kRejoinBlockOffset);  // the rejoin block, then the presence table follow
 
 /// One buffered insert: commit word, id, then the vector; padded to 64 bytes.
 struct BufferEntryHeader {

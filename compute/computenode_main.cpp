@@ -37,6 +37,8 @@ int main(int argc, char** argv) {
   flags.add(app);
   commands::SelftestCommand selftest;
   selftest.add(app);
+  commands::RejoinCommand rejoin;
+  rejoin.add(app);
   commands::IndexCommands index;
   index.add(app);
   commands::QueryCommand query;
@@ -58,7 +60,7 @@ int main(int argc, char** argv) {
     co.provider = fabric::parse_provider(flags.provider);
     co.memnodes = split_commas(flags.memnodes);
     co.token = fabric::load_token(flags.token_file);
-    co.mode = selftest.selected() ? fabric::Mode::None : fabric::parse_mode(flags.mode);
+    co.mode = selftest.selected() || rejoin.selected() ? fabric::Mode::None : fabric::parse_mode(flags.mode);
     co.cn_id = flags.cn_id;
     co.num_cns = flags.num_cns;
     co.heartbeat_timeout_ms = flags.heartbeat_ms;
@@ -66,7 +68,7 @@ int main(int argc, char** argv) {
     const fabric::WireModel wm = fabric::parse_wire(flags.wire);
     auto cluster = fabric::with_wire(fabric::connect_cluster(co), wm);
     spdlog::info("connected to {} memnode(s) over {}", cluster->memnodes().size(), flags.provider);
-    if (!index.selected() && !query.selected() && !*serve_cmd) print_headers(*cluster);
+    if (!index.selected() && !query.selected() && !*serve_cmd && !rejoin.selected()) print_headers(*cluster);
     commands::RunEnv env{flags, *cluster, {cluster.get(), flags.cn_id, flags.num_cns, flags.provider, {}}, wm, nullptr};
     if (index.wants_report() || query.wants_report())
       env.cpu = std::make_unique<compute::MemnodeCpuMeter>(*cluster);
@@ -80,6 +82,7 @@ int main(int argc, char** argv) {
     if (index.selected()) return index.run(env, rm);
     if (query.selected()) return query.run(env, rm);
     if (selftest.selected()) return selftest.run(env);
+    if (rejoin.selected()) return rejoin.run(env);
     return 0;
   } catch (const std::exception& e) {
     spdlog::error("{}", e.what());

@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "common/fabric/fabric_cluster.hpp"
+#include "common/fabric/rejoin_layout.hpp"
 #include "common/presence.hpp"
 #include "common/region.hpp"
 #include "common/units.hpp"
@@ -31,7 +32,7 @@ struct Flags {
   std::string listen = "127.0.0.1:7000", provider = "shm", region = "256MiB", token_file, ready_file,
               log_level = "info", load, dax, store_dir;
   int id = 0, numa_node = -1, relay_timeout_ms = 10000, rma_lanes = -1, replicas = 1, copy = 0;
-  bool hugepages = false;
+  bool hugepages = false, rejoin = false;
   CLI::Option* region_opt = nullptr;
 
   void add(CLI::App& app) {
@@ -45,6 +46,9 @@ struct Flags {
     app.add_option("--copy", copy, "which of the --replicas copies of this id this memnode is (0..R-1)")
         ->capture_default_str()
         ->check(CLI::Range(0, static_cast<int>(fabric::kMaxCopies) - 1));
+    app.add_flag("--rejoin", rejoin,
+                 "a new copy replacing a dead one of a replica set: computenodes do not read it until "
+                 "`computenode rejoin` has copied the set's region into it (docs/replication.md)");
     app.add_option("--provider", provider,
                    "fabric: shm (one host), tcp (any IP network), verbs (RDMA NICs, soft-RoCE), cxl (one host: "
                    "computenodes map the region, a shared memory object)")
@@ -151,6 +155,9 @@ fabric::ControlServer::Config control_config(const Flags& f, fabric::Provider pr
   cc.memnode_id = static_cast<uint16_t>(f.id);
   cc.copy = static_cast<uint8_t>(f.copy);
   cc.copies = static_cast<uint8_t>(f.replicas);
+  cc.joining = [base = mem.data()] {
+    return std::atomic_ref<uint64_t>(*reinterpret_cast<uint64_t*>(base + fabric::kJoinWordOffset)).load() != 0;
+  };
   cc.provider = prov;
   cc.region_base = server.remote_base();
   cc.region_size = mem.size();
@@ -249,6 +256,11 @@ int main(int argc, char** argv) {
     std::memcpy(&hdr, mem.data(), sizeof hdr);
     PresenceWriter presence(mem.data());
     presence.reset();
+    if (f.rejoin) {
+      if (f.replicas < 2 || !f.load.empty())
+        throw std::invalid_argument("--rejoin: a new copy of a replica set (--replicas 2 or more), without --load");
+      std::atomic_ref<uint64_t>(*reinterpret_cast<uint64_t*>(mem.data() + fabric::kJoinWordOffset)).store(1);
+    }
 
     const unsigned lanes = f.rma_lanes >= 0 ? static_cast<unsigned>(f.rma_lanes)
                                             : prov == fabric::Provider::Shm ? 8u : 0u;

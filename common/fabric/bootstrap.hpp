@@ -59,6 +59,7 @@ struct Welcome {
   /// Replica sets (docs/replication.md): this memnode is copy `copy` of the `copies` memnodes
   /// that serve memnode id `memnode_id`, each with an identical region.
   uint8_t copy = 0, copies = 1;
+  uint8_t joining = 0;  // a new copy still being filled (memnode --rejoin): not to be read yet
 };
 
 struct Hello {
@@ -115,6 +116,7 @@ class ControlServer {
     std::string token;   // "" = no token: only loopback allowed
     uint16_t memnode_id = 0;
     uint8_t copy = 0, copies = 1;  // memnode --copy, --replicas
+    std::function<bool()> joining;  // memnode --rejoin, until the copy is full
     Provider provider = Provider::Shm;
     uint64_t region_base = 0, region_size = 0, region_key = 0;
     std::vector<char> fabric_addr;

@@ -232,6 +232,7 @@ void ControlServer::handle_hello(Pending& p, uint16_t version, uint16_t type, co
     w.b.insert(w.b.end(), hdr.begin(), hdr.end());
     w.put(c_.copy);
     w.put(c_.copies);
+    w.put(static_cast<uint8_t>(c_.joining && c_.joining() ? 1 : 0));
     if (c_.on_join) c_.on_join(h.cn_id, h.fabric_addr);
     if (!send_frame_now(fd, kControlVersion, kWelcome, w.b)) {
       spdlog::warn("dropped {}: it does not take its welcome", who);

@@ -46,6 +46,7 @@ std::unique_ptr<PeerState> ControlledCluster::make_peer(const std::string& host_
   p->info.header = w.header;
   p->info.copy = w.copy;
   p->info.copies = w.copies;
+  p->info.joining = w.joining != 0;
   p->host = parse_host_port(host_port, "--memnodes").first;
   p->fabric_addr = w.fabric_addr;
   p->rma_lanes = w.rma_lanes;
@@ -120,6 +121,108 @@ void ControlledCluster::order_peers(std::vector<std::unique_ptr<PeerState>> peer
 void ControlledCluster::stop_monitor() {
   stop_.store(true);
   if (monitor_.joinable()) monitor_.join();
+  if (reviver_.joinable()) reviver_.join();
+}
+
+void ControlledCluster::revive_loop() {
+  std::vector<std::string> refused(peers_.size());  // the last refusal logged per peer
+  while (!stop_.load()) {
+    for (size_t i = 0; i < peers_.size() && !stop_.load(); ++i) {
+      if (!peers_[i]->dead.load()) continue;
+      {
+        std::lock_guard g(pending_mu_);
+        if (std::any_of(pending_.begin(), pending_.end(), [&](auto& p) { return p.first == i; })) continue;
+      }
+      const MemnodeInfo& info = peers_[i]->info;
+      std::unique_ptr<ControlClient> cc;
+      try {
+        cc = std::make_unique<ControlClient>(info.address, opts_.control_version);
+      } catch (const FabricError&) {
+        continue;  // nobody there yet
+      }
+      std::string why;
+      try {
+        Hello h;
+        h.mode = opts_.mode;
+        h.provider = opts_.provider;
+        h.cn_id = opts_.cn_id;
+        h.token = opts_.token;
+        h.fabric_addr = hello_addr_(*cc);
+        Welcome w = cc->handshake(h);
+        if (w.memnode_id != info.id || w.copy != info.copy || w.copies != info.copies)
+          why = "it is memnode " + std::to_string(w.memnode_id) + " copy " + std::to_string(w.copy) + " of " +
+                std::to_string(w.copies);
+        else if (!w.joining)
+          why = "it was not started with --rejoin (a new copy must be filled before it is read)";
+        else if (w.region_size != info.region_size)
+          why = "its region has " + std::to_string(w.region_size) + " bytes, its set's " +
+                std::to_string(info.region_size);
+        if (why.empty()) {
+          std::lock_guard g(pending_mu_);
+          pending_.emplace_back(static_cast<uint16_t>(i), std::move(cc));
+          pending_welcomes_.emplace_back(static_cast<uint16_t>(i), std::move(w));
+          continue;
+        }
+      } catch (const std::exception& e) {
+        why = e.what();
+      }
+      if (refused[i] != why)
+        spdlog::warn("{} ({}): a memnode answers there but cannot take its place: {}", label(static_cast<uint16_t>(i)),
+                     info.address, why);
+      refused[i] = why;
+    }
+    for (int k = 0; k < 10 && !stop_.load(); ++k) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+}
+
+// On the monitor thread (the only user of controls_ besides register_address, whose lock is
+// held): the new memnode takes the dead peer's place.
+std::vector<uint16_t> ControlledCluster::install_revived() {
+  std::vector<uint16_t> done;
+  std::vector<std::pair<uint16_t, std::unique_ptr<ControlClient>>> ready;
+  std::vector<std::pair<uint16_t, Welcome>> welcomes;
+  {
+    std::lock_guard g(pending_mu_);
+    ready.swap(pending_);
+    welcomes.swap(pending_welcomes_);
+  }
+  if (ready.empty()) return done;
+  // register_address waits, holding this lock, for answers this thread reads: wait for it to
+  // finish without blocking (the monitor goes on draining), then install.
+  std::unique_lock rg(register_mu_, std::defer_lock);
+  while (!rg.try_lock()) {
+    for (size_t i = 0; i < controls_.size(); ++i) {
+      std::string why;
+      if (controls_[i] && !peers_[i]->dead.load() && !controls_[i]->drain(why)) mark_dead(i, why);
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+  for (size_t k = 0; k < ready.size(); ++k) {
+    const uint16_t i = ready[k].first;
+    PeerState& p = *peers_[i];
+    const Welcome& w = welcomes[k].second;
+    p.fabric_addr = w.fabric_addr;
+    p.rma_lanes = w.rma_lanes;
+    p.base = w.region_base;
+    p.key = w.region_key;
+    try {
+      on_revived(i);
+      for (const auto& a : registered_) ready[k].second->send_register(a);
+    } catch (const std::exception& e) {
+      spdlog::warn("{} ({}): could not take the new memnode there: {}", label(i), p.info.address, e.what());
+      continue;
+    }
+    controls_[i] = std::move(ready[k].second);
+    p.generation.fetch_add(1);
+    {
+      std::lock_guard g(mu_);
+      p.why.clear();
+      p.dead.store(false);
+    }
+    spdlog::info("{} ({}): a new memnode took its place, joining its set", label(i), p.info.address);
+    done.push_back(i);
+  }
+  return done;
 }
 
 void ControlledCluster::mark_dead(size_t i, const std::string& why) {
@@ -135,6 +238,8 @@ void ControlledCluster::mark_dead(size_t i, const std::string& why) {
 
 void ControlledCluster::unregister_address(const std::vector<char>& fabric_addr) {
   std::lock_guard g(register_mu_);
+  if (auto it = std::find(registered_.begin(), registered_.end(), fabric_addr); it != registered_.end())
+    registered_.erase(it);
   for (size_t i = 0; i < controls_.size(); ++i) {
     if (peers_[i]->dead.load()) continue;
     try {
@@ -147,6 +252,7 @@ void ControlledCluster::unregister_address(const std::vector<char>& fabric_addr)
 
 void ControlledCluster::register_address(const std::vector<char>& fabric_addr) {
   std::lock_guard g(register_mu_);
+  registered_.push_back(fabric_addr);  // a memnode that takes a dead copy's place is told too
   std::vector<uint64_t> want(controls_.size(), 0);
   for (size_t i = 0; i < controls_.size(); ++i) {
     if (peers_[i]->dead.load()) continue;
@@ -175,6 +281,7 @@ void ControlledCluster::monitor() {
   std::vector<std::optional<Clock::time_point>> unanswered(peers_.size());
   auto next_ping = Clock::now();
   while (!stop_.load()) {
+    for (uint16_t i : install_revived()) unanswered[i].reset();
     auto now = Clock::now();
     if (now >= next_ping) {
       for (size_t i = 0; i < controls_.size(); ++i) {

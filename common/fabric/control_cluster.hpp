@@ -5,6 +5,7 @@
 // dead, which fails its pending and later operations. Providers add their endpoints.
 #include <atomic>
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -25,6 +26,9 @@ struct PeerState {
   uint64_t base = 0, key = 0;
   std::atomic<bool> dead{false};
   std::string why;  // guarded by ControlledCluster::mu_
+  /// +1 each time a new memnode took this place (a copy of a replica set replaced with
+  /// memnode --rejoin): endpoints set up for the old one refresh what they keep of it.
+  std::atomic<uint64_t> generation{0};
 };
 
 class ControlledCluster : public Cluster {
@@ -87,8 +91,14 @@ class ControlledCluster : public Cluster {
       controls_.push_back(std::move(cc));
     }
     order_peers(std::move(peers), unreachable);
+    hello_addr_ = [h = std::forward<HelloAddr>(hello_addr)](ControlClient& cc) { return h(cc); };
     monitor_ = std::thread([this] { monitor(); });
+    const bool replicated = !peers_.empty() && peers_.front()->info.copies > 1;
+    if (replicated && opts_.provider != Provider::Verbs) reviver_ = std::thread([this] { revive_loop(); });
   }
+  /// A new memnode took dead peer `i`'s place (its fields are set): the provider sets up what
+  /// it keeps per memnode (cxl maps the region). Called on the monitor thread; may throw.
+  virtual void on_revived(uint16_t i) { (void)i; }
   void stop_monitor();
   void mark_dead(size_t i, const std::string& why);
   const ClusterOptions& options() const { return opts_; }
@@ -100,8 +110,18 @@ class ControlledCluster : public Cluster {
   void order_peers(std::vector<std::unique_ptr<PeerState>> peers,
                    const std::vector<std::pair<std::string, std::string>>& unreachable);
   void monitor();
+  /// Replica sets: a dead copy's address is tried every 500 ms; a memnode there that says it is
+  /// that copy, joining (memnode --rejoin), is handed to the monitor thread to take its place.
+  void revive_loop();
+  std::vector<uint16_t> install_revived();  // the peers revived
 
   ClusterOptions opts_;
+  std::function<std::vector<char>(ControlClient&)> hello_addr_;
+  std::vector<std::vector<char>> registered_;  // endpoint addresses told to the memnodes (register_mu_)
+  std::mutex pending_mu_;
+  std::vector<std::pair<uint16_t, std::unique_ptr<ControlClient>>> pending_;  // revived, for the monitor
+  std::vector<std::pair<uint16_t, Welcome>> pending_welcomes_;
+  std::thread reviver_;
   std::vector<std::unique_ptr<ControlClient>> controls_;
   std::vector<std::unique_ptr<PeerState>> peers_;
   std::vector<MemnodeInfo> infos_;

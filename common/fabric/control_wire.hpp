@@ -154,6 +154,7 @@ inline Welcome decode_welcome(const std::vector<char>& payload, const std::strin
   r.at += kHeaderBlobBytes;
   wl.copy = r.get<uint8_t>();
   wl.copies = r.get<uint8_t>();
+  wl.joining = r.get<uint8_t>();
   if (wl.copies == 0 || wl.copy >= wl.copies || wl.copies > kMaxCopies)
     throw FabricError(who + ": welcome names copy " + std::to_string(wl.copy) + " of " + std::to_string(wl.copies) +
                       " (want copy < copies <= " + std::to_string(kMaxCopies) + ")");

@@ -53,6 +53,7 @@ class CxlEndpoint final : public Endpoint {
   std::deque<Completion> done_;
   std::vector<int> socks_;
   std::vector<std::vector<char>> inbufs_;
+  std::vector<uint64_t> gens_;  // PeerState::generation the sockets are of
 };
 
 class CxlCluster final : public ControlledCluster, public std::enable_shared_from_this<CxlCluster> {
@@ -112,6 +113,20 @@ class CxlCluster final : public ControlledCluster, public std::enable_shared_fro
     return std::make_unique<CxlEndpoint>(shared_from_this(), pool_bytes);
   }
 
+  /// A new memnode took a dead copy's place: map its region. The old mapping stays (an
+  /// endpoint may still be inside a copy that began before the death); one per replacement.
+  void on_revived(uint16_t i) override {
+    uint64_t size = 0;
+    ::close(open_socket(i, true, &size));
+    const int region_fd = fd_;
+    fd_ = -1;
+    void* p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, region_fd, 0);
+    ::close(region_fd);
+    if (p == MAP_FAILED) throw FabricError("cxl: cannot map the region of " + node_name(i) + ": " + std::strerror(errno));
+    maps_[i].size = size;
+    maps_[i].base = static_cast<char*>(p);
+  }
+
   struct Map {
     char* base = nullptr;
     uint64_t size = 0;
@@ -124,7 +139,8 @@ class CxlCluster final : public ControlledCluster, public std::enable_shared_fro
 };
 
 CxlEndpoint::CxlEndpoint(std::shared_ptr<CxlCluster> c, size_t pool_bytes)
-    : c_(std::move(c)), pool_(pool_bytes), socks_(c_->num_peers(), -1), inbufs_(c_->num_peers()) {}
+    : c_(std::move(c)), pool_(pool_bytes), socks_(c_->num_peers(), -1), inbufs_(c_->num_peers()),
+      gens_(c_->num_peers(), 0) {}
 
 std::string CxlEndpoint::node_name(uint16_t node) const { return c_->node_name(node); }
 
@@ -170,6 +186,12 @@ Status CxlEndpoint::post(std::span<const Op> ops) {
 }
 
 int CxlEndpoint::sock(uint16_t node) {
+  if (const uint64_t g = c_->peer(node).generation.load(); g != gens_.at(node)) {  // a new memnode there
+    if (socks_[node] >= 0) ::close(socks_[node]);
+    socks_[node] = -1;
+    inbufs_[node].clear();
+    gens_[node] = g;
+  }
   if (socks_.at(node) < 0) socks_[node] = c_->open_socket(node, false, nullptr);
   return socks_[node];
 }

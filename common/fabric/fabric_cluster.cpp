@@ -80,6 +80,9 @@ class FabricEndpoint final : public Endpoint {
   lf::MemoryRegion pool_mr_;
   std::vector<fi_addr_t> addr_;      // by memnode id: messages
   std::vector<fi_addr_t> rma_addr_;  // by memnode id: one-sided operations (a lane, or addr_)
+  std::vector<uint64_t> gens_;       // PeerState::generation the addresses are of
+  uint64_t ordinal_ = 0;
+  void set_peer_addr(uint16_t i);
   std::deque<OpCtx> ctxs_;       // stable addresses
   std::vector<OpCtx*> free_;
   size_t in_flight_ = 0;
@@ -146,22 +149,11 @@ FabricEndpoint::FabricEndpoint(std::shared_ptr<FabricCluster> c, size_t pool_byt
   // leaves its lane's lock held, libfabric shm) stops nobody else's READs. Otherwise endpoint e
   // takes lane (c + kLaneStride·e) mod L: the first endpoints of different computenodes get
   // different lanes and one computenode's later endpoints step away from its neighbours'.
-  const uint64_t ordinal = cluster_->next_endpoint_ordinal();
-  for (uint16_t i = 0; i < cluster_->num_peers(); ++i) {
-    const PeerState& p = cluster_->peer(i);
-    if (p.fabric_addr.empty()) {  // a copy of a replica set that was dead when we joined: never addressed
-      addr_.push_back(FI_ADDR_NOTAVAIL);
-      rma_addr_.push_back(FI_ADDR_NOTAVAIL);
-      continue;
-    }
-    addr_.push_back(raw_.insert(p.fabric_addr));
-    if (p.rma_lanes.empty()) {
-      rma_addr_.push_back(addr_.back());
-    } else {
-      const uint64_t lane = rma_lane_for(cluster_->cn_id(), cluster_->num_cns(), ordinal, p.rma_lanes.size());
-      rma_addr_.push_back(raw_.insert(p.rma_lanes[lane]));
-    }
-  }
+  ordinal_ = cluster_->next_endpoint_ordinal();
+  addr_.assign(cluster_->num_peers(), FI_ADDR_NOTAVAIL);
+  rma_addr_.assign(cluster_->num_peers(), FI_ADDR_NOTAVAIL);
+  gens_.assign(cluster_->num_peers(), 0);
+  for (uint16_t i = 0; i < cluster_->num_peers(); ++i) set_peer_addr(i);
   seen_deaths_ = cluster_->deaths();
   for (size_t i = 0; i < kRecvDepth; ++i) {
     msg_bufs_.push_back(pool_.alloc(lf::kWireMsgBytes));
@@ -170,6 +162,17 @@ FabricEndpoint::FabricEndpoint(std::shared_ptr<FabricCluster> c, size_t pool_byt
     ctx->buf = msg_bufs_.back().data();
     post_recv(ctx);
   }
+}
+
+void FabricEndpoint::set_peer_addr(uint16_t i) {
+  const PeerState& p = cluster_->peer(i);
+  gens_[i] = p.generation.load();
+  if (p.fabric_addr.empty()) return;  // a copy of a replica set that was dead when we joined
+  addr_[i] = raw_.insert(p.fabric_addr);
+  rma_addr_[i] = p.rma_lanes.empty()
+                     ? addr_[i]
+                     : raw_.insert(p.rma_lanes[rma_lane_for(cluster_->cn_id(), cluster_->num_cns(), ordinal_,
+                                                            p.rma_lanes.size())]);
 }
 
 FabricEndpoint::~FabricEndpoint() {
@@ -251,6 +254,7 @@ Status FabricEndpoint::post(std::span<const Op> ops) {
     uint16_t node = op.remote.node();
     if (node >= cluster_->num_peers()) return Status::UnknownNode;
     if (!cluster_->alive(node)) return Status::PeerDead;
+    if (cluster_->peer(node).generation.load() != gens_[node]) set_peer_addr(node);  // a new memnode there
     size_t len = (op.kind == OpKind::Read || op.kind == OpKind::Write) ? op.len : 8;
     uint64_t size = cluster_->peer(node).info.region_size;
     if (op.remote.offset() > size || len > size - op.remote.offset()) return Status::OutOfBounds;
@@ -406,6 +410,7 @@ size_t FabricEndpoint::poll_impl(std::span<Completion> out) {
 Status FabricEndpoint::send(uint16_t node, const void* data, size_t len) {
   if (node >= cluster_->num_peers()) return Status::UnknownNode;
   if (!cluster_->alive(node)) return Status::PeerDead;
+  if (cluster_->peer(node).generation.load() != gens_[node]) set_peer_addr(node);
   if (len > kMaxMessage) return Status::OutOfBounds;
   OpCtx* ctx = get_ctx();
   ctx->role = OpCtx::kSend;
@@ -472,7 +477,7 @@ std::shared_ptr<Cluster> connect_cluster(const ClusterOptions& opts) {
   auto c = connect_physical(opts);
   // Memnodes started with --replicas R form sets of R copies (ordered by id, then copy).
   const unsigned copies = c->memnodes().empty() ? 1u : c->memnodes().front().copies;
-  return with_replicas(std::move(c), copies);
+  return with_replicas(std::move(c), copies, opts.cn_id);
 }
 
 }  // namespace dmhnsw::fabric

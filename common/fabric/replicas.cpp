@@ -1,8 +1,11 @@
 #include "common/fabric/replicas.hpp"
 
+#include "common/fabric/replicated.hpp"
+
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <cstring>
 #include <atomic>
 #include <chrono>
 #include <deque>
@@ -30,170 +33,135 @@ bool caller_error(Status s) {
 
 }  // namespace
 
-class ReplicatedCluster;
+// ---- ReplicatedCluster: the view
 
-class ReplicatedEndpoint final : public Endpoint {
- public:
-  ReplicatedEndpoint(ReplicatedCluster& c, std::unique_ptr<Endpoint> inner) : c_(c), inner_(std::move(inner)) {}
-
-  Status post(std::span<const Op> ops) override;
-  std::string describe(const Completion& c) const override;
-  Status send(uint16_t node, const void* data, size_t len) override;
-  bool try_recv(Message& out) override;
-
- protected:
-  BufferPool& pool() override { return inner_->pool(); }
-  size_t poll_impl(std::span<Completion> out) override;
-  size_t in_flight_impl() const override { return live_ + ready_.size(); }
-
- private:
-  enum class Stage : uint8_t { First, Mirrors };
-  struct Pending {
-    Op op;                  // the caller's operation (logical node)
-    Stage stage = Stage::First;
-    uint32_t waiting = 0;   // physical completions outstanding
-    uint32_t succeeded = 0; // WRITE copies that took it
-    uint32_t tried = 0;     // bit per copy: READ or atomic sent there
-    uint8_t primary = 0;    // atomics: the copy that ordered it
-    Status status = Status::Ok;
-    Clock::time_point mirror_start{};
-    std::vector<Buffer> scratch;  // mirrors' old values, by copy
-    bool active = false;
-  };
-
-  uint32_t open(const Op& op);
-  void finish(uint32_t i, Status s);
-  /// Physical ops for pending `i`'s first stage, appended to `out`; false when the set has no
-  /// live copy to send it to.
-  bool first_stage(uint32_t i, std::vector<Op>& out);
-  void on_completion(const Completion& pc);
-  void start_mirrors(uint32_t i);
-  void post_now(std::vector<Op>& ops);
-  void sync_counters() { counters_ = inner_->counters(); }
-
-  ReplicatedCluster& c_;
-  std::unique_ptr<Endpoint> inner_;
-  std::vector<Pending> pend_;
-  std::vector<uint32_t> free_;
-  size_t live_ = 0;
-  std::deque<Completion> ready_;
-  uint64_t turn_ = 0;  // READ spreading
-};
-
-class ReplicatedCluster final : public Cluster, public std::enable_shared_from_this<ReplicatedCluster> {
- public:
-  ReplicatedCluster(std::shared_ptr<Cluster> physical, unsigned copies) : p_(std::move(physical)), r_(copies) {
-    const auto& phys = p_->memnodes();
-    if (r_ == 0 || phys.size() % r_ != 0)
-      throw FabricError("replica sets: " + std::to_string(phys.size()) + " memnodes cannot form sets of " +
-                        std::to_string(r_));
-    const size_t n = phys.size() / r_;
-    for (size_t l = 0; l < n; ++l) {
-      MemnodeInfo info = phys[l * r_];
-      info.id = static_cast<uint16_t>(l);
-      info.copy = 0;
-      info.copies = static_cast<uint8_t>(r_);
-      for (unsigned c = 1; c < r_; ++c) {
-        const MemnodeInfo& o = phys[l * r_ + c];
-        info.address += ", " + o.address;
-        if (o.region_size != info.region_size)
-          throw FabricError("memnode " + std::to_string(l) + ": its copies have regions of different sizes (copy 0 " +
-                            std::to_string(info.region_size) + " bytes at " + phys[l * r_].address + ", copy " +
-                            std::to_string(c) + " " + std::to_string(o.region_size) + " bytes at " + o.address +
-                            "): start every copy with the same --region");
+ReplicatedCluster::ReplicatedCluster(std::shared_ptr<Cluster> physical, unsigned copies, uint32_t cn_id)
+    : p_(std::move(physical)), r_(copies), cn_(cn_id) {
+  const auto& phys = p_->memnodes();
+  if (r_ == 0 || phys.size() % r_ != 0)
+    throw FabricError("replica sets: " + std::to_string(phys.size()) + " memnodes cannot form sets of " +
+                      std::to_string(r_));
+  const size_t n = phys.size() / r_;
+  seen_dead_ = std::make_unique<std::atomic<int64_t>[]>(phys.size());
+  state_ = std::make_unique<std::atomic<uint8_t>[]>(phys.size());
+  for (size_t i = 0; i < phys.size(); ++i) {
+    seen_dead_[i].store(0);
+    state_[i].store(phys[i].joining ? kJoining : kLive);
+  }
+  for (size_t l = 0; l < n; ++l) {
+    // The set's description: a full copy's (a joining one's header is not the set's yet).
+    size_t first = l * r_;
+    for (unsigned c = 0; c < r_; ++c)
+      if (!phys[l * r_ + c].joining) {
+        first = l * r_ + c;
+        break;
       }
-      infos_.push_back(info);
+    MemnodeInfo info = phys[first];
+    info.id = static_cast<uint16_t>(l);
+    info.copy = 0;
+    info.copies = static_cast<uint8_t>(r_);
+    info.joining = false;
+    info.address.clear();
+    for (unsigned c = 0; c < r_; ++c) {
+      const MemnodeInfo& o = phys[l * r_ + c];
+      info.address += (c ? ", " : "") + o.address;
+      if (o.region_size != info.region_size)
+        throw FabricError("memnode " + std::to_string(l) + ": its copies have regions of different sizes (" +
+                          std::to_string(info.region_size) + " bytes at " + phys[first].address + ", copy " +
+                          std::to_string(c) + " " + std::to_string(o.region_size) + " bytes at " + o.address +
+                          "): start every copy with the same --region");
     }
-    seen_dead_ = std::make_unique<std::atomic<int64_t>[]>(phys.size());
-    for (size_t i = 0; i < phys.size(); ++i) seen_dead_[i].store(0);
+    infos_.push_back(info);
+    sets_.push_back(std::make_unique<SetState>());
   }
+}
 
-  Provider provider() const override { return p_->provider(); }
-  const std::vector<MemnodeInfo>& memnodes() const override { return infos_; }
-  std::unique_ptr<Endpoint> make_endpoint(size_t pool_bytes) override {
-    return std::make_unique<ReplicatedEndpoint>(*this, p_->make_endpoint(pool_bytes));
-  }
-  bool alive(uint16_t node) const override {
-    for (unsigned c = 0; c < r_; ++c)
-      if (copy_alive(node, c)) return true;
-    return false;
-  }
-  std::string dead_reason(uint16_t node) const override {
-    std::string why = "every copy is gone:";
-    for (unsigned c = 0; c < r_; ++c)
-      why += std::string(c ? ";" : "") + " copy " + std::to_string(c) + " (" + phys_info(node, c).address + ") " +
-             p_->dead_reason(phys(node, c));
-    return why;
-  }
-  void declare_dead(uint16_t node, const std::string& why) override {
-    for (unsigned c = 0; c < r_; ++c) fence(node, c, why);
-  }
+ReplicatedCluster::~ReplicatedCluster() {
+  stop_.store(true);
+  if (watcher_.joinable()) watcher_.join();
+}
 
-  const std::shared_ptr<Cluster>& physical() const { return p_; }
-  unsigned copies() const { return r_; }
-  uint16_t phys(uint16_t l, unsigned c) const { return static_cast<uint16_t>(l * r_ + c); }
-  const MemnodeInfo& phys_info(uint16_t l, unsigned c) const { return p_->memnodes()[phys(l, c)]; }
+bool ReplicatedCluster::alive(uint16_t node) const {
+  for (unsigned c = 0; c < r_; ++c)
+    if (copy_alive(node, c)) return true;
+  return false;
+}
 
-  bool copy_alive(uint16_t l, unsigned c) const {
-    if (l >= infos_.size()) return false;
-    const uint16_t p = phys(l, c);
-    if (p_->alive(p)) return true;
-    note_dead(p);
-    return false;
+std::string ReplicatedCluster::dead_reason(uint16_t node) const {
+  std::string why = "every copy is gone:";
+  for (unsigned c = 0; c < r_; ++c) {
+    const uint16_t p = phys(node, c);
+    why += std::string(c ? ";" : "") + " copy " + std::to_string(c) + " (" + phys_info(node, c).address + ") " +
+           (state_[p].load() == kJoining && p_->alive(p) ? std::string("joining, not filled yet") : p_->dead_reason(p));
   }
-  /// The copy a set's atomics go to: its lowest live copy, or -1 when none is left.
-  int primary(uint16_t l) const {
-    for (unsigned c = 0; c < r_; ++c)
-      if (copy_alive(l, c)) return static_cast<int>(c);
-    return -1;
-  }
-  /// Waits until copy `c` of set `l` may order atomics (kPrimarySettle after the copies below
-  /// it were seen dead).
-  void settle(uint16_t l, unsigned c) const {
-    int64_t latest = 0;
-    for (unsigned b = 0; b < c; ++b) latest = std::max(latest, seen_dead_[phys(l, b)].load());
-    if (latest == 0) return;
-    const auto ready = Clock::time_point(Clock::duration(latest)) + kPrimarySettle;
-    if (Clock::now() < ready) std::this_thread::sleep_until(ready);
-  }
-  /// A copy that failed an operation leaves this computenode's view for good.
-  void fence(uint16_t l, unsigned c, const std::string& why) {
-    const uint16_t p = phys(l, c);
-    if (p_->alive(p)) {
-      spdlog::warn("memnode {} copy {} ({}): {}; its set goes on without it", l, c, phys_info(l, c).address, why);
-      p_->declare_dead(p, why);
-    }
-    note_dead(p);
-  }
-  void count_read_retry() { read_retries_.fetch_add(1, std::memory_order_relaxed); }
+  return why;
+}
 
-  ReplicaView view() const {
-    ReplicaView v;
-    v.copies = r_;
-    for (uint16_t l = 0; l < infos_.size(); ++l) {
-      v.live.emplace_back();
-      for (unsigned c = 0; c < r_; ++c) v.live.back().push_back(copy_alive(l, c));
-    }
-    v.failovers = failovers_.load();
-    v.read_retries = read_retries_.load();
-    return v;
-  }
+bool ReplicatedCluster::copy_alive(uint16_t l, unsigned c) const {
+  if (l >= infos_.size()) return false;
+  const uint16_t p = phys(l, c);
+  if (state_[p].load() != kLive) return false;
+  if (p_->alive(p)) return true;
+  note_dead(p);
+  return false;
+}
 
- private:
-  void note_dead(uint16_t p) const {
-    int64_t zero = 0;
-    if (seen_dead_[p].compare_exchange_strong(zero, Clock::now().time_since_epoch().count())) failovers_.fetch_add(1);
-  }
+int ReplicatedCluster::primary(uint16_t l) const {
+  for (unsigned c = 0; c < r_; ++c)
+    if (copy_alive(l, c)) return static_cast<int>(c);
+  return -1;
+}
 
-  std::shared_ptr<Cluster> p_;
-  unsigned r_;
-  std::vector<MemnodeInfo> infos_;
-  std::unique_ptr<std::atomic<int64_t>[]> seen_dead_;  // steady-clock ns when first seen dead, 0: live
-  mutable std::atomic<uint64_t> failovers_{0};
-  std::atomic<uint64_t> read_retries_{0};
-};
+void ReplicatedCluster::settle(uint16_t l, unsigned c) const {
+  int64_t latest = 0;
+  for (unsigned b = 0; b < c; ++b) latest = std::max(latest, seen_dead_[phys(l, b)].load());
+  if (latest == 0) return;
+  const auto ready = Clock::time_point(Clock::duration(latest)) + kPrimarySettle;
+  if (Clock::now() < ready) std::this_thread::sleep_until(ready);
+}
+
+void ReplicatedCluster::fence(uint16_t l, unsigned c, const std::string& why) {
+  const uint16_t p = phys(l, c);
+  if (p_->alive(p) && state_[p].load() == kLive) {
+    spdlog::warn("memnode {} copy {} ({}): {}; its set goes on without it", l, c, phys_info(l, c).address, why);
+    p_->declare_dead(p, why);
+  }
+  note_dead(p);
+}
+
+void ReplicatedCluster::note_dead(uint16_t p) const {
+  uint8_t live = kLive;
+  if (state_[p].compare_exchange_strong(live, kDead)) {
+    seen_dead_[p].store(Clock::now().time_since_epoch().count());
+    failovers_.fetch_add(1);
+  }
+}
+
+ReplicaView ReplicatedCluster::view() const {
+  ReplicaView v;
+  v.copies = r_;
+  for (uint16_t l = 0; l < infos_.size(); ++l) {
+    v.live.emplace_back();
+    for (unsigned c = 0; c < r_; ++c) v.live.back().push_back(copy_alive(l, c));
+  }
+  v.failovers = failovers_.load();
+  v.read_retries = read_retries_.load();
+  v.rejoins = rejoins_.load();
+  return v;
+}
 
 // ---- ReplicatedEndpoint
+
+ReplicatedEndpoint::ReplicatedEndpoint(ReplicatedCluster& c, std::unique_ptr<Endpoint> inner, bool control)
+    : c_(c), inner_(std::move(inner)), control_(control) {}
+
+ReplicatedEndpoint::~ReplicatedEndpoint() {
+  for (auto& p : pend_)  // a caller that gave up on its operations: keep the sets' counts right
+    if (p.active && !control_) {
+      c_.set(p.op.remote.node()).in_flight.fetch_sub(1);
+      if (!p.marks && p.op.kind != OpKind::Read) c_.set(p.op.remote.node()).in_flight_unmarked.fetch_sub(1);
+    }
+}
 
 uint32_t ReplicatedEndpoint::open(const Op& op) {
   uint32_t i;
@@ -209,11 +177,25 @@ uint32_t ReplicatedEndpoint::open(const Op& op) {
   p.op = op;
   p.active = true;
   ++live_;
+  if (!control_) {
+    auto& s = c_.set(op.remote.node());
+    s.in_flight.fetch_add(1);
+    if (op.kind != OpKind::Read) {
+      // A rejoin in the set: this change is marked when done, so the copier copies its chunks again.
+      p.marks = s.marking.load();
+      if (!p.marks) s.in_flight_unmarked.fetch_add(1);
+    }
+  }
   return i;
 }
 
 void ReplicatedEndpoint::finish(uint32_t i, Status s) {
   Pending& p = pend_[i];
+  if (!control_) {
+    auto& st = c_.set(p.op.remote.node());
+    if (p.op.kind != OpKind::Read && !p.marks) st.in_flight_unmarked.fetch_sub(1);
+    st.in_flight.fetch_sub(1);
+  }
   ready_.push_back({p.op.tag, s, p.op.kind, p.op.remote.node()});
   p.active = false;
   p.scratch.clear();
@@ -281,6 +263,19 @@ void ReplicatedEndpoint::post_now(std::vector<Op>& ops) {
 Status ReplicatedEndpoint::post(std::span<const Op> ops) {
   for (const Op& op : ops)
     if (op.remote.node() >= c_.memnodes().size()) return Status::UnknownNode;
+  if (!control_) {
+    // A set frozen for the last step of a rejoin takes no operation: they wait here, in order.
+    bool frozen = !held_.empty();
+    for (const Op& op : ops) frozen = frozen || c_.set(op.remote.node()).frozen.load();
+    if (frozen) {
+      held_.insert(held_.end(), ops.begin(), ops.end());
+      return Status::Ok;
+    }
+  }
+  return post_logical(ops);
+}
+
+Status ReplicatedEndpoint::post_logical(std::span<const Op> ops) {
   std::vector<Op> phys;
   std::vector<uint32_t> opened;
   for (const Op& op : ops) {
@@ -288,7 +283,13 @@ Status ReplicatedEndpoint::post(std::span<const Op> ops) {
     opened.push_back(i);
     if (!first_stage(i, phys)) {
       for (uint32_t j : opened) {  // nothing of the batch is posted
-        pend_[j].active = false;
+        Pending& p = pend_[j];
+        if (!control_) {
+          auto& st = c_.set(p.op.remote.node());
+          if (p.op.kind != OpKind::Read && !p.marks) st.in_flight_unmarked.fetch_sub(1);
+          st.in_flight.fetch_sub(1);
+        }
+        p.active = false;
         free_.push_back(j);
         --live_;
       }
@@ -297,6 +298,30 @@ Status ReplicatedEndpoint::post(std::span<const Op> ops) {
   }
   post_now(phys);
   return Status::Ok;
+}
+
+void ReplicatedEndpoint::changed(uint32_t i) {
+  Pending& p = pend_[i];
+  const uint16_t l = p.op.remote.node();
+  auto& st = c_.set(l);
+  const uint64_t marks = st.marks.load(), chunk = st.chunk.load();
+  if (!p.marks || marks == 0 || chunk == 0) return finish(i, p.status);
+  const uint64_t len = p.op.kind == OpKind::Write ? std::max<uint64_t>(p.op.len, 1) : 8;
+  const uint64_t lo = p.op.remote.offset() / chunk, hi = (p.op.remote.offset() + len - 1) / chunk;
+  if (hi >= kRejoinMaxChunks) return finish(i, p.status);
+  if (ones_.size() == 0) {
+    ones_ = inner_->alloc(kRejoinMaxChunks);
+    std::memset(ones_.data(), 1, ones_.size());
+  }
+  std::vector<Op> ops;
+  p.stage = Stage::Mark;
+  for (unsigned c = 0; c < c_.copies(); ++c) {
+    if (!c_.copy_alive(l, c)) continue;
+    ops.push_back(Op::write(RemotePtr(c_.phys(l, c), marks + lo), ones_.data(), hi - lo + 1, i));
+    ++p.waiting;
+  }
+  if (ops.empty()) return finish(i, p.status);
+  post_now(ops);
 }
 
 void ReplicatedEndpoint::start_mirrors(uint32_t i) {
@@ -319,7 +344,7 @@ void ReplicatedEndpoint::start_mirrors(uint32_t i) {
     ops.push_back(o);
     ++p.waiting;
   }
-  if (ops.empty()) return finish(i, Status::Ok);
+  if (ops.empty()) return changed(i);
   post_now(ops);
 }
 
@@ -337,11 +362,16 @@ void ReplicatedEndpoint::on_completion(const Completion& pc) {
   }
   const bool copy_failed = pc.status != Status::Ok && !caller_error(pc.status);
 
+  if (p.stage == Stage::Mark) {  // a mark that a copy missed is as gone as the copy
+    if (p.waiting == 0) finish(i, p.status);
+    return;
+  }
   if (p.stage == Stage::First && p.op.kind == OpKind::Write) {
     if (pc.status == Status::Ok) ++p.succeeded;
     if (p.waiting > 0) return;
     if (p.status != Status::Ok) return finish(i, p.status);
-    return finish(i, p.succeeded > 0 ? Status::Ok : Status::PeerDead);
+    if (p.succeeded == 0) return finish(i, Status::PeerDead);
+    return changed(i);
   }
   if (p.stage == Stage::First) {  // READ or the primary's atomic
     if (copy_failed) {
@@ -371,10 +401,23 @@ void ReplicatedEndpoint::on_completion(const Completion& pc) {
       return post_now(again);
     }
   }
-  if (p.waiting == 0) finish(i, p.status);
+  if (p.waiting == 0) {
+    if (p.status != Status::Ok) return finish(i, p.status);
+    changed(i);
+  }
 }
 
 size_t ReplicatedEndpoint::poll_impl(std::span<Completion> out) {
+  if (!held_.empty()) {  // the rejoin's last step is over: post what waited, in order
+    bool frozen = false;
+    for (const Op& op : held_) frozen = frozen || c_.set(op.remote.node()).frozen.load();
+    if (!frozen) {
+      std::vector<Op> ops;
+      ops.swap(held_);
+      if (const Status s = post_logical(ops); s != Status::Ok)
+        for (const Op& op : ops) ready_.push_back({op.tag, s, op.kind, op.remote.node()});
+    }
+  }
   Completion cs[64];
   for (;;) {
     const size_t got = inner_->poll(cs);
@@ -419,15 +462,23 @@ bool ReplicatedEndpoint::try_recv(Message& out) {
 
 // ---- factories
 
-std::shared_ptr<Cluster> with_replicas(std::shared_ptr<Cluster> physical, unsigned copies) {
+std::shared_ptr<Cluster> with_replicas(std::shared_ptr<Cluster> physical, unsigned copies, uint32_t cn_id) {
   if (copies <= 1) return physical;
-  return std::make_shared<ReplicatedCluster>(std::move(physical), copies);
+  auto c = std::make_shared<ReplicatedCluster>(std::move(physical), copies, cn_id);
+  c->start_watcher();
+  return c;
 }
 
-std::shared_ptr<Cluster> replicas_physical(const Cluster& c, unsigned* copies) {
+std::unique_ptr<Endpoint> make_control_endpoint(Cluster& c, size_t pool_bytes) {
+  if (auto r = dynamic_cast<ReplicatedCluster*>(&c)) return r->make_control_endpoint(pool_bytes);
+  return c.make_endpoint(pool_bytes);
+}
+
+std::shared_ptr<Cluster> replicas_physical(const Cluster& c, unsigned* copies, uint32_t* cn_id) {
   auto r = dynamic_cast<const ReplicatedCluster*>(&c);
   if (!r) return nullptr;
   if (copies) *copies = r->copies();
+  if (cn_id) *cn_id = r->cn_id();
   return r->physical();
 }
 

@@ -24,11 +24,14 @@ namespace dmhnsw::fabric {
 /// `physical` holds copies * N memnodes, copy c of memnode L at index L * copies + c; returns
 /// the N logical memnodes over it (`physical` itself when copies == 1). Throws FabricError when
 /// the copies of a set differ in region size.
-std::shared_ptr<Cluster> with_replicas(std::shared_ptr<Cluster> physical, unsigned copies);
+/// `cn_id`: this computenode's id, under which it acknowledges the steps of a rejoin.
+std::shared_ptr<Cluster> with_replicas(std::shared_ptr<Cluster> physical, unsigned copies, uint32_t cn_id = 0);
+/// An endpoint whose operations a rejoin's freeze never holds (the rejoin protocol's own).
+std::unique_ptr<Endpoint> make_control_endpoint(Cluster& c, size_t pool_bytes = 1u << 20);
 
 /// The cluster under a with_replicas() one and its copies, for decorators that belong under it
 /// (the wire model charges each copy's link); nullptr when `c` is not replicated.
-std::shared_ptr<Cluster> replicas_physical(const Cluster& c, unsigned* copies = nullptr);
+std::shared_ptr<Cluster> replicas_physical(const Cluster& c, unsigned* copies = nullptr, uint32_t* cn_id = nullptr);
 
 /// Per-set state for reports and tests: copies alive, primary, failovers seen.
 struct ReplicaView {
@@ -36,6 +39,7 @@ struct ReplicaView {
   std::vector<std::vector<bool>> live;  // [set][copy]
   uint64_t failovers = 0;               // copies this computenode has seen die
   uint64_t read_retries = 0;            // READs that went to another copy after one failed
+  uint64_t rejoins = 0;                 // copies that joined their set while this computenode ran
 };
 /// The view of a with_replicas() cluster (one set per memnode, all live, when not replicated).
 ReplicaView replica_view(const Cluster& c);

@@ -220,6 +220,7 @@ struct MemnodeInfo {
   uint64_t region_size = 0;
   std::array<char, kHeaderBlobBytes> header{};  // region header as served at connect time
   uint8_t copy = 0, copies = 1;                  // its place in its replica set (docs/replication.md)
+  bool joining = false;                          // a new copy not filled yet (memnode --rejoin)
 };
 
 /// The compute-side view of the cluster: every memory node, liveness, endpoint factory.

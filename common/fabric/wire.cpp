@@ -209,8 +209,9 @@ std::string describe(const WireModel& m) {
 std::shared_ptr<Cluster> with_wire(std::shared_ptr<Cluster> inner, const WireModel& m) {
   if (!m.enabled()) return inner;
   unsigned copies = 1;  // each copy of a replica set has a link of its own: the model goes under the sets
-  if (auto physical = replicas_physical(*inner, &copies))
-    return with_replicas(std::make_shared<WireCluster>(std::move(physical), m), copies);
+  uint32_t cn = 0;
+  if (auto physical = replicas_physical(*inner, &copies, &cn))
+    return with_replicas(std::make_shared<WireCluster>(std::move(physical), m), copies, cn);
   return std::make_shared<WireCluster>(std::move(inner), m);
 }
 

@@ -18,6 +18,7 @@
 #include "compute/memnode_cpu.hpp"
 #include "compute/run_context.hpp"
 #include "compute/lock_hammer.hpp"
+#include "compute/rejoin.hpp"
 #include "compute/selftest.hpp"
 #include "compute/shine/engine.hpp"
 
@@ -96,6 +97,19 @@ class SelftestCommand {
   compute::SelftestOptions so_;
   compute::LockHammerOptions lh_;
   std::string lock_release_ = "cas";
+};
+
+/// `rejoin`: fills a new copy of a replica set and makes it a full copy (compute/rejoin.hpp).
+class RejoinCommand {
+ public:
+  void add(CLI::App& app);
+  bool selected() const { return static_cast<bool>(*cmd_); }
+  int run(RunEnv& env);
+
+ private:
+  CLI::App* cmd_ = nullptr;
+  compute::RejoinOptions o_;
+  std::string report_;
 };
 
 }  // namespace dmhnsw::commands

@@ -70,6 +70,42 @@ void SelftestCommand::add(CLI::App& app) {
       ->check(CLI::IsMember({"cas", "write"}));
 }
 
+void RejoinCommand::add(CLI::App& app) {
+  cmd_ = app.add_subcommand("rejoin", "replica sets: copy a live copy of --memnode into the new memnode started with "
+                                      "--rejoin in its dead --copy's place while computenodes go on, then make it a "
+                                      "full copy for every computenode (docs/replication.md)");
+  cmd_->add_option("--memnode", o_.memnode, "the memnode id whose set the copy joins")->required();
+  cmd_->add_option("--copy", o_.copy, "the copy that joins (memnode --copy of the new memnode)")->required();
+  cmd_->add_option("--ack-timeout", o_.ack_timeout_s, "seconds every computenode has to acknowledge each step")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 600));
+  cmd_->add_option("--report", report_, "write the rejoin report (JSON) here");
+}
+
+int RejoinCommand::run(RunEnv& env) {
+  o_.cn_id = env.flags.cn_id;
+  const auto r = compute::run_rejoin(env.cluster, o_);
+  std::printf("rejoin: memnode %u copy %u is a full copy: %.1f MiB copied at %.2f GB/s, %u pass(es) over %.1f MiB "
+              "changed meanwhile, frozen %.1f ms for the last %.1f MiB, %.2f s in all\n",
+              o_.memnode, o_.copy, r.first_pass_bytes / 1048576.0, r.first_pass_gbps(), r.passes,
+              r.recopied_bytes / 1048576.0, r.frozen_ms, r.final_bytes / 1048576.0, r.total_s);
+  if (!report_.empty())
+    env.write_report(report_, {{"kind", "rejoin"},
+                               {"memnode", o_.memnode},
+                               {"copy", o_.copy},
+                               {"region_bytes", r.region_bytes},
+                               {"chunk_bytes", r.chunk_bytes},
+                               {"first_pass_bytes", r.first_pass_bytes},
+                               {"first_pass_seconds", r.first_pass_s},
+                               {"first_pass_gbytes_per_s", r.first_pass_gbps()},
+                               {"passes", r.passes},
+                               {"recopied_bytes", r.recopied_bytes},
+                               {"final_bytes", r.final_bytes},
+                               {"frozen_ms", r.frozen_ms},
+                               {"seconds", r.total_s}});
+  return 0;
+}
+
 int SelftestCommand::run(RunEnv& env) {
   so_.cn_id = env.flags.cn_id;
   auto r = compute::run_selftest(env.cluster, so_);

@@ -144,11 +144,11 @@ TEST_CASE("replica sets: a copy SIGKILLed during a shine build and another durin
                    "--seed", "2", "--out", dir.file("self.wl")},
                   dir, "self-wl")
                   .code == 0);
-      auto self = run(cn({"query", "--workload", dir.file("self.wl"), "--k", "1", "--ef-search", "64", "--threads", "1",
+      auto self = run(cn({"query", "--workload", dir.file("self.wl"), "--k", "1", "--ef-search", "400", "--threads", "1",
                           "--coroutines", "4", "--report", dir.file("self.json")}),
                       dir, "q-self", seconds(60));
       REQUIRE(self.code == 0);
-      CHECK(recall_of(dir.file("self.json")) >= 0.995);
+      CHECK(recall_of(dir.file("self.json")) >= 0.998);  // a concurrent build leaves a node or two unreachable
     }
   }
 }
@@ -275,14 +275,14 @@ TEST_CASE("replica sets: a copy SIGKILLed under serve-bench fails no request of 
   }
 }
 
-TEST_CASE("replica sets: R = 3 survives two kills of one set; the third fails the computenode within 5 s naming the set",
+TEST_CASE("replica sets: R = 3 survives two kills of one set, and the third fails the computenode within 5 s naming the set",
           "[integration][replicas]") {
   TempDir dir;
   Sets s(dir, 2, 3, "tcp");
   Proc cn({bin("computenode"), "--provider", "tcp", "--memnodes", s.list(), "selftest", "--atomics", "50", "--loop",
            "60"},
           dir.file("cn.log"));
-  REQUIRE(wait_for_output(cn, "all checks passed", seconds(30)));
+  REQUIRE(wait_for_output(cn, s.at(1, 2).address + "): all checks passed", seconds(30)));  // in its read loop
   s.at(1, 0).proc->signal(SIGKILL);
   REQUIRE(wait_for_output(cn, "memnode 1 copy 0", seconds(10)));
   s.at(1, 2).proc->signal(SIGKILL);

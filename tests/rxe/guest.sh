@@ -11,20 +11,20 @@ trap 'for p in "${PIDS[@]}"; do kill -TERM "$p" 2>/dev/null; done; wait 2>/dev/n
 
 # start_memnode ID [memnode flags...]: starts it on this guest's rxe address; sets MN (HOST:PORT).
 start_memnode() {
-  local id=$1
+  local id=$1 tag=${TAG:-$1}
   shift
-  rm -f "$W/memnode$id.ready"
-  "$B/memnode" --provider verbs --id "$id" --listen "$IP:0" --region 128MiB --ready-file "$W/memnode$id.ready" \
-    "$@" >"$W/memnode$id.log" 2>&1 &
+  rm -f "$W/memnode$tag.ready"
+  "$B/memnode" --provider verbs --id "$id" --listen "$IP:0" --region 128MiB --ready-file "$W/memnode$tag.ready" \
+    "$@" >"$W/memnode$tag.log" 2>&1 &
   PIDS+=($!)
   MNPID=$!
   for _ in $(seq 600); do
-    [[ -s $W/memnode$id.ready ]] && break
-    kill -0 "$MNPID" 2>/dev/null || { echo "memnode $id exited at start:"; cat "$W/memnode$id.log"; exit 1; }
+    [[ -s $W/memnode$tag.ready ]] && break
+    kill -0 "$MNPID" 2>/dev/null || { echo "memnode $id exited at start:"; cat "$W/memnode$tag.log"; exit 1; }
     sleep 0.05
   done
-  [[ -s $W/memnode$id.ready ]] || { echo "memnode $id not ready in 30 s:"; cat "$W/memnode$id.log"; exit 1; }
-  MN=$(cat "$W/memnode$id.ready")
+  [[ -s $W/memnode$tag.ready ]] || { echo "memnode $id not ready in 30 s:"; cat "$W/memnode$tag.log"; exit 1; }
+  MN=$(cat "$W/memnode$tag.ready")
 }
 
 # perftest beside us on the same device: a server in the background, the client against it.
@@ -82,6 +82,25 @@ case $CASE in
     "$B/computenode" --mode shine --provider verbs --memnodes "$M0,$M1" --cn-id 0 --num-cns 1 build --data "$3" \
       --m 8 --ef-construction 40 --threads 2 --coroutines 8 --build-cache 0 --report "$W/build.json"
     echo "build exit $?"
+    ;;
+  replicas)
+    # Replica sets over verbs: 2 memnodes x 2 copies, a shine build, then queries through the
+    # SIGKILL of memnode 1's first copy (docs/replication.md).
+    R=(--replicas 2)
+    TAG=0c0 start_memnode 0 "${R[@]}" --copy 0; A0=$MN
+    TAG=0c1 start_memnode 0 "${R[@]}" --copy 1; A1=$MN
+    TAG=1c0 start_memnode 1 "${R[@]}" --copy 0; B0=$MN; KILL=$MNPID
+    TAG=1c1 start_memnode 1 "${R[@]}" --copy 1; B1=$MN
+    CN=("$B/computenode" --mode shine --provider verbs --memnodes "$A0,$A1,$B0,$B1" --cn-id 0 --num-cns 1)
+    "${CN[@]}" build --data "$1" --m 12 --ef-construction 80 --threads 1 --report "$W/build.json" || exit 1
+    "${CN[@]}" query --workload "$2" --k 10 --ef-search 32 --threads 1 --coroutines 2 --cache-ratio 0 \
+      --repeat-seconds 12 --report "$W/query.json" >"$W/query.log" 2>&1 &
+    QPID=$!
+    sleep 4
+    kill -KILL "$KILL"
+    wait "$QPID"
+    echo "query exit $?"
+    cat "$W/query.log"
     ;;
   kill)
     # A memnode killed under a computenode's reads: the computenode fails naming it, fast.

@@ -1,0 +1,136 @@
+// The computenode's side of a rejoin (docs/replication.md, "Replacing a memnode"): a thread that
+// reads every set's RejoinBlock and follows the copier's phases. Marking: from now on changes to
+// the set mark their chunks; acknowledged once no unmarked change is in flight. Frozen: the set
+// takes no new operation; acknowledged once none is in flight and the joining copy is connected.
+// Idle after a rejoin: the joining copy is full, reads and writes go to it too.
+#include <spdlog/spdlog.h>
+
+#include <cstring>
+
+#include "common/fabric/replicated.hpp"
+
+namespace dmhnsw::fabric {
+
+namespace {
+using Clock = std::chrono::steady_clock;
+constexpr auto kPoll = std::chrono::milliseconds(10);
+constexpr auto kDrainLimit = std::chrono::seconds(10);  // in-flight operations finish well within this
+constexpr auto kFrozenLimit = std::chrono::seconds(20);  // a copier gone while the set is frozen
+}  // namespace
+
+class ReplicaWatch {
+ public:
+  explicit ReplicaWatch(ReplicatedCluster& c) : c_(c), acked_(c.memnodes().size(), 0), frozen_at_(acked_.size()) {
+    ep_ = c_.make_control_endpoint(1u << 20);
+    block_ = ep_->alloc(sizeof(RejoinBlock));
+  }
+
+  /// One look at every set; true when some set is in a rejoin (poll faster).
+  bool round() {
+    bool busy = false;
+    for (uint16_t l = 0; l < c_.memnodes().size(); ++l) {
+      revived(l);
+      if (!c_.alive(l)) continue;
+      RejoinBlock b{};
+      try {
+        ep_->read(RemotePtr(l, kRejoinBlockOffset), block_.data(), sizeof b);
+      } catch (const FabricError&) {
+        continue;  // the set's last copy died meanwhile: its operations say so
+      }
+      std::memcpy(&b, block_.data(), sizeof b);
+      busy = step(l, b) || busy;
+    }
+    return busy;
+  }
+
+ private:
+  /// A copy seen dead whose place a new memnode took (the physical cluster revived it) joins.
+  void revived(uint16_t l) {
+    for (unsigned c = 0; c < c_.copies(); ++c) {
+      const uint16_t p = c_.phys(l, c);
+      uint8_t dead = ReplicatedCluster::kDead;
+      if (c_.p_->alive(p) && c_.state_[p].compare_exchange_strong(dead, ReplicatedCluster::kJoining))
+        spdlog::info("memnode {} copy {} ({}): joining its set; read once `computenode rejoin` has filled it", l, c,
+                     c_.phys_info(l, c).address);
+    }
+  }
+
+  bool step(uint16_t l, const RejoinBlock& b) {
+    auto& s = c_.set(l);
+    if (b.magic != kRejoinMagic || b.phase == kRejoinIdle) {
+      if (b.magic == kRejoinMagic && b.done_copy > 0 && b.done_copy <= c_.copies()) {
+        const uint16_t p = c_.phys(l, static_cast<unsigned>(b.done_copy - 1));
+        uint8_t joining = ReplicatedCluster::kJoining;
+        if (c_.p_->alive(p) && c_.state_[p].compare_exchange_strong(joining, ReplicatedCluster::kLive)) {
+          c_.rejoins_.fetch_add(1);
+          spdlog::info("memnode {} copy {} ({}): rejoined its set, a full copy again", l, b.done_copy - 1,
+                       c_.phys_info(l, static_cast<unsigned>(b.done_copy - 1)).address);
+        }
+      }
+      s.frozen.store(false);
+      s.marking.store(false);
+      return false;
+    }
+    s.chunk.store(b.chunk);
+    s.marks.store(b.marks);
+    s.marking.store(true);
+    if (b.phase == kRejoinFrozen) {
+      if (!s.frozen.load()) frozen_at_[l] = Clock::now();
+      if (Clock::now() - frozen_at_[l] > kFrozenLimit) {  // the copier is gone: go on without it
+        if (s.frozen.exchange(false))
+          spdlog::warn("memnode {}: frozen by a rejoin for {} s; going on (the copier stopped?)", l,
+                       std::chrono::duration_cast<std::chrono::seconds>(kFrozenLimit).count());
+        return true;
+      }
+      s.frozen.store(true);
+    }
+    if (acked_[l] == b.gen) return true;
+    // Acknowledge once what the copier must see has landed.
+    const bool frozen = b.phase == kRejoinFrozen;
+    const auto until = Clock::now() + kDrainLimit;
+    auto& count = frozen ? s.in_flight : s.in_flight_unmarked;
+    while (count.load() > 0 && Clock::now() < until) std::this_thread::sleep_for(std::chrono::microseconds(200));
+    if (count.load() > 0) return true;  // try again next round
+    if (frozen && b.copy < c_.copies() && !c_.p_->alive(c_.phys(l, static_cast<unsigned>(b.copy))))
+      return true;  // not connected to the joining copy yet: it must take our writes once full
+    if (c_.cn_id() < std::size(b.acks)) {
+      try {
+        ep_->write(RemotePtr(l, kRejoinBlockOffset + offsetof(RejoinBlock, acks) + 8 * uint64_t{c_.cn_id()}), &b.gen, 8);
+      } catch (const FabricError&) {
+        return true;
+      }
+    }
+    acked_[l] = b.gen;
+    return true;
+  }
+
+  ReplicatedCluster& c_;
+  std::unique_ptr<Endpoint> ep_;
+  Buffer block_;
+  std::vector<uint64_t> acked_;
+  std::vector<Clock::time_point> frozen_at_;
+};
+
+void ReplicatedCluster::start_watcher() {
+  // A first round before anything is posted: a computenode that joins during a rejoin marks
+  // (or holds) from its first operation on.
+  auto w = std::make_shared<ReplicaWatch>(*this);
+  try {
+    w->round();
+  } catch (const std::exception& e) {
+    spdlog::debug("replica watch: {}", e.what());
+  }
+  watcher_ = std::thread([this, w] {
+    while (!stop_.load()) {
+      bool busy = false;
+      try {
+        busy = w->round();
+      } catch (const std::exception& e) {
+        spdlog::debug("replica watch: {}", e.what());
+      }
+      std::this_thread::sleep_for(busy ? std::chrono::milliseconds(1) : kPoll);
+    }
+  });
+}
+
+}  // namespace dmhnsw::fabric

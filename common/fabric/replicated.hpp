@@ -1,0 +1,141 @@
+#pragma once
+// Internal to common/fabric: the classes behind with_replicas() (replicas.hpp). replicas.cpp
+// holds the datapath (ReplicatedEndpoint) and the view; replica_watch.cpp the computenode's side
+// of the rejoin protocol (docs/replication.md, "Replacing a memnode").
+#include <atomic>
+#include <chrono>
+#include <deque>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include "common/fabric/rejoin_layout.hpp"
+#include "common/fabric/replicas.hpp"
+
+namespace dmhnsw::fabric {
+
+class ReplicatedCluster;
+
+class ReplicatedEndpoint final : public Endpoint {
+ public:
+  /// `control`: the rejoin protocol's own endpoint, never held and never marking.
+  ReplicatedEndpoint(ReplicatedCluster& c, std::unique_ptr<Endpoint> inner, bool control);
+  ~ReplicatedEndpoint() override;
+
+  Status post(std::span<const Op> ops) override;
+  std::string describe(const Completion& c) const override;
+  Status send(uint16_t node, const void* data, size_t len) override;
+  bool try_recv(Message& out) override;
+
+ protected:
+  BufferPool& pool() override { return inner_->pool(); }
+  size_t poll_impl(std::span<Completion> out) override;
+  size_t in_flight_impl() const override { return live_ + ready_.size() + held_.size(); }
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  enum class Stage : uint8_t { First, Mirrors, Mark };
+  struct Pending {
+    Op op;                   // the caller's operation (logical node)
+    Stage stage = Stage::First;
+    uint32_t waiting = 0;    // physical completions outstanding
+    uint32_t succeeded = 0;  // WRITE copies that took it
+    uint32_t tried = 0;      // bit per copy: READ or atomic sent there
+    uint8_t primary = 0;     // atomics: the copy that ordered it
+    bool marks = false;      // a rejoin runs in its set: mark the chunks it changed when done
+    Status status = Status::Ok;
+    Clock::time_point mirror_start{};
+    std::vector<Buffer> scratch;  // mirrors' old values, by copy
+    bool active = false;
+  };
+
+  uint32_t open(const Op& op);
+  void finish(uint32_t i, Status s);
+  bool first_stage(uint32_t i, std::vector<Op>& out);
+  void on_completion(const Completion& pc);
+  void start_mirrors(uint32_t i);
+  /// The op changed its set's bytes: with a rejoin running there, WRITE its chunks' marks to the
+  /// set's live copies before it completes; else complete it.
+  void changed(uint32_t i);
+  void post_now(std::vector<Op>& ops);
+  Status post_logical(std::span<const Op> ops);
+  void sync_counters() { counters_ = inner_->counters(); }
+
+  ReplicatedCluster& c_;
+  std::unique_ptr<Endpoint> inner_;
+  bool control_;
+  std::vector<Pending> pend_;
+  std::vector<uint32_t> free_;
+  size_t live_ = 0;
+  std::deque<Completion> ready_;
+  std::vector<Op> held_;  // posted while their set was frozen
+  uint64_t turn_ = 0;     // READ spreading
+  Buffer ones_;           // mark bytes
+};
+
+class ReplicatedCluster final : public Cluster {
+ public:
+  ReplicatedCluster(std::shared_ptr<Cluster> physical, unsigned copies, uint32_t cn_id);
+  ~ReplicatedCluster() override;
+
+  Provider provider() const override { return p_->provider(); }
+  const std::vector<MemnodeInfo>& memnodes() const override { return infos_; }
+  std::unique_ptr<Endpoint> make_endpoint(size_t pool_bytes) override {
+    return std::make_unique<ReplicatedEndpoint>(*this, p_->make_endpoint(pool_bytes), false);
+  }
+  std::unique_ptr<Endpoint> make_control_endpoint(size_t pool_bytes) {
+    return std::make_unique<ReplicatedEndpoint>(*this, p_->make_endpoint(pool_bytes), true);
+  }
+  bool alive(uint16_t node) const override;
+  std::string dead_reason(uint16_t node) const override;
+  void declare_dead(uint16_t node, const std::string& why) override {
+    for (unsigned c = 0; c < r_; ++c) fence(node, c, why);
+  }
+
+  const std::shared_ptr<Cluster>& physical() const { return p_; }
+  unsigned copies() const { return r_; }
+  uint32_t cn_id() const { return cn_; }
+  enum : uint8_t { kLive = 0, kDead = 1, kJoining = 2 };
+  uint16_t phys(uint16_t l, unsigned c) const { return static_cast<uint16_t>(l * r_ + c); }
+  const MemnodeInfo& phys_info(uint16_t l, unsigned c) const { return p_->memnodes()[phys(l, c)]; }
+
+  /// A full copy that this computenode reads and writes.
+  bool copy_alive(uint16_t l, unsigned c) const;
+  /// The lowest live copy, or -1.
+  int primary(uint16_t l) const;
+  /// Waits until copy `c` of set `l` may order atomics (see kPrimarySettle in replicas.cpp).
+  void settle(uint16_t l, unsigned c) const;
+  /// A copy that failed an operation leaves this computenode's view until it rejoins.
+  void fence(uint16_t l, unsigned c, const std::string& why);
+  void count_read_retry() { read_retries_.fetch_add(1, std::memory_order_relaxed); }
+  ReplicaView view() const;
+
+  // ---- the rejoin protocol's state per set (replica_watch.cpp drives it)
+  struct SetState {
+    std::atomic<bool> marking{false}, frozen{false};
+    std::atomic<int64_t> in_flight{0};           // data ops on the set, posted and not finished
+    std::atomic<int64_t> in_flight_unmarked{0};  // of which posted before marking began
+    std::atomic<uint64_t> marks{0}, chunk{0};    // from the set's RejoinBlock
+  };
+  SetState& set(uint16_t l) { return *sets_[l]; }
+  /// Starts the watcher thread (replica_watch.cpp); called once the cluster is shared.
+  void start_watcher();
+
+ private:
+  void note_dead(uint16_t p) const;
+  friend class ReplicaWatch;
+
+  std::shared_ptr<Cluster> p_;
+  unsigned r_;
+  uint32_t cn_;
+  std::vector<MemnodeInfo> infos_;
+  std::unique_ptr<std::atomic<int64_t>[]> seen_dead_;  // steady-clock ns when first seen dead, 0: never
+  mutable std::unique_ptr<std::atomic<uint8_t>[]> state_;  // kLive, kDead, kJoining by physical memnode
+  std::vector<std::unique_ptr<SetState>> sets_;
+  mutable std::atomic<uint64_t> failovers_{0};
+  std::atomic<uint64_t> read_retries_{0}, rejoins_{0};
+  std::atomic<bool> stop_{false};
+  std::thread watcher_;
+};
+
+}  // namespace dmhnsw::fabric
