@@ -169,7 +169,22 @@ class Cluster:
         self.list = ",".join(self.addrs[k] for k in sorted(self.addrs))
 
     def kill(self, i, c):
+        self.killed = getattr(self, "killed", set()) | {(i, c)}
         self.procs[i, c].send_signal(signal.SIGKILL)
+
+    def foreign_stops(self):
+        """Memnodes that stopped although this driver neither stopped nor killed them (the host's
+        other users: on this host pids wrap at 32768 while other test runs stop their memnodes)."""
+        out = []
+        for (i, c), p in self.procs.items():
+            if (i, c) in getattr(self, "killed", set()):
+                continue
+            text = (self.dir / f"memnode{i}-{c}.log").read_text(errors="replace")
+            sig = re.search(r"\[(\S+)\] \[memnode[^]]*\] \[info\] got (SIG\w+)", text)
+            if sig or p.poll() is not None:
+                out.append(f"memnode {i} copy {c} " + (f"got {sig.group(2)} at {sig.group(1)}" if sig else
+                                                       f"exited ({p.returncode})"))
+        return out
 
     def close(self):
         for p in self.procs.values():
@@ -201,19 +216,33 @@ def computenode(mn, mode, provider, sub, args, report, log):
         p.wait()
         raise RuntimeError(f"computenode {mode} {sub} did not finish within {a.timeout} s (log {log})")
     if p.returncode != 0:
-        raise RuntimeError(f"computenode {mode} {sub} failed ({p.returncode}):\n{Path(log).read_text()[-3000:]}")
+        foreign = mn.foreign_stops()
+        raise RuntimeError(f"computenode {mode} {sub} failed ({p.returncode}):\n{Path(log).read_text()[-3000:]}"
+                           + (f"\n{FOREIGN}: {'; '.join(foreign)}" if foreign else ""))
     return json.loads(Path(report).read_text())
 
 
-def retried(fn, what, attempts=3):
-    """FN() again (fresh processes) after a transient failure of an overloaded host (dmh.TRANSIENT)."""
+FOREIGN = "stopped by a signal this driver did not send"
+RETRIES = []  # every retried failure, recorded in results.json
+
+
+def retried(fn, what, d, attempts=3):
+    """FN(k) again (fresh processes) after a transient failure of an overloaded host (dmh.TRANSIENT)
+    or a memnode stopped from outside; the failed attempt's logs and reports move to D/failed<k>/."""
     for k in range(attempts):
         try:
             return fn(k)
         except RuntimeError as e:
-            if k == attempts - 1 or not dmh.transient_failure(e):
+            why = FOREIGN if FOREIGN in str(e) else next((t for t in dmh.TRANSIENT if t in str(e)), None)
+            if k == attempts - 1 or why is None:
                 raise
-            dmh.log(f"  retrying {what}: " + next(t for t in dmh.TRANSIENT if t in str(e)))
+            keep = Path(d) / f"failed{k}"
+            keep.mkdir(parents=True, exist_ok=True)
+            for f in Path(d).iterdir():
+                if f.is_file():
+                    f.rename(keep / f.name)
+            RETRIES.append({"what": what, "attempt": k, "why": why, "logs": str(keep), "error": str(e)[-1500:]})
+            dmh.log(f"  retrying {what}: {why} (logs: {keep})")
 
 
 base, _, _, metric = dmh.dataset_files(SET, work)
@@ -239,7 +268,7 @@ def shine_trial(r, tag):
                             ["--workload", wl, "--k", 10, "--ef-search", 64, "--threads", 2, "--coroutines", 4,
                              "--cache-ratio", 0, "--repeat-seconds", a.query_seconds], d / "query.json", d / "query.log")
         return b, q
-    b, q = retried(go, f"{tag} shine")
+    b, q = retried(go, f"{tag} shine", d)
     run = q["runs"][0]
     io = b["per_cn"][0]["io"]
     return {"build_inserts_per_s": b["inserts_per_s"], "build_seconds": b["seconds"],
@@ -262,7 +291,7 @@ def dhnsw_trial(r, tag):
                             ["--workload", wl_dhnsw, "--k", 10, "--ef-search", 64, "--probe", 2, "--batch", 1000,
                              "--cache-ratio", 0], d / "query.json", d / "query.log")
         return b, i, q
-    b, i, q = retried(go, f"{tag} d-HNSW")
+    b, i, q = retried(go, f"{tag} d-HNSW", d)
     ins, run = i["insert"], q["runs"][0]
     return {"insert_inserts_per_s": ins["inserts_per_s"], "insert_inserted": ins["inserted"],
             "insert_per_insert": ins["per_insert"], "insert_commits": ins["commits"],
@@ -411,6 +440,7 @@ try:
                     res["kill_s"] = t_kill[0] - t0
                     line, delay = detection(d / "serve.log", t_kill[0])
                     res["detected_line"], res["detected_after_s"] = line, delay
+                res["foreign_stops"] = mn.foreign_stops()
                 res["serve_alive"] = sp.poll() is None
                 res["killed_memnode_exit"] = mn.procs[1, 0].poll()
             finally:
@@ -430,7 +460,7 @@ try:
                     return computenode(mn, "shine", "cxl", "build",
                                        ["--data", base, "--metric", metric, "--threads", 2, "--coroutines", 4,
                                         "--store-index", idx], idx / "build.json", idx / "build.log")
-            retried(build, "the failover index")
+            retried(build, "the failover index", idx)
         results["failover"]["index"] = str(idx)
 
     # ---- 3b: shine query R=1 / R=2 over providers where the transport, not the computenode, may bind
@@ -443,7 +473,7 @@ try:
                                     "--coroutines", 4, "--cache-ratio", 0],  # one pass: --repeat-seconds S queues
                                    # S seconds of queries, which a slow transport answers for much longer
                                    d / "query.json", d / "query.log")
-        q = retried(go, f"{provider} {tag} query")
+        q = retried(go, f"{provider} {tag} query", d)
         run = q["runs"][0]
         mcpu = q.get("memnode_cpu") or {}
         return {"qps": run["qps"], "recall": run["recall"], "per_query": run["per_query"], "queries": run["queries"],
@@ -497,6 +527,7 @@ finally:
 
 # ---- results
 results["seconds"] = time.time() - t_start
+results["retries"] = RETRIES
 checks = []
 S = results["throughput"]["summary"]
 if 1 in RS:
@@ -591,6 +622,13 @@ if fo:
                          "yes" if r["serve_alive"] else "NO"])
     md.append(dmh.md_table(["provider", "run", "kill at s", "requests", "failed", "QPS", "p99 ms", "max ms",
                             "copy declared dead after", "serve alive"], rows))
+if RETRIES:
+    md.append(f"\nRetried after a failure with fresh processes: " + "; ".join(
+        f"{x['what']} ({x['why']})" for x in RETRIES) + " (`retries` in results.json).\n")
+foreign = [(p_, r["kind"], r["foreign_stops"]) for p_, runs in fo.items() for r in runs if r.get("foreign_stops")]
+if foreign:
+    md.append("\nFailover runs with a memnode stopped from outside: " + "; ".join(f"{p_} {k}: {', '.join(f)}"
+                                                                               for p_, k, f in foreign) + ".\n")
 md.append("\nChecks:\n\n" + "".join(f"- {c['what']}: {c['value']} — **{'yes' if c['ok'] else 'NO'}**\n" for c in checks))
 if results["binaries_changed"]:
     md.insert(0, f"**Warning:** {', '.join(results['binaries_changed'])} changed in {BIN} during the run.\n\n")

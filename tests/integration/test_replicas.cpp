@@ -298,3 +298,69 @@ TEST_CASE("replica sets: R = 3 survives two kills of one set, and the third fail
   CHECK_THAT(cn.output(), Contains("memnode 1 (") && Contains("every copy is gone") &&
                               Contains("copy 1 (" + s.at(1, 1).address + ")"));
 }
+
+TEST_CASE("replica sets: a new memnode rejoins while d-HNSW inserts go on, then the other copy dies and nothing is lost",
+          "[integration][replicas][rejoin]") {
+  for (std::string provider : {"tcp", "cxl"}) {
+    DYNAMIC_SECTION(provider) {
+      SmallData d;  // 3,000 rows: 2,400 built, 600 inserted
+      TempDir dir;
+      Sets s(dir, 2, 2, provider);
+      auto cn = [&](int id, int k, std::vector<std::string> rest) {
+        return computenode_args("dhnsw", provider, s.list(), id, k, rest);
+      };
+      auto b = run(cn(0, 1, {"build", "--data", d.base, "--max-elements", "2400", "--partitions", "8", "--m", "16",
+                             "--ef-construction", "80", "--internal-gap", "0.02", "--overflow-gap", "0.02"}),
+                   dir, "build", seconds(300));
+      INFO(b.output);
+      REQUIRE(b.code == 0);
+      Proc q(cn(0, 1, {"query", "--workload", d.wl, "--k", "10", "--batch", "16", "--probe", "3", "--ef-search", "64",
+                       "--arrival-qps", "100", "--max-wait-us", "20000"}),
+             dir.file("during.log"));
+      REQUIRE(wait_for_output(q, "d-HNSW index", seconds(30)));
+      std::vector<std::unique_ptr<Proc>> ins;
+      for (int i = 0; i < 2; ++i)
+        ins.push_back(std::make_unique<Proc>(
+            cn(1 + i, 3, {"--wire", "300,0", "insert", "--data", d.base, "--begin", "2400", "--share",
+                          std::to_string(i) + "/2", "--batch", "10", "--report", dir.file("ins.json")}),
+            dir.file("ins" + std::to_string(i) + ".log")));
+      // Memnode 0's second copy dies as the inserts begin; a new memnode takes its address.
+      s.kill_when(0, 1, *ins[0], "starting an online rebuild");
+      const std::string addr = s.at(0, 1).address;
+      Proc fresh({bin("memnode"), "--listen", addr, "--id", "0", "--replicas", "2", "--copy", "1", "--rejoin",
+                  "--provider", provider, "--region", "128MiB"},
+                 dir.file("memnode0c1-new.log"));
+      REQUIRE(wait_for_output(q, "a new memnode took its place", seconds(20)));
+      // It is filled while the inserts go on, and becomes a full copy for everyone.
+      auto rj = run(cn(3, 4, {"rejoin", "--memnode", "0", "--copy", "1", "--report", dir.file("rejoin.json")}), dir,
+                    "rejoin", seconds(120));
+      INFO(rj.output);
+      REQUIRE(rj.code == 0);
+      const auto rep = load_json(dir.file("rejoin.json.cn3"));  // computenode i > 0 writes REPORT.cn<i>
+      WARN(provider << ": rejoin copied " << rep["first_pass_bytes"] << " bytes at " << rep["first_pass_gbytes_per_s"]
+                    << " GB/s, " << rep["passes"] << " pass(es) over " << rep["recopied_bytes"]
+                    << " changed bytes, frozen " << rep["frozen_ms"] << " ms");
+      REQUIRE(wait_for_output(q, "rejoined its set", seconds(10)));
+      // The original copy dies: the new one holds everything.
+      s.at(0, 0).proc->signal(SIGKILL);
+      uint64_t inserted = 0;
+      for (int i = 0; i < 2; ++i) {
+        const int code = ins[static_cast<size_t>(i)]->wait(seconds(300));
+        INFO(ins[static_cast<size_t>(i)]->output());
+        REQUIRE(code == 0);
+        inserted += load_json(dir.file("ins.json.cn" + std::to_string(1 + i)))["insert"]["inserted"].get<uint64_t>();
+      }
+      CHECK(inserted == 600);
+      const int qc = q.wait(seconds(300));
+      INFO(q.output());
+      CHECK(qc == 0);
+      const std::string self = self_workload(d, dir, 2400, 3000);
+      auto all = run(cn(0, 1, {"query", "--workload", self, "--k", "10", "--batch", "64", "--probe", "8", "--ef-search",
+                               "400", "--report", dir.file("self.json")}),
+                     dir, "self", seconds(300));
+      INFO(all.output);
+      REQUIRE(all.code == 0);
+      CHECK(load_json(dir.file("self.json"))["runs"][0]["recall_at_1"].get<double>() == 1.0);
+    }
+  }
+}
