@@ -90,7 +90,9 @@ int RejoinCommand::run(RunEnv& env) {
               o_.memnode, o_.copy, r.first_pass_bytes / 1048576.0, r.first_pass_gbps(), r.passes,
               r.recopied_bytes / 1048576.0, r.frozen_ms, r.final_bytes / 1048576.0, r.total_s);
   if (!report_.empty())
-    env.write_report(report_, {{"kind", "rejoin"},
+    env.write_report(report_, {{"tool", "computenode rejoin"},
+                               {"mode", env.flags.mode},
+                               {"kind", "rejoin"},
                                {"memnode", o_.memnode},
                                {"copy", o_.copy},
                                {"region_bytes", r.region_bytes},

@@ -147,6 +147,7 @@ def classify(r: dict) -> str | None:
         "computenode dhnsw insert": "dhnsw-insert",
         "computenode dhnsw rebuild": "dhnsw-rebuild-file",
         "serve-bench": "serve-bench",
+        "computenode rejoin": "rejoin",
     }
     if tool in by_tool:
         return by_tool[tool]
@@ -403,12 +404,31 @@ def make_reports(r: Runner) -> list[str]:
                            "--provider", "shm", "--memnodes", mn, "--report", "shine-import.json"])
     r.stop(single)
 
+    # ---- a replica set whose copy 1 starts joining (memnode --rejoin); `rejoin` fills it
+    addrs, copies = [], []
+    for copy in (0, 1):
+        ready = w / f"rejoin-copy{copy}.addr"
+        p, log = r.start(f"rejoin-memnode-c{copy}",
+                         ["memnode", "--id", "0", "--replicas", "2", "--copy", str(copy), "--provider", "shm",
+                          "--listen", "127.0.0.1:0", "--region", "128MiB", "--ready-file", str(ready)] +
+                         (["--rejoin"] if copy else []))
+        copies.append(p)
+        deadline = time.monotonic() + 30
+        while not (ready.exists() and ready.read_text().strip()):
+            if p.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"memnode {log.name} not serving:\n{r.tail(log)}")
+            time.sleep(0.05)
+        addrs.append(ready.read_text().strip())
+    r.run("rejoin", ["computenode", "--provider", "shm", "--memnodes", ",".join(addrs), "rejoin", "--memnode", "0",
+                     "--copy", "1", "--report", "rejoin.json"])
+    r.stop(copies)
+
     want = ["shine-build.json", "shine-build.json.cn1", "shine-insert.json", "shine-query.json",
             "shine-query-routed.json", "shine-query-routed.json.cn1", "csp-report.json", "shine-route-sim.json",
             "fabric-bench.json", "serve-bench.json", "serve-bench-open.json", "hnswlib-bench.json",
             "dhnsw-build.json", "dhnsw-build-skipped.json.cn1", "dhnsw-query2.json", "dhnsw-query2.json.cn1",
             "dhnsw-insert.json", "dhnsw-query.json", "dhnsw-mixed.json", "dhnsw-rebuild.json",
-            "dhnsw-build-tool.json", "shine-import.json"]
+            "dhnsw-build-tool.json", "shine-import.json", "rejoin.json"]
     missing = [f for f in want if not (w / f).exists()]
     if missing:
         raise RuntimeError("reports not written: " + ", ".join(missing))
