@@ -183,9 +183,18 @@ class Copier {
     return bytes;
   }
 
-  /// The copy is full: its join word cleared (its welcome says so), then every computenode told.
+  /// The copy is full: out of the set's dead copies, its join word cleared (its welcome says
+  /// so), then every computenode told.
   void finish() {
     const uint64_t zero = 0;
+    const RemotePtr dead(o_.memnode, fabric::kRejoinBlockOffset + offsetof(RejoinBlock, dead));
+    uint64_t seen = read_block().dead;
+    for (;;) {  // the word is changed by COMPARE_SWAP only
+      const uint64_t old = ep_->compare_swap(dead, seen, seen & ~(uint64_t{1} << o_.copy));
+      if (old == seen) break;
+      seen = old;
+    }
+    pep_->write(RemotePtr(j_, fabric::kRejoinBlockOffset + offsetof(RejoinBlock, dead)), &zero, 8);
     publish(fabric::kRejoinIdle, o_.copy + 1, true);
     pep_->write(RemotePtr(j_, fabric::kJoinWordOffset), &zero, 8);
   }

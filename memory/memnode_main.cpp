@@ -256,6 +256,9 @@ int main(int argc, char** argv) {
     std::memcpy(&hdr, mem.data(), sizeof hdr);
     PresenceWriter presence(mem.data());
     presence.reset();
+    // A loaded image carries the rejoin block and view of the set it was stored from: this set
+    // starts afresh (every copy alike).
+    std::memset(mem.data() + fabric::kRejoinBlockOffset, 0, fabric::kJoinWordOffset + 8 - fabric::kRejoinBlockOffset);
     if (f.rejoin) {
       if (f.replicas < 2 || !f.load.empty())
         throw std::invalid_argument("--rejoin: a new copy of a replica set (--replicas 2 or more), without --load");

@@ -1,6 +1,6 @@
 #pragma once
-// Re-replication (docs/replication.md, "Replacing a memnode"): where a set's rejoin protocol
-// keeps its words. Each set L keeps a RejoinBlock in its header page, and the copier (compute/
+// Re-replication (docs/replication.md, "Replacing a memnode") and the set's shared view: where
+// a set's rejoin protocol keeps its words. Each set L keeps a RejoinBlock in its header page, and the copier (compute/
 // rejoin.cpp) picks where the mark bytes (one per chunk of the region) go and writes it there;
 // both are words of L, replicated like all others. The copy that joins keeps its own join word,
 // never copied over, in its header page.
@@ -30,10 +30,14 @@ struct RejoinBlock {
   uint64_t marks;        // region offset of the mark bytes (one per chunk)
   uint64_t chunk;        // bytes per mark
   uint64_t acks[32];     // per computenode id: the gen it acknowledged
+  /// The set's view: bit c set once any computenode found copy c dead. Every computenode's
+  /// watcher fences the copies set here (so all agree within a poll); the copier clears the bit
+  /// of the copy that rejoined. Changed by COMPARE_SWAP only.
+  uint64_t dead;
 };
 static_assert(std::is_trivially_copyable_v<RejoinBlock> && std::is_standard_layout_v<RejoinBlock>);
-static_assert(sizeof(RejoinBlock) == 320 && offsetof(RejoinBlock, phase) == 8 && offsetof(RejoinBlock, marks) == 48 &&
-              offsetof(RejoinBlock, acks) == 64);
+static_assert(sizeof(RejoinBlock) == 328 && offsetof(RejoinBlock, phase) == 8 && offsetof(RejoinBlock, marks) == 48 &&
+              offsetof(RejoinBlock, acks) == 64 && offsetof(RejoinBlock, dead) == 320);
 static_assert(kRejoinBlockOffset + sizeof(RejoinBlock) <= kJoinWordOffset);
 static_assert(kJoinWordOffset + 8 <= 3584);  // common/presence.hpp: the presence table starts there
 /// Bytes per mark: the region in at most kRejoinMaxChunks chunks of at least kRejoinMinChunk.

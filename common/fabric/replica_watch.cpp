@@ -55,7 +55,35 @@ class ReplicaWatch {
     }
   }
 
+  /// The set's shared view: copies others found dead are fenced here too; copies found dead here
+  /// are published for the others.
+  void share_view(uint16_t l, const RejoinBlock& b) {
+    uint64_t mine = 0;
+    for (unsigned c = 0; c < c_.copies(); ++c) {
+      const uint16_t p = c_.phys(l, c);
+      const uint8_t st = c_.state_[p].load();
+      if ((b.dead >> c & 1) && st == ReplicatedCluster::kLive) {
+        c_.fence(l, c, "found dead by another computenode (its set's view)");
+      } else if (st == ReplicatedCluster::kDead) {
+        mine |= uint64_t{1} << c;
+      }
+    }
+    if ((b.dead & mine) == mine) return;
+    // Publish: OR our bits in, by COMPARE_SWAP (the word is the set's, others change it too).
+    const RemotePtr word(l, kRejoinBlockOffset + offsetof(RejoinBlock, dead));
+    uint64_t seen = b.dead;
+    for (int tries = 0; tries < 100 && (seen & mine) != mine; ++tries) {
+      const uint64_t old = ep_->compare_swap(word, seen, seen | mine);
+      if (old == seen) break;
+      seen = old;
+    }
+  }
+
   bool step(uint16_t l, const RejoinBlock& b) {
+    try {
+      share_view(l, b);
+    } catch (const FabricError&) {
+    }
     auto& s = c_.set(l);
     if (b.magic != kRejoinMagic || b.phase == kRejoinIdle) {
       if (b.magic == kRejoinMagic && b.done_copy > 0 && b.done_copy <= c_.copies()) {

@@ -30,6 +30,7 @@ import argparse
 import json
 import os
 import re
+import resource
 import signal
 import statistics
 import subprocess
@@ -58,7 +59,7 @@ ap.add_argument("--out", default=None, help="results.json/results.md/replication
 ap.add_argument("--provider", default="cxl", help="provider of the throughput runs (default %(default)s)")
 ap.add_argument("--wire", default="rdma-100g", help="computenode --wire (default %(default)s)")
 ap.add_argument("--replicas", default="1,2,3", help="R values of the throughput runs (default %(default)s)")
-ap.add_argument("--rounds", type=int, default=3, help="rounds of every R, median reported (default %(default)s)")
+ap.add_argument("--rounds", type=int, default=5, help="rounds of every R, median reported (default %(default)s)")
 ap.add_argument("--memnode-ids", type=int, default=2, help="memnode ids (default %(default)s)")
 ap.add_argument("--region", default="256MiB", help="memnode region (default %(default)s)")
 ap.add_argument("--query-seconds", type=float, default=3, help="shine query --repeat-seconds (default %(default)s)")
@@ -206,8 +207,10 @@ def cn_cmd(mn, mode, provider, sub, args):
 
 
 def computenode(mn, mode, provider, sub, args, report, log):
-    """One computenode run; returns its JSON report."""
+    """One computenode run; returns its JSON report, plus process_cpu_s: the process's CPU time
+    (user + system, from the rusage of the children reaped meanwhile: only this one)."""
     Path(report).unlink(missing_ok=True)
+    ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     p = spawn(cn_cmd(mn, mode, provider, sub, list(args) + ["--report", report]), log)
     try:
         p.wait(timeout=a.timeout)
@@ -219,7 +222,10 @@ def computenode(mn, mode, provider, sub, args, report, log):
         foreign = mn.foreign_stops()
         raise RuntimeError(f"computenode {mode} {sub} failed ({p.returncode}):\n{Path(log).read_text()[-3000:]}"
                            + (f"\n{FOREIGN}: {'; '.join(foreign)}" if foreign else ""))
-    return json.loads(Path(report).read_text())
+    ru1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    out = json.loads(Path(report).read_text())
+    out["process_cpu_s"] = (ru1.ru_utime - ru0.ru_utime) + (ru1.ru_stime - ru0.ru_stime)
+    return out
 
 
 FOREIGN = "stopped by a signal this driver did not send"
@@ -273,6 +279,7 @@ def shine_trial(r, tag):
     io = b["per_cn"][0]["io"]
     return {"build_inserts_per_s": b["inserts_per_s"], "build_seconds": b["seconds"],
             "build_io_per_insert": {k: v / b["inserted"] for k, v in io.items()},
+            "build_cpu_us_per_insert": b["process_cpu_s"] * 1e6 / b["inserted"],
             "query_qps": run["qps"], "query_recall": run["recall"], "query_latency_us": run["latency_us"],
             "query_per_query": run["per_query"], "query_queries": run["queries"],
             "query_cpu_us_per_query": sum(c["cpu_seconds"] for c in run["per_cn"]) * 1e6 / max(1, run["queries"])}
@@ -297,7 +304,9 @@ def dhnsw_trial(r, tag):
             "insert_per_insert": ins["per_insert"], "insert_commits": ins["commits"],
             "insert_rebuilds": len(ins.get("rebuild_reports", [])), "insert_commit_us": ins.get("commit_us"),
             "query_qps": run["qps"], "query_recall": run["recall"], "query_per_query": run["per_query"],
-            "query_queries": run["queries"], "query_latency_us": run["latency_us"]}
+            "query_queries": run["queries"], "query_latency_us": run["latency_us"],
+            "insert_cpu_us_per_insert": i["process_cpu_s"] * 1e6 / max(1, ins["inserted"]),
+            "query_cpu_us_per_query": q["process_cpu_s"] * 1e6 / max(1, run["queries"])}
 
 
 # ---- 1-3: throughput for every R, interleaved
@@ -329,7 +338,10 @@ try:
     METRICS = {"shine_build": ("shine", "build_inserts_per_s"), "shine_query": ("shine", "query_qps"),
                "dhnsw_insert": ("dhnsw", "insert_inserts_per_s"), "dhnsw_query": ("dhnsw", "query_qps"),
                "shine_recall": ("shine", "query_recall"),
-               "shine_query_cpu_us": ("shine", "query_cpu_us_per_query"), "dhnsw_recall": ("dhnsw", "query_recall")}
+               "shine_query_cpu_us": ("shine", "query_cpu_us_per_query"), "dhnsw_recall": ("dhnsw", "query_recall"),
+               "shine_build_cpu_us": ("shine", "build_cpu_us_per_insert"),
+               "dhnsw_insert_cpu_us": ("dhnsw", "insert_cpu_us_per_insert"),
+               "dhnsw_query_cpu_us": ("dhnsw", "query_cpu_us_per_query")}
     summary = {}
     for r in RS:
         summary[r] = {}
@@ -341,9 +353,17 @@ try:
         summary[r]["dhnsw_per_query"] = last["dhnsw"]["query_per_query"]
         summary[r]["shine_build_io_per_insert"] = last["shine"]["build_io_per_insert"]
         summary[r]["dhnsw_per_insert"] = last["dhnsw"]["insert_per_insert"]
+    # vs R=1: the median over rounds of R's value over R=1's in the same round (the runs of a round
+    # are minutes apart at most, so the paired ratio is less exposed to the host's drifting load)
     for r in RS:
-        for name in ("shine_build", "shine_query", "dhnsw_insert", "dhnsw_query"):
-            summary[r][name]["vs_r1"] = summary[r][name]["median"] / summary[RS[0]][name]["median"] if 1 in RS else None
+        for name in ("shine_build", "shine_query", "dhnsw_insert", "dhnsw_query", "shine_build_cpu_us",
+                     "shine_query_cpu_us", "dhnsw_insert_cpu_us", "dhnsw_query_cpu_us"):
+            x = summary[r][name]
+            if 1 in RS:
+                x["ratios"] = [v / v1 for v, v1 in zip(x["all"], summary[1][name]["all"])]
+                x["vs_r1"] = statistics.median(x["ratios"])
+            else:
+                x["ratios"], x["vs_r1"] = None, None
     results["throughput"]["summary"] = summary
 
     # ---- 4: failover
@@ -556,7 +576,8 @@ f0 = lambda x: f"{x:,.0f}"  # noqa: E731
 md = [f"Run {results['date']} ({results['seconds'] / 60:.1f} min, host with {os.cpu_count()} cores): "
       f"`{results['command']}`\n\n"
       f"{SET}, {a.memnode_ids} memnode ids x R copies over `{a.provider}` with `--wire {a.wire}`, one computenode; "
-      f"median of {a.rounds} round(s) (R order rotated each round; every round's value in brackets).\n\n"]
+      f"median of {a.rounds} round(s) (R order rotated each round; every round's value in brackets); vs R=1: the "
+      f"median over the rounds of the ratio to R=1 in the same round.\n\n"]
 hdr = ["R", "memnode processes", "shine build inserts/s", "vs R=1", "d-HNSW insert inserts/s", "vs R=1",
        "shine query QPS", "vs R=1", "d-HNSW query QPS", "vs R=1"]
 rows = []
@@ -567,20 +588,30 @@ for r in RS:
     rows.append([r, r * a.memnode_ids, cell("shine_build"), vs("shine_build"), cell("dhnsw_insert"), vs("dhnsw_insert"),
                  cell("shine_query"), vs("shine_query"), cell("dhnsw_query"), vs("dhnsw_query")])
 md.append(dmh.md_table(hdr, rows))
+md.append("\nCPU time of the computenode per operation (the resource that binds on this host; shine query: the "
+          "measured phase, from its report; the others: the whole process, from its rusage, so including start-up, "
+          "reading the data and, for the d-HNSW query, 1,000 warm-up queries), median, and vs R=1 as above:\n\n")
+rows = []
+for r in RS:
+    s = S[r]
+    cpu = lambda n: f"**{s[n]['median']:.0f}**" + ("" if s[n]["vs_r1"] is None else f" ({s[n]['vs_r1']:.2f}x)")  # noqa: E731
+    rows.append([r, cpu("shine_build_cpu_us"), cpu("dhnsw_insert_cpu_us"), cpu("shine_query_cpu_us"),
+                 cpu("dhnsw_query_cpu_us")])
+md.append(dmh.md_table(["R", "shine build µs/insert", "d-HNSW insert µs/insert", "shine query µs/query",
+                        "d-HNSW query µs/query"], rows))
 md.append("\nPer operation (last round): shine build I/O per insert, query READs / doorbells / KiB per query "
-          "(the computenode's logical operations: a WRITE to R copies counts once), the shine computenode's CPU time per query, recall@10:\n\n")
+          "(the computenode's logical operations: a WRITE to R copies counts once), recall@10 (median):\n\n")
 rows = []
 for r in RS:
     s = S[r]
     bi, sq, dq, di = s["shine_build_io_per_insert"], s["shine_per_query"], s["dhnsw_per_query"], s["dhnsw_per_insert"]
     rows.append([r, f"{bi['reads']:.0f} / {bi['writes']:.1f} / {bi['atomics']:.1f} / {bi['bytes'] / 1024:.1f}",
                  f"{sq['reads']:.0f} / {sq['doorbells']:.0f} / {sq['bytes'] / 1024:.0f}",
-                 f"{s['shine_query_cpu_us']['median']:.0f}", f"{s['shine_recall']['median']:.4f}",
+                 f"{s['shine_recall']['median']:.4f}",
                  f"{di['writes']:.2f} / {di['bytes_written']:.0f}",
                  f"{dq['reads']:.3f} / {dq['bytes'] / 1024:.1f}", f"{s['dhnsw_recall']['median']:.4f}"])
 md.append(dmh.md_table(["R", "shine build: READs / WRITEs / atomics / KiB per insert",
-                        "shine query: READs / doorbells / KiB", "shine query: CPU µs per query (median)",
-                        "shine recall@10",
+                        "shine query: READs / doorbells / KiB", "shine recall@10",
                         "d-HNSW insert: WRITEs / bytes per insert", "d-HNSW query: READs / KiB", "d-HNSW recall@10"],
                        rows))
 for prov, x in results.get("image_query", {}).items():

@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "common/fabric/local_fabric.hpp"
+#include "common/fabric/rejoin_layout.hpp"
 #include "common/fabric/replicas.hpp"
 #include "common/fabric/wire.hpp"
 
@@ -144,4 +145,42 @@ TEST_CASE("replicas: an in-flight READ on a copy that dies answers from another"
   ep->wait_all(ops.size());
   for (int i = 0; i < 8; ++i) CHECK(b.data()[i] == 'x');
   CHECK(replica_view(*c).read_retries > 0);
+}
+
+TEST_CASE("replicas: a copy another computenode found dead is fenced here too, and one fenced here is published",
+          "[fabric][replicas]") {
+  auto local = LocalCluster::create(2, 1 << 20);
+  auto c = with_replicas(local, 2);
+  auto ep = c->make_endpoint(1 << 20);
+  const uint64_t dead_word = kRejoinBlockOffset + offsetof(RejoinBlock, dead);
+  // Another computenode's view says copy 0 is dead, though this one still reaches it.
+  const uint64_t bit0 = 1;
+  std::memcpy(local->region(0) + dead_word, &bit0, 8);
+  std::memcpy(local->region(1) + dead_word, &bit0, 8);
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  while (replica_view(*c).live[0][0] && std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  CHECK(replica_view(*c).live[0] == std::vector<bool>{false, true});
+  local->region(0)[8192] = 'a';  // reads come from copy 1 only now
+  local->region(1)[8192] = 'b';
+  for (int i = 0; i < 4; ++i) {
+    char x = 0;
+    ep->read(RemotePtr(0, 8192), &x, 1);
+    CHECK(x == 'b');
+  }
+
+  // This computenode fences copy 1 of a fresh set (a failed operation): the set's view says so.
+  auto local2 = LocalCluster::create(2, 1 << 20);
+  auto c2 = with_replicas(local2, 2);
+  auto ep2 = c2->make_endpoint(1 << 20);
+  local2->disconnect(1, "killed by the test");
+  const uint64_t v = 5;
+  ep2->write(RemotePtr(0, 4096), &v, 8);
+  uint64_t published = 0;
+  const auto until2 = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  while (published == 0 && std::chrono::steady_clock::now() < until2) {
+    std::memcpy(&published, local2->region(0) + dead_word, 8);
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  CHECK(published == 2);
 }
