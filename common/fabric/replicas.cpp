@@ -177,14 +177,14 @@ uint32_t ReplicatedEndpoint::open(const Op& op) {
   p.op = op;
   p.active = true;
   ++live_;
-  if (!control_) {
+  if (!control_ && op.kind != OpKind::Read) {
+    // A rejoin in the set: this change is marked when done, so the copier copies its chunks
+    // again. Counted before `marking` is read (both seq_cst): the watcher that sets `marking`
+    // and then reads the count either sees this change or is seen by it.
     auto& s = c_.set(op.remote.node());
-    s.in_flight.fetch_add(1);
-    if (op.kind != OpKind::Read) {
-      // A rejoin in the set: this change is marked when done, so the copier copies its chunks again.
-      p.marks = s.marking.load();
-      if (!p.marks) s.in_flight_unmarked.fetch_add(1);
-    }
+    s.in_flight_unmarked.fetch_add(1);
+    p.marks = s.marking.load();
+    if (p.marks) s.in_flight_unmarked.fetch_sub(1);
   }
   return i;
 }
@@ -263,16 +263,23 @@ void ReplicatedEndpoint::post_now(std::vector<Op>& ops) {
 Status ReplicatedEndpoint::post(std::span<const Op> ops) {
   for (const Op& op : ops)
     if (op.remote.node() >= c_.memnodes().size()) return Status::UnknownNode;
-  if (!control_) {
+  if (!control_ && (!held_.empty() || !enter(ops))) {
     // A set frozen for the last step of a rejoin takes no operation: they wait here, in order.
-    bool frozen = !held_.empty();
-    for (const Op& op : ops) frozen = frozen || c_.set(op.remote.node()).frozen.load();
-    if (frozen) {
-      held_.insert(held_.end(), ops.begin(), ops.end());
-      return Status::Ok;
-    }
+    held_.insert(held_.end(), ops.begin(), ops.end());
+    return Status::Ok;
   }
   return post_logical(ops);
+}
+
+bool ReplicatedEndpoint::enter(std::span<const Op> ops) {
+  // Counted before `frozen` is read (both seq_cst): the watcher that sets `frozen` and then
+  // waits for the count to reach 0 either waits for these operations or is seen by them.
+  for (const Op& op : ops) c_.set(op.remote.node()).in_flight.fetch_add(1);
+  bool frozen = false;
+  for (const Op& op : ops) frozen = frozen || c_.set(op.remote.node()).frozen.load();
+  if (!frozen) return true;
+  for (const Op& op : ops) c_.set(op.remote.node()).in_flight.fetch_sub(1);
+  return false;
 }
 
 Status ReplicatedEndpoint::post_logical(std::span<const Op> ops) {
@@ -293,6 +300,8 @@ Status ReplicatedEndpoint::post_logical(std::span<const Op> ops) {
         free_.push_back(j);
         --live_;
       }
+      if (!control_)  // entered, not opened
+        for (size_t k = opened.size(); k < ops.size(); ++k) c_.set(ops[k].remote.node()).in_flight.fetch_sub(1);
       return Status::PeerDead;
     }
   }
@@ -408,15 +417,11 @@ void ReplicatedEndpoint::on_completion(const Completion& pc) {
 }
 
 size_t ReplicatedEndpoint::poll_impl(std::span<Completion> out) {
-  if (!held_.empty()) {  // the rejoin's last step is over: post what waited, in order
-    bool frozen = false;
-    for (const Op& op : held_) frozen = frozen || c_.set(op.remote.node()).frozen.load();
-    if (!frozen) {
-      std::vector<Op> ops;
-      ops.swap(held_);
-      if (const Status s = post_logical(ops); s != Status::Ok)
-        for (const Op& op : ops) ready_.push_back({op.tag, s, op.kind, op.remote.node()});
-    }
+  if (!held_.empty() && enter(held_)) {  // the rejoin's last step is over: post what waited, in order
+    std::vector<Op> ops;
+    ops.swap(held_);
+    if (const Status s = post_logical(ops); s != Status::Ok)
+      for (const Op& op : ops) ready_.push_back({op.tag, s, op.kind, op.remote.node()});
   }
   Completion cs[64];
   for (;;) {

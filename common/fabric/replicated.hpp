@@ -58,6 +58,10 @@ class ReplicatedEndpoint final : public Endpoint {
   /// set's live copies before it completes; else complete it.
   void changed(uint32_t i);
   void post_now(std::vector<Op>& ops);
+  /// Data operations only: counts `ops` in flight in their sets; false (nothing counted) when
+  /// one of the sets is frozen.
+  bool enter(std::span<const Op> ops);
+  /// Posts ops already entered (or a control endpoint's).
   Status post_logical(std::span<const Op> ops);
   void sync_counters() { counters_ = inner_->counters(); }
 

@@ -23,7 +23,14 @@ partitions probed) and must be found, whenever the memnodes survived.
 The kernel here has no netem (CONFIG_NET_SCH_NETEM is not set): loss comes from nftables'
 random numbers, delay from a token bucket's queue.
 
-  experiments/chaos/run.py [--phases ...] [--faults ...] [--seed 1] [--out experiments/chaos]
+--replicas R (R >= 2): each of the 2 memnode ids is a replica set of R copies (memnode<id>c<copy>,
+docs/replication.md), every copy in the computenodes' --memnodes; kill-memnode and stop-memnode
+hit one random copy, and the outcome is stricter: every surviving computenode exits 0, and for
+dhnsw-insert the acknowledged inserts are checked (the set goes on with its live copies; a
+stopped copy stays fenced after its SIGCONT) and none may be lost. Results go to
+results-replicas.json (results.json keeps the R = 1 runs).
+
+  experiments/chaos/run.py [--phases ...] [--faults ...] [--seed 1] [--replicas 1] [--out experiments/chaos]
 """
 import argparse
 import json
@@ -53,8 +60,13 @@ ap.add_argument("--seed", type=int, default=1)
 ap.add_argument("--bound-s", type=float, default=15, help="a survivor ends within this long after the fault")
 ap.add_argument("--victim", default="", help="kill or stop this process (memnode0, cn1, inserter0, querier, ...) "
                                            "instead of a random one, where the phase has it")
+ap.add_argument("--replicas", type=int, default=1, help="copies of each memnode id (a replica set, "
+                                                          "docs/replication.md); R >= 2 writes results-replicas.json")
 ap.add_argument("--out", default=str(HERE))
 args = ap.parse_args()
+if not 1 <= args.replicas <= 8:
+    ap.error("--replicas: 1..8")
+R = args.replicas
 rng = random.Random(args.seed)
 
 MEM, CN = "dmhc-mem", "dmhc-cn"
@@ -122,6 +134,8 @@ class Proc:
 
 
 def memnodes(logdir):
+    if R > 1:
+        return replica_memnodes(logdir)
     procs, addrs = [], []
     for i in range(2):
         ready = logdir / f"mn{i}.addr"
@@ -134,6 +148,26 @@ def memnodes(logdir):
                 raise RuntimeError(f"memnode {i} did not start: {procs[-1].text()}")
             time.sleep(0.05)
         addrs.append(ready.read_text().strip())
+    return procs, ",".join(addrs)
+
+
+def replica_memnodes(logdir):
+    """R copies of each of the 2 memnode ids: memnode<i>c<c>, each knowing its id (mn_id) and address."""
+    procs, addrs = [], []
+    for i in range(2):
+        for c in range(R):
+            ready = logdir / f"mn{i}c{c}.addr"
+            p = Proc(f"memnode{i}c{c}", MEM, [BIN / "memnode", "--id", i, "--replicas", R, "--copy", c, "--provider",
+                                              "tcp", "--listen", f"{MEM_IP}:0", "--region", "256MiB", "--token-file",
+                                              token, "--ready-file", ready], logdir)
+            procs.append(p)
+            deadline = time.time() + 30
+            while not (ready.exists() and ready.read_text().strip()):
+                if p.poll() is not None or time.time() > deadline:
+                    raise RuntimeError(f"memnode {i} copy {c} did not start: {p.text()}")
+                time.sleep(0.05)
+            p.mn_id, p.addr = i, ready.read_text().strip()
+            addrs.append(p.addr)
     return procs, ",".join(addrs)
 
 
@@ -218,7 +252,9 @@ def one_run(phase, fault, k):
         if args.victim and any(p.name == args.victim for p in pool):
             victim = next(p for p in pool if p.name == args.victim)
         victim.p.send_signal(signal.SIGKILL if fault.startswith("kill") else signal.SIGSTOP)
-        if "memnode" in fault:
+        if "memnode" in fault and R > 1:
+            victim_pat = [rf"memnode {victim.mn_id}\b", re.escape(victim.addr)]
+        elif "memnode" in fault:
             i = mns.index(victim)
             victim_pat = [rf"memnode {i}\b", re.escape(mn.split(",")[i])]
         else:
@@ -266,12 +302,18 @@ def one_run(phase, fault, k):
             mine = [r for r in range(BUILT, INS_END) if (r - BUILT) % 2 == i]  # --share i/2 over [BUILT, INS_END)
             m = re.findall(r"(\d+) / \d+ acknowledged", p.text())
             n = int(m[-1]) if m else 0
-            if p.poll() == 0 and (logdir / f"ins{i}.json").exists():
-                n = json.loads((logdir / f"ins{i}.json").read_text())["insert"]["inserted"]
+            rep = logdir / f"ins{i}.json"
+            if R > 1 and not rep.exists():  # with --num-cns > 1 the report is named after the cn id
+                rep = logdir / f"ins{i}.json.cn{1 + i}"
+            if p.poll() == 0 and rep.exists():
+                n = json.loads(rep.read_text())["insert"]["inserted"]
             acked += mine[:n]
     memnodes_alive = all(p.poll() is None for p in mns if p is not victim) and victim not in mns
+    if R > 1:  # a replica set is alive while one of its copies is (a stopped copy stays fenced)
+        memnodes_alive = all(any(p.poll() is None and p is not victim for p in mns if p.mn_id == i)
+                             for i in range(2))
     lost = None
-    if phase == "dhnsw-insert" and acked and memnodes_alive and not fault.startswith("stop-memnode"):
+    if phase == "dhnsw-insert" and acked and memnodes_alive and (R > 1 or not fault.startswith("stop-memnode")):
         nft_clear()
         sample = sorted(rng.sample(acked, min(300, len(acked))))
         fvecs_of_rows(sample, logdir / "self.fvecs")
@@ -291,7 +333,8 @@ def one_run(phase, fault, k):
             p.p.kill()
         p.p.wait()
     nft_clear()
-    res = {"phase": phase, "fault": fault, "victim": victim.name if victim else None,
+    res = {"phase": phase, "fault": fault, **({"replicas": R} if R > 1 else {}),
+           "victim": victim.name if victim else None,
            "fault_at_s": round(t_fault - t_phase, 1), "hung": [n for n in hung if n not in progressing],
            "still_progressing_at_60s": progressing,
            "acknowledged_inserts": len(acked), "acknowledged_checked": None if lost is None else min(300, len(acked)),
@@ -311,6 +354,11 @@ def one_run(phase, fault, k):
                                  (s["error_names_peer"] and s["after_fault_s"] is not None and
                                   s["after_fault_s"] <= args.bound_s)
                                  for s in res["survivors"]) and lost in (None, 0)
+    if R > 1 and "memnode" in fault:
+        # One copy of a set hit: the set goes on, so no survivor may fail (not even naming the
+        # copy), and for inserts the check must have run and found every acknowledged insert.
+        ok = not hung and all(s["exit"] == 0 for s in res["survivors"]) and \
+            (lost == 0 if phase == "dhnsw-insert" else lost is None)
     res["expected"] = ok
     return res
 
@@ -326,7 +374,8 @@ try:
             try:
                 r = one_run(phase, fault, k)
             except Exception as e:  # a setup failure is recorded, not fatal to the other runs
-                r = {"phase": phase, "fault": fault, "setup_error": str(e)[-1000:], "expected": False}
+                r = {"phase": phase, "fault": fault, **({"replicas": R} if R > 1 else {}),
+                     "setup_error": str(e)[-1000:], "expected": False}
             r["wall_s"] = round(time.time() - t, 1)
             results.append(r)
             dmh.log(json.dumps(r)[:600])
@@ -335,11 +384,15 @@ finally:
     netns_down()
 out = Path(args.out)
 out.mkdir(parents=True, exist_ok=True)
-prev = json.loads((out / "results.json").read_text()) if (out / "results.json").exists() else {"runs": []}
-redone = {(r["phase"], r["fault"]) for r in results}  # a partial re-run replaces those runs only
-runs = [r for r in prev["runs"] if (r["phase"], r["fault"]) not in redone] + results
-runs.sort(key=lambda r: (PHASES.index(r["phase"]), FAULTS.index(r["fault"])))
-(out / "results.json").write_text(json.dumps({"seed": args.seed, "bound_s": args.bound_s, "runs": runs,
-                                              "commands": prev.get("commands", []) + [dmh.command_line()]},
-                                             indent=1) + "\n")
+res_file = out / ("results.json" if R == 1 else "results-replicas.json")  # R = 1 runs stay apart
+prev = json.loads(res_file.read_text()) if res_file.exists() else {"runs": []}
+def cell(r):
+    return (r["phase"], r["fault"]) if R == 1 else (r.get("replicas", 1), r["phase"], r["fault"])
+redone = {cell(r) for r in results}  # a partial re-run replaces those runs only
+runs = [r for r in prev["runs"] if cell(r) not in redone] + results
+runs.sort(key=lambda r: (PHASES.index(r["phase"]), FAULTS.index(r["fault"])) if R == 1 else
+          (r.get("replicas", 1), PHASES.index(r["phase"]), FAULTS.index(r["fault"])))
+res_file.write_text(json.dumps({"seed": args.seed, "bound_s": args.bound_s, "runs": runs,
+                                "commands": prev.get("commands", []) + [dmh.command_line()]},
+                               indent=1) + "\n")
 print(f"{sum(r['expected'] for r in results)} of {len(results)} runs as expected; logs in {work}")
