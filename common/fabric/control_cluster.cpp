@@ -292,7 +292,10 @@ void ControlledCluster::monitor() {
       next_ping = now + std::chrono::milliseconds(500);
     }
     std::vector<pollfd> fds;
-    for (auto& c : controls_) fds.push_back({c ? c->fd() : -1, POLLIN, 0});  // none: a copy dead at connect
+    // Not the connections of dead peers (closed: poll would return at once, for ever), nor the
+    // missing ones of copies dead at connect.
+    for (size_t i = 0; i < controls_.size(); ++i)
+      fds.push_back({controls_[i] && !peers_[i]->dead.load() ? controls_[i]->fd() : -1, POLLIN, 0});
     ::poll(fds.data(), fds.size(), 100);
     now = Clock::now();
     for (size_t i = 0; i < controls_.size(); ++i) {

@@ -249,15 +249,27 @@ bool ReplicatedEndpoint::first_stage(uint32_t i, std::vector<Op>& out) {
 }
 
 void ReplicatedEndpoint::post_now(std::vector<Op>& ops) {
-  // Ops go out in one doorbell; a copy that died since they were chosen fails the post
-  // synchronously (nothing posted): the ops are then completed as failures and retried.
-  if (ops.empty()) return;
-  const Status s = inner_->post(ops);
-  sync_counters();
-  if (s == Status::Ok) return;
-  std::vector<Op> batch;
-  batch.swap(ops);
-  for (const Op& o : batch) on_completion({o.tag, s, o.kind, o.remote.node()});
+  // Ops go out in one doorbell. A provider refuses the whole batch when one op's memnode is dead
+  // (nothing posted): the ops to copies that died since they were chosen complete as failures
+  // (and move to other copies), the rest are posted again. Only a refusal that no dead copy
+  // explains fails every op.
+  for (int tries = 0; !ops.empty(); ++tries) {
+    const Status s = inner_->post(ops);
+    sync_counters();
+    if (s == Status::Ok) {
+      ops.clear();
+      return;
+    }
+    std::vector<Op> batch, failed;
+    batch.swap(ops);
+    for (const Op& o : batch) (c_.physical()->alive(o.remote.node()) ? ops : failed).push_back(o);
+    if (failed.empty() || tries >= 3) {
+      failed.insert(failed.end(), ops.begin(), ops.end());
+      ops.clear();
+    }
+    for (const Op& o : failed)
+      on_completion({o.tag, c_.physical()->alive(o.remote.node()) ? s : Status::PeerDead, o.kind, o.remote.node()});
+  }
 }
 
 Status ReplicatedEndpoint::post(std::span<const Op> ops) {
@@ -283,8 +295,10 @@ bool ReplicatedEndpoint::enter(std::span<const Op> ops) {
 }
 
 Status ReplicatedEndpoint::post_logical(std::span<const Op> ops) {
-  std::vector<Op> phys;
-  std::vector<uint32_t> opened;
+  std::vector<Op>& phys = phys_;  // kept across posts: no allocation per post
+  std::vector<uint32_t>& opened = opened_;
+  phys.clear();
+  opened.clear();
   for (const Op& op : ops) {
     const uint32_t i = open(op);
     opened.push_back(i);

@@ -74,6 +74,8 @@ class ReplicatedEndpoint final : public Endpoint {
   std::deque<Completion> ready_;
   std::vector<Op> held_;  // posted while their set was frozen
   uint64_t turn_ = 0;     // READ spreading
+  std::vector<Op> phys_;          // post_logical's scratch
+  std::vector<uint32_t> opened_;
   Buffer ones_;           // mark bytes
 };
 

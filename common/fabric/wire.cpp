@@ -56,7 +56,7 @@ class WireEndpoint final : public Endpoint {
     const Status s = inner_->post(ops);
     counters_ = inner_->counters();
     if (s != Status::Ok) return s;
-    for (size_t i = 0; i < ops.size(); ++i) due_[ops[i].tag].push_back(ready[i]);
+    for (size_t i = 0; i < ops.size(); ++i) due_.push_back({ops[i].tag, ready[i]});
     return s;
   }
 
@@ -112,11 +112,11 @@ class WireEndpoint final : public Endpoint {
       const size_t got = inner_->poll(cs);
       for (size_t i = 0; i < got; ++i) {
         Clock::time_point ready = Clock::time_point{};
-        auto it = due_.find(cs[i].tag);
-        if (it != due_.end() && !it->second.empty()) {
-          ready = it->second.front();
-          it->second.pop_front();
-          if (it->second.empty()) due_.erase(it);
+        // The earliest posted op of that tag (a provider completes one tag's ops in post order).
+        auto it = std::find_if(due_.begin(), due_.end(), [&](const Due& d) { return d.tag == cs[i].tag; });
+        if (it != due_.end()) {
+          ready = it->ready;
+          due_.erase(it);
         }
         if (cs[i].status != Status::Ok) ready = Clock::time_point{};
         held_.push({ready, seq_++, cs[i]});
@@ -141,7 +141,13 @@ class WireEndpoint final : public Endpoint {
   WireModel m_;
   std::shared_ptr<Links> links_;
   bool slack_set_ = false;
-  std::map<uint64_t, std::deque<Clock::time_point>> due_;  // by tag, in post order
+  // In post order. A flat list searched from the front: tens of operations are in flight, and a
+  // map of queues allocated twice per tag (a replica set gives every operation a tag of its own).
+  struct Due {
+    uint64_t tag;
+    Clock::time_point ready;
+  };
+  std::vector<Due> due_;
   std::priority_queue<Held, std::vector<Held>, std::greater<>> held_;
   uint64_t seq_ = 0;
 };

@@ -142,7 +142,7 @@ TEST_CASE("verbs on soft-RoCE: lock hand-over by COMPARE_SWAP holds, the plain-W
   REQUIRE_GUEST();
   SmallData d(20, 1000);
   TempDir dir;
-  auto r = in_guest(dir, "locks", {"12", "30", d.base});
+  auto r = in_guest(dir, "locks", {"6", "20", d.base});
   INFO(r.output);
   REQUIRE(r.code == 0);
   // 2 threads x 4 coroutines on 2 words, released by COMPARE_SWAP: exclusive, nothing lost.
