@@ -501,6 +501,11 @@ std::shared_ptr<Cluster> replicas_physical(const Cluster& c, unsigned* copies, u
   return r->physical();
 }
 
+uint64_t replica_failovers(const Cluster& c) {
+  auto r = dynamic_cast<const ReplicatedCluster*>(&c);
+  return r ? r->failovers() : 0;
+}
+
 ReplicaView replica_view(const Cluster& c) {
   if (auto r = dynamic_cast<const ReplicatedCluster*>(&c)) return r->view();
   ReplicaView v;

@@ -43,5 +43,7 @@ struct ReplicaView {
 };
 /// The view of a with_replicas() cluster (one set per memnode, all live, when not replicated).
 ReplicaView replica_view(const Cluster& c);
+/// ReplicaView::failovers alone (0 when not replicated), cheap enough for a wait loop.
+uint64_t replica_failovers(const Cluster& c);
 
 }  // namespace dmhnsw::fabric

@@ -115,6 +115,7 @@ class ReplicatedCluster final : public Cluster {
   void fence(uint16_t l, unsigned c, const std::string& why);
   void count_read_retry() { read_retries_.fetch_add(1, std::memory_order_relaxed); }
   ReplicaView view() const;
+  uint64_t failovers() const { return failovers_.load(); }
 
   // ---- the rejoin protocol's state per set (replica_watch.cpp drives it)
   struct SetState {

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <thread>
 
+#include "common/fabric/replicas.hpp"
 #include "compute/shine/query_session.hpp"
 
 namespace dmhnsw::shine::query_detail {
@@ -16,6 +17,7 @@ namespace {
 /// Adaptive routing: a router waiting for its own queue to drain re-broadcasts its length this often.
 constexpr std::chrono::milliseconds kProgressEvery{2};
 constexpr std::chrono::seconds kNoteEvery{10};  // a progress line while a phase runs
+constexpr std::chrono::seconds kRelayLostAfter{5};  // nothing arrives after a replica copy died: its relay held it
 }  // namespace
 
 PhaseResult QuerySession::run_phase(uint32_t phase, const std::vector<uint32_t>& items, uint32_t ef,
@@ -29,6 +31,7 @@ PhaseResult QuerySession::run_phase(uint32_t phase, const std::vector<uint32_t>&
   run.need_done = policy_ != router::Policy::None && K_ > 1;
   run.result.routed_to.assign(K_, 0);
   run.t0 = Clock::now();
+  run.failovers_at_start = fabric::replica_failovers(c_);
   run.deadline = run.t0 + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(min_seconds));
   run.next_note.store((run.t0 + kNoteEvery).time_since_epoch().count());
   std::thread router_thread([&] {
@@ -188,6 +191,8 @@ void QuerySession::answer(PhaseRun& run, std::vector<PerQuery>& out) {
       x.measured = run.is_measured;
     }
     auto next_debug = Clock::now() + std::chrono::seconds(2);
+    auto idle_since = Clock::now();
+    uint64_t idle_answered = 0;
     auto loop = [&](OpContext& ctx) -> compute::Task<void> {
       Item it;
       for (;;) {
@@ -201,6 +206,22 @@ void QuerySession::answer(PhaseRun& run, std::vector<PerQuery>& out) {
             if (!c_.alive(m))
               throw fabric::FabricError("memnode " + std::to_string(m) + " (" + c_.memnodes()[m].address +
                                         ") is gone while waiting for routed queries: " + c_.dead_reason(m));
+          // A copy of a replica set died during the phase: the relay in that memnode process
+          // held messages and counts of this run that no other copy has. If nothing arrives for
+          // a while, that is why: fail naming it rather than wait for ever.
+          if (const uint64_t f = fabric::replica_failovers(c_); f != run.failovers_at_start) {
+            const uint64_t answered = run.answered.load();
+            if (answered != idle_answered) idle_answered = answered, idle_since = Clock::now();
+            if (Clock::now() - idle_since > kRelayLostAfter)
+              throw fabric::FabricError(
+                  "waiting for routed queries: a memnode copy died during the phase (" + std::to_string(f - run.failovers_at_start) +
+                  " copy death(s)) and nothing arrived for " + std::to_string(kRelayLostAfter.count()) +
+                  " s: the query relay in that memnode held this run's messages, which its set's other copies do not "
+                  "have (routed queries do not survive a copy's death yet; the service's live routing answers "
+                  "such queries itself, see docs/replication.md)");
+          } else {
+            idle_since = Clock::now();
+          }
           note_progress(run);  // also while idle: waiting on a slow peer is not being stuck
           if (Clock::now() > next_debug) {
             spdlog::debug("waiting: router {}, {}", run.router_done.load() ? "done" : "busy", ex_.describe(run.phase));

@@ -63,6 +63,7 @@ struct PhaseRun {
   PhaseResult result;
   std::atomic<uint64_t> answered{0};
   std::atomic<int64_t> next_note{0};
+  uint64_t failovers_at_start = 0;  // replica copies seen dead before the phase (replicas.hpp)
 };
 
 class QuerySession {
