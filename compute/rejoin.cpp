@@ -194,7 +194,8 @@ class Copier {
       if (old == seen) break;
       seen = old;
     }
-    pep_->write(RemotePtr(j_, fabric::kRejoinBlockOffset + offsetof(RejoinBlock, dead)), &zero, 8);
+    const uint64_t now_dead = seen & ~(uint64_t{1} << o_.copy);  // the set's word, for the copy that joins
+    pep_->write(RemotePtr(j_, fabric::kRejoinBlockOffset + offsetof(RejoinBlock, dead)), &now_dead, 8);
     publish(fabric::kRejoinIdle, o_.copy + 1, true);
     pep_->write(RemotePtr(j_, fabric::kJoinWordOffset), &zero, 8);
   }

@@ -266,9 +266,16 @@ void ControlledCluster::register_address(const std::vector<char>& fabric_addr) {
   const auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(opts_.heartbeat_timeout_ms);
   for (size_t i = 0; i < controls_.size(); ++i)
     while (!peers_[i]->dead.load() && controls_[i]->registered() < want[i]) {
-      if (std::chrono::steady_clock::now() > end)
-        throw FabricError(node_name(static_cast<uint16_t>(i)) + ": did not confirm a new endpoint's address within " +
-                          std::to_string(opts_.heartbeat_timeout_ms) + " ms");
+      if (std::chrono::steady_clock::now() > end) {
+        const std::string why = "did not confirm a new endpoint's address within " +
+                                std::to_string(opts_.heartbeat_timeout_ms) + " ms";
+        // A copy of a replica set that went silent leaves its set; a lone memnode fails the run.
+        if (peers_[i]->info.copies > 1) {
+          mark_dead(i, why);
+          break;
+        }
+        throw FabricError(node_name(static_cast<uint16_t>(i)) + ": " + why);
+      }
       std::this_thread::sleep_for(std::chrono::microseconds(200));  // the monitor thread reads the answer
     }
 }

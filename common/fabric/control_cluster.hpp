@@ -74,21 +74,21 @@ class ControlledCluster : public Cluster {
     std::vector<std::unique_ptr<PeerState>> peers;
     std::vector<std::pair<std::string, std::string>> unreachable;  // address, why
     for (const auto& hp : opts_.memnodes) {
-      std::unique_ptr<ControlClient> cc;
+      // A memnode that does not answer (no control port, or silent) may be a dead copy of a
+      // replica set: order_peers decides; without replica sets its error is thrown.
       try {
-        cc = std::make_unique<ControlClient>(hp, opts_.control_version);
-      } catch (const FabricError& e) {  // no control port there: a dead copy of a replica set?
+        auto cc = std::make_unique<ControlClient>(hp, opts_.control_version);
+        Hello h;
+        h.mode = opts_.mode;
+        h.provider = opts_.provider;
+        h.cn_id = opts_.cn_id;
+        h.token = opts_.token;
+        h.fabric_addr = hello_addr(*cc);
+        peers.push_back(make_peer(hp, cc->handshake(h)));
+        controls_.push_back(std::move(cc));
+      } catch (const FabricError& e) {
         unreachable.emplace_back(hp, e.what());
-        continue;
       }
-      Hello h;
-      h.mode = opts_.mode;
-      h.provider = opts_.provider;
-      h.cn_id = opts_.cn_id;
-      h.token = opts_.token;
-      h.fabric_addr = hello_addr(*cc);
-      peers.push_back(make_peer(hp, cc->handshake(h)));
-      controls_.push_back(std::move(cc));
     }
     order_peers(std::move(peers), unreachable);
     hello_addr_ = [h = std::forward<HelloAddr>(hello_addr)](ControlClient& cc) { return h(cc); };

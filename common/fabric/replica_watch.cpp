@@ -23,6 +23,8 @@ class ReplicaWatch {
   explicit ReplicaWatch(ReplicatedCluster& c) : c_(c), acked_(c.memnodes().size(), 0), frozen_at_(acked_.size()) {
     ep_ = c_.make_control_endpoint(1u << 20);
     block_ = ep_->alloc(sizeof(RejoinBlock));
+    pep_ = c_.p_->make_endpoint(1u << 20);
+    word_ = pep_->alloc(8);
   }
 
   /// One look at every set; true when some set is in a rejoin (poll faster).
@@ -38,12 +40,51 @@ class ReplicaWatch {
         continue;  // the set's last copy died meanwhile: its operations say so
       }
       std::memcpy(&b, block_.data(), sizeof b);
+      b.dead = dead_word(l);
       busy = step(l, b) || busy;
     }
     return busy;
   }
 
  private:
+  /// The set's dead word from every copy this computenode reaches: a copy that was cut off
+  /// (stopped, partitioned) missed the bits the others set about it, so a computenode that
+  /// joins must not take its word for the set's. The words of copies that another copy's word
+  /// names dead are left out (their bits are stale); the rest are OR-ed.
+  uint64_t dead_word(uint16_t l) {
+    std::vector<uint64_t> w(c_.copies(), 0);
+    std::vector<bool> read(c_.copies(), false);
+    for (unsigned c = 0; c < c_.copies(); ++c) {
+      const uint16_t p = c_.phys(l, c);
+      if (!c_.p_->alive(p)) continue;
+      try {
+        pep_->read(RemotePtr(p, kRejoinBlockOffset + offsetof(RejoinBlock, dead)), word_.data(), 8);
+        w[c] = *word_.as<uint64_t>();
+        read[c] = true;
+      } catch (const FabricError&) {
+      }
+    }
+    // Trusted: copies no trusted copy names dead (a copy named by another is dropped in turn).
+    uint64_t trusted = 0;
+    for (unsigned c = 0; c < c_.copies(); ++c)
+      if (read[c]) trusted |= uint64_t{1} << c;
+    for (bool dropped = true; dropped;) {
+      dropped = false;
+      for (unsigned c = 0; c < c_.copies() && !dropped; ++c)
+        for (unsigned d = 0; d < c_.copies() && !dropped; ++d)
+          if (d != c && (trusted >> c & 1) && (trusted >> d & 1) && (w[d] >> c & 1)) {
+            trusted &= ~(uint64_t{1} << c);
+            dropped = true;
+          }
+    }
+    uint64_t dead = 0;
+    for (unsigned c = 0; c < c_.copies(); ++c) {
+      if (trusted >> c & 1) dead |= w[c];
+      else if (read[c]) dead |= uint64_t{1} << c;  // named dead by a trusted copy
+    }
+    return dead;
+  }
+
   /// A copy seen dead whose place a new memnode took (the physical cluster revived it) joins.
   void revived(uint16_t l) {
     for (unsigned c = 0; c < c_.copies(); ++c) {
@@ -133,8 +174,8 @@ class ReplicaWatch {
   }
 
   ReplicatedCluster& c_;
-  std::unique_ptr<Endpoint> ep_;
-  Buffer block_;
+  std::unique_ptr<Endpoint> ep_, pep_;  // the set's words; one copy's
+  Buffer block_, word_;
   std::vector<uint64_t> acked_;
   std::vector<Clock::time_point> frozen_at_;
 };

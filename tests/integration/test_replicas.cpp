@@ -364,3 +364,39 @@ TEST_CASE("replica sets: a new memnode rejoins while d-HNSW inserts go on, then 
     }
   }
 }
+
+TEST_CASE("replica sets: a copy stopped and resumed stays out, also for a computenode that joins after it resumed",
+          "[integration][replicas]") {
+  SmallData d(300, 2000);
+  TempDir dir;
+  Sets s(dir, 2, 2, "tcp");
+  auto cn = [&](std::vector<std::string> rest) { return computenode_args("shine", "tcp", s.list(), 0, 1, rest); };
+  REQUIRE(run(cn({"build", "--data", d.base, "--max-elements", "1000", "--m", "12", "--ef-construction", "64",
+                  "--threads", "2"}),
+              dir, "build", seconds(120))
+              .code == 0);
+  // Memnode 1's first copy stops: the inserts of the other 1,000 rows fence it and go on.
+  s.at(1, 0).proc->signal(SIGSTOP);
+  auto ins = run(cn({"--heartbeat-timeout-ms", "1000", "insert", "--data", d.base, "--begin", "1000", "--threads", "2"}),
+                 dir, "insert", seconds(120));
+  s.at(1, 0).proc->signal(SIGCONT);  // back, with none of those inserts
+  INFO(ins.output);
+  REQUIRE(ins.code == 0);
+  CHECK_THAT(ins.output, Contains("memnode 1 copy 0"));
+  // A computenode that joins now reaches the stale copy, but the set's view names it dead.
+  REQUIRE(run({bin("groundtruth"), "--base", d.base, "--queries", d.base, "--k", "1", "--metric", "l2", "--out",
+               dir.file("self.ivecs")},
+              dir, "self-gt")
+              .code == 0);
+  REQUIRE(run({bin("workload"), "--queries", d.base, "--groundtruth", dir.file("self.ivecs"), "--count", "3000",
+               "--seed", "2", "--out", dir.file("self.wl")},
+              dir, "self-wl")
+              .code == 0);
+  auto self = run(cn({"query", "--workload", dir.file("self.wl"), "--k", "1", "--ef-search", "400", "--threads", "1",
+                      "--coroutines", "4", "--report", dir.file("self.json")}),
+                  dir, "q-self", seconds(60));
+  INFO(self.output);
+  REQUIRE(self.code == 0);
+  CHECK_THAT(self.output, Contains("memnode 1 copy 0") && Contains("found dead by another computenode"));
+  CHECK(recall_of(dir.file("self.json")) >= 0.998);
+}

@@ -94,9 +94,9 @@ case $CASE in
     CN=("$B/computenode" --mode shine --provider verbs --memnodes "$A0,$A1,$B0,$B1" --cn-id 0 --num-cns 1)
     "${CN[@]}" build --data "$1" --m 12 --ef-construction 80 --threads 1 --report "$W/build.json" || exit 1
     "${CN[@]}" query --workload "$2" --k 10 --ef-search 32 --threads 1 --coroutines 2 --cache-ratio 0 \
-      --repeat-seconds 8 --report "$W/query.json" >"$W/query.log" 2>&1 &
+      --repeat-seconds 6 --report "$W/query.json" >"$W/query.log" 2>&1 &
     QPID=$!
-    sleep 4
+    sleep 3
     kill -KILL "$KILL"
     wait "$QPID"
     echo "query exit $?"
