@@ -21,10 +21,18 @@ R=2 memnodes over each --failover-providers provider; `computenode --mode shine 
 memnode 1 copy 0 at --kill-at s (failed requests, p99, max), and a series of 1-s serve-bench
 runs back to back through the same kill (QPS and p99 over time).
 
+Re-replication (--rejoin-providers): the same R=2 serve (--cn-id 0 --num-cns 1) under `serve-bench
+--clients 4` for --rejoin-seconds: SIGKILL of memnode 1 copy 0, a new `memnode --rejoin` at its
+address, `computenode --cn-id 1 --num-cns 2 rejoin --memnode 1 --copy 0` (rejoin report: first-pass
+GB/s, frozen ms, passes), then SIGKILL of memnode 1 copy 1, the other original (--rejoin-times);
+--rejoin-repeats whole runs (failed requests, p99, max) and a series of 1-s serve-bench runs (QPS and
+p99 per phase: before, one copy left, new memnode starting, rejoin running, rejoined, new copy only).
+
 Every process started here is stopped at the end, also on errors. Binaries come from --bin
 (copy build/bin first when it is being rebuilt: `cp -a build/bin /tmp/repl-bin`).
 
-  experiments/replication/run.py [--bin build/bin] [--rounds 3] [--failover-providers cxl,tcp] [--quick]
+  experiments/replication/run.py [--bin build/bin] [--rounds 5] [--failover-providers cxl,tcp]
+                                 [--rejoin-providers cxl,tcp] [--parts throughput,image-query,failover,rejoin] [--quick]
 """
 import argparse
 import json
@@ -76,6 +84,18 @@ ap.add_argument("--serve-seconds", type=float, default=12, help="serve-bench --s
 ap.add_argument("--kill-at", type=float, default=4, help="SIGKILL of memnode 1 copy 0 this long into the run "
                 "(default %(default)s)")
 ap.add_argument("--clients", type=int, default=4, help="serve-bench --clients (default %(default)s)")
+ap.add_argument("--rejoin-providers", default="cxl,tcp", help="providers of the re-replication runs ('' for none; "
+                "default %(default)s)")
+ap.add_argument("--rejoin-repeats", type=int, default=2, help="whole-run rejoins per provider, besides the 1-s series "
+                "(default %(default)s)")
+ap.add_argument("--rejoin-seconds", type=float, default=12, help="serve-bench --seconds of a rejoin run "
+                "(default %(default)s)")
+ap.add_argument("--rejoin-times", default="3,5,9", help="seconds into a rejoin run: SIGKILL of memnode 1 copy 0, start "
+                "of its replacement (`memnode --rejoin` at its address, then `computenode rejoin`), SIGKILL of memnode 1 "
+                "copy 1 (not before the rejoin finished; default %(default)s)")
+ap.add_argument("--parts", default="throughput,image-query,failover,rejoin", help="parts to run (default %(default)s)")
+ap.add_argument("--render", default=None, metavar="RESULTS_JSON", help="run nothing: make results.md, the "
+                "README's results section and replication.png again from this results.json (its params)")
 ap.add_argument("--timeout", type=float, default=180, help="seconds one computenode run may take (default %(default)s)")
 ap.add_argument("--quick", action="store_true", help="smoke run (about a minute): 1 round of R=1,2, 1-s queries, "
                 "failover over cxl only, 4-s serve runs (kill at 1.5 s); results go to WORK/quick/")
@@ -84,6 +104,7 @@ if a.quick:
     a.replicas, a.rounds, a.query_seconds, a.dhnsw_queries = "1,2", 1, 1, 5000
     a.failover_providers, a.failover_repeats, a.serve_seconds, a.kill_at = "cxl", 1, 4, 1.5
     a.image_query_count = 100
+    a.rejoin_providers, a.rejoin_repeats, a.rejoin_seconds, a.rejoin_times = "cxl", 0, 8, "2,3.5,6"
     a.timeout = min(a.timeout, 90)
 
 dmh.BIN = Path(a.bin).resolve()
@@ -92,6 +113,8 @@ work = Path(a.work).resolve() / ("quick" if a.quick else "full")
 work.mkdir(parents=True, exist_ok=True)
 out = Path(a.out) if a.out else (Path(a.work).resolve() / "quick" if a.quick else HERE)
 RS = [int(x) for x in a.replicas.split(",")]
+PARTS = set(a.parts.split(","))
+T_KILL1, T_REPLACE, T_KILL2 = (float(x) for x in a.rejoin_times.split(","))
 PROCS = []  # every process started here (memnodes, computenodes, serve, serve-bench)
 
 
@@ -168,6 +191,24 @@ class Cluster:
             self.close()
             raise
         self.list = ",".join(self.addrs[k] for k in sorted(self.addrs))
+        self.provider, self.region, self.replicas, self.new = provider, region, r, {}
+
+    def replace(self, i, c, timeout=60):
+        """A new memnode in dead copy (I, C)'s place: `memnode --rejoin` at its address, same id,
+        copy and region, empty (`computenode rejoin` fills it). Returns once it serves."""
+        ready = self.dir / f"memnode{i}-{c}-new.addr"
+        ready.unlink(missing_ok=True)
+        log = self.dir / f"memnode{i}-{c}-new.log"
+        p = spawn([BIN / "memnode", "--id", i, "--replicas", self.replicas, "--copy", c, "--rejoin",
+                   "--provider", self.provider, "--listen", self.addrs[i, c], "--region", self.region,
+                   "--ready-file", ready, "--relay-timeout-ms", 60000], log)
+        self.new[i, c] = p
+        deadline = time.time() + timeout
+        while not (ready.exists() and ready.read_text().strip()):
+            if p.poll() is not None or time.time() > deadline:
+                raise RuntimeError(f"the new memnode {i} copy {c} did not start: {log.read_text()[-2000:]}")
+            time.sleep(0.02)
+        return p
 
     def kill(self, i, c):
         self.killed = getattr(self, "killed", set()) | {(i, c)}
@@ -185,13 +226,20 @@ class Cluster:
             if sig or p.poll() is not None:
                 out.append(f"memnode {i} copy {c} " + (f"got {sig.group(2)} at {sig.group(1)}" if sig else
                                                        f"exited ({p.returncode})"))
+        for (i, c), p in getattr(self, "new", {}).items():
+            text = (self.dir / f"memnode{i}-{c}-new.log").read_text(errors="replace")
+            sig = re.search(r"\[(\S+)\] \[memnode[^]]*\] \[info\] got (SIG\w+)", text)
+            if sig or p.poll() is not None:
+                out.append(f"new memnode {i} copy {c} " + (f"got {sig.group(2)} at {sig.group(1)}" if sig else
+                                                           f"exited ({p.returncode})"))
         return out
 
     def close(self):
-        for p in self.procs.values():
+        procs = list(self.procs.values()) + list(getattr(self, "new", {}).values())
+        for p in procs:
             if p.poll() is None:
                 p.send_signal(signal.SIGTERM)
-        for p in self.procs.values():
+        for p in procs:
             stop(p)
 
     def __enter__(self):
@@ -309,9 +357,47 @@ def dhnsw_trial(r, tag):
             "query_cpu_us_per_query": q["process_cpu_s"] * 1e6 / max(1, run["queries"])}
 
 
+def rejoin_phases(res):
+    """QPS of a rejoin series by phase: the median QPS of the 1-s serve-bench runs inside the phase
+    (or, for phases shorter than a run, of those overlapping it), and its ratio to the runs before
+    the copy (every run that ended before the new memnode was started: two copies, then one)."""
+    e = res["events_s"]
+    segs = [s for s in res["segments"] if not s.get("start_failed")]
+    def med_qps(sel):
+        return statistics.median([s["qps"] for s in sel]) if sel else None
+    def p99s(sel):
+        return [s["latency_us"]["p99"] / 1e3 for s in sel if s["latency_us"]]
+    def inside(a_, b_):
+        return [s for s in segs if s["start_s"] >= a_ and s["end_s"] <= b_]
+    def overlapping(a_, b_):
+        return [s for s in segs if s["end_s"] > a_ and s["start_s"] < b_]
+    big = 1e9
+    phases = {"before": inside(-big, e.get("kill1", big)),
+              "before_copy": inside(-big, e.get("replace_start", big))}
+    if "kill1" in e and "replace_start" in e:
+        phases["one_copy"] = inside(e["kill1"], e["replace_start"])
+    if "replace_start" in e and "rejoin_start" in e:
+        phases["new_memnode_start"] = overlapping(e["replace_start"], e["rejoin_start"])
+    if "rejoin_start" in e and "rejoin_end" in e:
+        phases["during_rejoin"] = overlapping(e["rejoin_start"], e["rejoin_end"])
+        phases["rejoined"] = inside(e["rejoin_end"], e.get("kill2", big))
+    if "kill2" in e:
+        phases["after_kill2"] = inside(e["kill2"], big)
+    ref = med_qps(phases["before_copy"])
+    return {k: {"segments": len(v), "qps": med_qps(v),
+                "vs_before_copy": (med_qps(v) / ref) if ref and med_qps(v) is not None else None,
+                "p99_ms_max": max(p99s(v)) if p99s(v) else None} for k, v in phases.items()}
+
+
+class Rendered(Exception):
+    """--render: no runs; the tables and the plot are made again from a results.json."""
+
+
 # ---- 1-3: throughput for every R, interleaved
 try:
-    for rnd in range(a.rounds):
+    if a.render:
+        raise Rendered
+    for rnd in range(a.rounds if "throughput" in PARTS else 0):
         order = RS[rnd % len(RS):] + RS[:rnd % len(RS)]
         row = {}
         for r in order:
@@ -343,7 +429,7 @@ try:
                "dhnsw_insert_cpu_us": ("dhnsw", "insert_cpu_us_per_insert"),
                "dhnsw_query_cpu_us": ("dhnsw", "query_cpu_us_per_query")}
     summary = {}
-    for r in RS:
+    for r in (RS if results["throughput"]["rounds"] else []):
         summary[r] = {}
         for name, path in METRICS.items():
             m, vals = med(path, r)
@@ -355,7 +441,7 @@ try:
         summary[r]["dhnsw_per_insert"] = last["dhnsw"]["insert_per_insert"]
     # vs R=1: the median over rounds of R's value over R=1's in the same round (the runs of a round
     # are minutes apart at most, so the paired ratio is less exposed to the host's drifting load)
-    for r in RS:
+    for r in summary:
         for name in ("shine_build", "shine_query", "dhnsw_insert", "dhnsw_query", "shine_build_cpu_us",
                      "shine_query_cpu_us", "dhnsw_insert_cpu_us", "dhnsw_query_cpu_us"):
             x = summary[r][name]
@@ -469,9 +555,10 @@ try:
         res["log_dir"] = str(d)
         return res
 
-    provs = [p for p in a.failover_providers.split(",") if p]
-    iprovs = [p for p in a.image_query_providers.split(",") if p]
-    if provs or iprovs:
+    provs = [p for p in a.failover_providers.split(",") if p and "failover" in PARTS]
+    iprovs = [p for p in a.image_query_providers.split(",") if p and "image-query" in PARTS]
+    rprovs = [p for p in a.rejoin_providers.split(",") if p and "rejoin" in PARTS]
+    if provs or iprovs or rprovs:
         idx = work / "failover" / "index"
         images = [idx / f"memnode-{i}.img" for i in range(a.memnode_ids)]
         if not all(p.exists() for p in images):
@@ -542,15 +629,203 @@ try:
                        f"{r['detected_after_s'] if r['detected_after_s'] is None else round(r['detected_after_s'], 3)} s"
                        if r.get("kill_s") is not None else "") + f" ({time.time() - t0:.0f} s)")
         results["failover"][prov] = runs
+
+    # ---- 5: re-replication: kill a copy, a new memnode takes its place (`computenode rejoin`), kill the other
+    def log_time(line, t_ref):
+        """The epoch time of a log line's [HH:MM:SS.fff] stamp (the day of T_REF)."""
+        m = re.match(r"\[(\d\d):(\d\d):(\d\d\.\d+)\]", line)
+        if not m:
+            return None
+        lt = time.localtime(t_ref)
+        day0 = time.mktime((lt.tm_year, lt.tm_mon, lt.tm_mday, 0, 0, 0, 0, 0, lt.tm_isdst))
+        return day0 + int(m.group(1)) * 3600 + int(m.group(2)) * 60 + float(m.group(3))
+
+    def log_event(log, t_ref, *needles):
+        """The first line of LOG containing every NEEDLE, and its time relative to T_REF (s)."""
+        if not Path(log).exists():
+            return None, None
+        for line in Path(log).read_text(errors="replace").splitlines():
+            if all(n in line for n in needles):
+                t = log_time(line, t_ref)
+                return line, None if t is None else t - t_ref
+        return None, None
+
+    def wait_rusage(p, timeout):
+        """Waits for P (at most TIMEOUT s, then kills it); returns its CPU seconds (user + system)."""
+        deadline = time.time() + timeout
+        while True:
+            pid, status, ru = os.wait4(p.pid, os.WNOHANG)
+            if pid == p.pid:
+                p.returncode = os.waitstatus_to_exitcode(status)
+                return ru.ru_utime + ru.ru_stime
+            if time.time() > deadline:
+                p.kill()
+                pid, status, ru = os.wait4(p.pid, 0)
+                p.returncode = os.waitstatus_to_exitcode(status)
+                return None
+            time.sleep(0.01)
+
+    def rejoin_trial(provider, images, kind, tag):
+        """kind: whole (one serve-bench run of --rejoin-seconds) or series (1-s serve-bench runs back
+        to back), both through: SIGKILL of memnode 1 copy 0, its replacement and `computenode
+        rejoin` (--cn-id 1 --num-cns 2; serve is cn 0), SIGKILL of memnode 1 copy 1."""
+        d = work / "rejoin" / provider / tag
+        d.mkdir(parents=True, exist_ok=True)
+        with Cluster(a.memnode_ids, 2, provider, a.region, d / "mn", load=images) as mn:
+            sp, addr = serve_start(mn, provider, d / "serve.log")
+            try:
+                res = {"kind": kind, "provider": provider, "times": [T_KILL1, T_REPLACE, T_KILL2]}
+                ev, rj = {}, {}
+
+                def until(t):
+                    time.sleep(max(0.0, t - time.time()))
+
+                def driver(t0):
+                    try:
+                        until(t0 + T_KILL1)
+                        mn.kill(1, 0)
+                        ev["kill1"] = time.time()
+                        mn.procs[1, 0].wait()
+                        until(t0 + T_REPLACE)
+                        ev["replace_start"] = time.time()
+                        mn.replace(1, 0)
+                        ev["replace_ready"] = time.time()
+                        report = d / "rejoin.json"
+                        report.unlink(missing_ok=True)
+                        report.with_name(report.name + ".cn1").unlink(missing_ok=True)
+                        cmd = [BIN / "computenode", "--mode", "shine", "--provider", provider, "--wire", a.wire,
+                               "--memnodes", mn.list, "--cn-id", 1, "--num-cns", 2, "rejoin", "--memnode", 1,
+                               "--copy", 0, "--report", report]
+                        ev["rejoin_start"] = time.time()
+                        p = spawn(cmd, d / "rejoin.log")
+                        rj["cpu_s"] = wait_rusage(p, a.timeout)
+                        ev["rejoin_end"] = time.time()
+                        rj["exit"] = p.returncode
+                        if p.returncode == 0:
+                            # a computenode other than cn 0 writes its report to FILE.cn<id>
+                            rfile = next((f for f in (report, report.with_name(report.name + ".cn1")) if f.exists()),
+                                         report)
+                            rj["report"] = json.loads(rfile.read_text())
+                            until(t0 + T_KILL2)
+                            mn.kill(1, 1)
+                            ev["kill2"] = time.time()
+                        else:
+                            rj["error"] = Path(d / "rejoin.log").read_text(errors="replace")[-3000:]
+                            dmh.log(f"  rejoin {provider} {tag} failed ({p.returncode}); memnode 1 copy 1 not killed")
+                    except BaseException as e:  # noqa: BLE001 -- reported in the results
+                        rj["error"] = f"{type(e).__name__}: {e}"
+
+                if kind == "whole":
+                    p = bench(addr, a.rejoin_seconds, d / "bench.json", d / "bench.log")
+                    t0 = time.time()  # serve-bench's warm-up (100 requests, ~0.1 s) comes first
+                    th = threading.Thread(target=driver, args=(t0,))
+                    th.start()
+                    try:
+                        res.update(bench_result(p, d / "bench.json", d / "bench.log"))
+                    finally:
+                        th.join()
+                else:
+                    segs, t0 = [], time.time()
+                    th = threading.Thread(target=driver, args=(t0,))
+                    th.start()
+                    try:
+                        for k in range(int(round(a.rejoin_seconds))):
+                            ts = time.time()
+                            p = bench(addr, 1, d / f"seg{k}.json", d / f"seg{k}.log", warmup=100 if k == 0 else 0)
+                            s = bench_result(p, d / f"seg{k}.json", d / f"seg{k}.log", start_may_fail=True)
+                            if s.get("start_failed"):
+                                time.sleep(max(0.0, ts + 1 - time.time()))  # keep the time axis
+                            s.update({"start_s": ts - t0, "end_s": time.time() - t0})
+                            segs.append(s)
+                    finally:
+                        th.join()
+                    res["segments"] = segs
+                    res["errors"] = sum(s["errors"] for s in segs)
+                    res["requests"] = sum(s["requests"] for s in segs)
+                res["events_s"] = {k: v - t0 for k, v in ev.items()}
+                res["rejoin"] = {k: v for k, v in rj.items() if k != "report"}
+                rep = rj.get("report") or {}
+                for k in ("first_pass_gbytes_per_s", "first_pass_bytes", "first_pass_seconds", "frozen_ms", "passes",
+                          "recopied_bytes", "final_bytes", "seconds", "region_bytes", "chunk_bytes"):
+                    res["rejoin"][k] = rep.get(k)
+                res["rejoin"]["ok"] = rj.get("exit") == 0 and "error" not in rj
+                if "rejoin_start" in ev and "rejoin_end" in ev:
+                    res["rejoin"]["process_wall_s"] = ev["rejoin_end"] - ev["rejoin_start"]
+                # what the serving computenode logged: the deaths, the new copy joining and full
+                sl = d / "serve.log"
+                logs = {"copy0_dead": ("memnode 1 copy 0", "unreachable"),
+                        "copy0_joining": ("memnode 1 copy 0", "joining its set"),
+                        "copy0_full": ("memnode 1 copy 0", "rejoined its set"),
+                        "copy1_dead": ("memnode 1 copy 1", "unreachable")}
+                res["serve_log"] = {}
+                for name, needles in logs.items():
+                    line, when = log_event(sl, t0, *needles)
+                    res["serve_log"][name] = {"line": line, "at_s": when}
+                res["serve_log_warnings"] = [l for l in sl.read_text(errors="replace").splitlines()
+                                             if "[warning]" in l or "[error]" in l][:40]
+                res["foreign_stops"] = mn.foreign_stops()
+                res["serve_alive"] = sp.poll() is None
+                res["new_memnode_alive"] = mn.new.get((1, 0)) is not None and mn.new[1, 0].poll() is None
+            finally:
+                stop(sp, grace=15)
+            res["serve_exit"] = sp.returncode
+        res["log_dir"] = str(d)
+        if kind == "series":
+            res["phases"] = rejoin_phases(res)
+        return res
+
+    for prov in rprovs:
+        runs = []
+        for kind, tag in [("whole", f"rejoin{k}") for k in range(a.rejoin_repeats)] + [("series", "series")]:
+            t0 = time.time()
+            load0 = os.getloadavg()[0]
+            r = rejoin_trial(prov, images, kind, tag)
+            r["loadavg_before"] = load0
+            runs.append(r)
+            x, e = r["rejoin"], r["events_s"]
+            lat = r.get("latency_us") or {}
+            dmh.log(f"rejoin {prov} {tag}: {r['requests']} requests, {r['errors']} failed"
+                    + (f", QPS {r['qps']:.0f}, p99 {lat['p99'] / 1e3:.1f} ms, max {lat['max'] / 1e3:.1f} ms" if lat else "")
+                    + (f"; rejoin {x['first_pass_gbytes_per_s']:.2f} GB/s first pass, frozen {x['frozen_ms']:.1f} ms, "
+                       f"{x['passes']} passes, {x['seconds']:.2f} s" if x.get("ok") and x.get("seconds") is not None
+                       else f"; rejoin FAILED: {x.get('error', '')[-300:]}")
+                    + f"; events {', '.join(f'{k} {v:.2f}' for k, v in e.items())}"
+                    + ("; phases " + ", ".join(f"{k} {v['qps']:.0f}" for k, v in r["phases"].items() if v["qps"])
+                       if r.get("phases") else "")
+                    + f" [load {load0:.1f}, {time.time() - t0:.0f} s]")
+        results.setdefault("rejoin", {})[prov] = runs
+except Rendered:
+    pass
 finally:
     stop_all()
 
 # ---- results
-results["seconds"] = time.time() - t_start
-results["retries"] = RETRIES
+if a.render:
+    results = json.loads(Path(a.render).read_text())
+    keep = {k: getattr(a, k) for k in ("bin", "out", "work", "render")}
+    vars(a).update(results["params"])
+    vars(a).update(keep)
+    RS = [int(x) for x in a.replicas.split(",")]
+    T_KILL1, T_REPLACE, T_KILL2 = (float(x) for x in a.rejoin_times.split(","))
+    RETRIES[:] = results.get("retries", [])
+    ints = lambda d: {int(k): v for k, v in d.items()}  # noqa: E731 -- JSON made the R keys strings
+    if results["throughput"].get("summary"):
+        results["throughput"]["summary"] = ints(results["throughput"]["summary"])
+        results["throughput"]["rounds"] = [ints(row) for row in results["throughput"]["rounds"]]
+    for x in results.get("image_query", {}).values():
+        x["summary"] = ints(x["summary"])
+        x["rounds"] = [ints(row) for row in x["rounds"]]
+    results["rendered"] = time.strftime("%Y-%m-%d %H:%M")
+    for runs in results.get("rejoin", {}).values():
+        for r in runs:
+            if r["kind"] == "series":
+                r["phases"] = rejoin_phases(r)
+else:
+    results["seconds"] = time.time() - t_start
+    results["retries"] = RETRIES
 checks = []
-S = results["throughput"]["summary"]
-if 1 in RS:
+S = results["throughput"].get("summary") or {}
+if 1 in RS and S:
     for r in RS[1:]:
         if r == 2:
             checks.append({"what": "shine build inserts/s, R=2 >= 0.7x R=1", "value": f"{S[2]['shine_build']['vs_r1']:.2f}x",
@@ -566,9 +841,16 @@ for prov, runs in results["failover"].items():
     if isinstance(runs, list):
         n = sum(r["errors"] for r in runs if r["kind"] != "baseline")
         checks.append({"what": f"failed requests through a copy's SIGKILL ({prov})", "value": str(n), "ok": n == 0})
+for prov, runs in results.get("rejoin", {}).items():
+    n = sum(r["errors"] for r in runs)
+    checks.append({"what": f"failed requests through kill / rejoin / kill of the other copy ({prov})", "value": str(n),
+                   "ok": n == 0})
+    ok = sum(1 for r in runs if r["rejoin"]["ok"])
+    checks.append({"what": f"rejoins that completed ({prov})", "value": f"{ok} of {len(runs)}", "ok": ok == len(runs)})
 results["checks"] = checks
 results["all_ok"] = all(c["ok"] for c in checks)
-results["binaries_after"] = dmh.binaries_identity(("computenode", "memnode", "serve-bench"))
+if not a.render:
+    results["binaries_after"] = dmh.binaries_identity(("computenode", "memnode", "serve-bench"))
 results["binaries_changed"] = sorted(k for k in results["binaries_after"]
                                      if results["binaries"].get(k) != results["binaries_after"][k])
 
@@ -578,42 +860,45 @@ md = [f"Run {results['date']} ({results['seconds'] / 60:.1f} min, host with {os.
       f"{SET}, {a.memnode_ids} memnode ids x R copies over `{a.provider}` with `--wire {a.wire}`, one computenode; "
       f"median of {a.rounds} round(s) (R order rotated each round; every round's value in brackets); vs R=1: the "
       f"median over the rounds of the ratio to R=1 in the same round.\n\n"]
+if not S:
+    md = [md[0].split("\n\n")[0] + "\n\n"]
 hdr = ["R", "memnode processes", "shine build inserts/s", "vs R=1", "d-HNSW insert inserts/s", "vs R=1",
        "shine query QPS", "vs R=1", "d-HNSW query QPS", "vs R=1"]
 rows = []
-for r in RS:
+for r in (RS if S else []):
     s = S[r]
     cell = lambda n: f"**{f0(s[n]['median'])}** ({' / '.join(f0(v) for v in s[n]['all'])})"  # noqa: E731
     vs = lambda n: "—" if s[n]["vs_r1"] is None else f"{s[n]['vs_r1']:.2f}x"  # noqa: E731
     rows.append([r, r * a.memnode_ids, cell("shine_build"), vs("shine_build"), cell("dhnsw_insert"), vs("dhnsw_insert"),
                  cell("shine_query"), vs("shine_query"), cell("dhnsw_query"), vs("dhnsw_query")])
-md.append(dmh.md_table(hdr, rows))
-md.append("\nCPU time of the computenode per operation (the resource that binds on this host; shine query: the "
-          "measured phase, from its report; the others: the whole process, from its rusage, so including start-up, "
-          "reading the data and, for the d-HNSW query, 1,000 warm-up queries), median, and vs R=1 as above:\n\n")
-rows = []
-for r in RS:
-    s = S[r]
-    cpu = lambda n: f"**{s[n]['median']:.0f}**" + ("" if s[n]["vs_r1"] is None else f" ({s[n]['vs_r1']:.2f}x)")  # noqa: E731
-    rows.append([r, cpu("shine_build_cpu_us"), cpu("dhnsw_insert_cpu_us"), cpu("shine_query_cpu_us"),
-                 cpu("dhnsw_query_cpu_us")])
-md.append(dmh.md_table(["R", "shine build µs/insert", "d-HNSW insert µs/insert", "shine query µs/query",
-                        "d-HNSW query µs/query"], rows))
-md.append("\nPer operation (last round): shine build I/O per insert, query READs / doorbells / KiB per query "
-          "(the computenode's logical operations: a WRITE to R copies counts once), recall@10 (median):\n\n")
-rows = []
-for r in RS:
-    s = S[r]
-    bi, sq, dq, di = s["shine_build_io_per_insert"], s["shine_per_query"], s["dhnsw_per_query"], s["dhnsw_per_insert"]
-    rows.append([r, f"{bi['reads']:.0f} / {bi['writes']:.1f} / {bi['atomics']:.1f} / {bi['bytes'] / 1024:.1f}",
-                 f"{sq['reads']:.0f} / {sq['doorbells']:.0f} / {sq['bytes'] / 1024:.0f}",
-                 f"{s['shine_recall']['median']:.4f}",
-                 f"{di['writes']:.2f} / {di['bytes_written']:.0f}",
-                 f"{dq['reads']:.3f} / {dq['bytes'] / 1024:.1f}", f"{s['dhnsw_recall']['median']:.4f}"])
-md.append(dmh.md_table(["R", "shine build: READs / WRITEs / atomics / KiB per insert",
-                        "shine query: READs / doorbells / KiB", "shine recall@10",
-                        "d-HNSW insert: WRITEs / bytes per insert", "d-HNSW query: READs / KiB", "d-HNSW recall@10"],
-                       rows))
+if S:
+    md.append(dmh.md_table(hdr, rows))
+    md.append("\nCPU time of the computenode per operation (the resource that binds on this host; shine query: the "
+              "measured phase, from its report; the others: the whole process, from its rusage, so including start-up, "
+              "reading the data and, for the d-HNSW query, 1,000 warm-up queries), median, and vs R=1 as above:\n\n")
+    rows = []
+    for r in RS:
+        s = S[r]
+        cpu = lambda n: f"**{s[n]['median']:.0f}**" + ("" if s[n]["vs_r1"] is None else f" ({s[n]['vs_r1']:.2f}x)")  # noqa: E731
+        rows.append([r, cpu("shine_build_cpu_us"), cpu("dhnsw_insert_cpu_us"), cpu("shine_query_cpu_us"),
+                     cpu("dhnsw_query_cpu_us")])
+    md.append(dmh.md_table(["R", "shine build µs/insert", "d-HNSW insert µs/insert", "shine query µs/query",
+                            "d-HNSW query µs/query"], rows))
+    md.append("\nPer operation (last round): shine build I/O per insert, query READs / doorbells / KiB per query "
+              "(the computenode's logical operations: a WRITE to R copies counts once), recall@10 (median):\n\n")
+    rows = []
+    for r in RS:
+        s = S[r]
+        bi, sq, dq, di = s["shine_build_io_per_insert"], s["shine_per_query"], s["dhnsw_per_query"], s["dhnsw_per_insert"]
+        rows.append([r, f"{bi['reads']:.0f} / {bi['writes']:.1f} / {bi['atomics']:.1f} / {bi['bytes'] / 1024:.1f}",
+                     f"{sq['reads']:.0f} / {sq['doorbells']:.0f} / {sq['bytes'] / 1024:.0f}",
+                     f"{s['shine_recall']['median']:.4f}",
+                     f"{di['writes']:.2f} / {di['bytes_written']:.0f}",
+                     f"{dq['reads']:.3f} / {dq['bytes'] / 1024:.1f}", f"{s['dhnsw_recall']['median']:.4f}"])
+    md.append(dmh.md_table(["R", "shine build: READs / WRITEs / atomics / KiB per insert",
+                            "shine query: READs / doorbells / KiB", "shine recall@10",
+                            "d-HNSW insert: WRITEs / bytes per insert", "d-HNSW query: READs / KiB", "d-HNSW recall@10"],
+                           rows))
 for prov, x in results.get("image_query", {}).items():
     md.append(f"\nShine query over `{prov}` (`--wire {a.wire}`), the index loaded from images (built once over cxl), "
               f"one pass of {a.image_query_count} measured queries (30 warm-up), median of {a.rounds} round(s); "
@@ -653,10 +938,75 @@ if fo:
                          "yes" if r["serve_alive"] else "NO"])
     md.append(dmh.md_table(["provider", "run", "kill at s", "requests", "failed", "QPS", "p99 ms", "max ms",
                             "copy declared dead after", "serve alive"], rows))
+rjr = results.get("rejoin", {})
+if rjr:
+    md.append(f"\nRe-replication: shine `serve` (cn 0) on R=2 ({a.memnode_ids} ids x 2 copies, index loaded from images, "
+              f"region {a.region}), `serve-bench --clients {a.clients}` for {a.rejoin_seconds:g} s (series: "
+              f"{int(round(a.rejoin_seconds))} serve-bench runs of 1 s back to back); SIGKILL of memnode 1 copy 0 at "
+              f"{T_KILL1:g} s; at {T_REPLACE:g} s `memnode --rejoin` at its address, then `computenode --cn-id 1 "
+              f"--num-cns 2 rejoin --memnode 1 --copy 0`; SIGKILL of memnode 1 copy 1 (the other original) at "
+              f"{T_KILL2:g} s once the rejoin is over. Times in s from the start of the measurement; first pass: "
+              f"the whole region copied while serve goes on:\n\n")
+    rows = []
+    for prov, runs in rjr.items():
+        for r in runs:
+            x, e = r["rejoin"], r["events_s"]
+            lat = r.get("latency_us")
+            if r["kind"] == "series":
+                segs = [s for s in r["segments"] if s["latency_us"]]
+                lat_s = f"worst 1-s p99 {max(s['latency_us']['p99'] for s in segs) / 1e3:.1f}" if segs else "—"
+                mx = f"{max(s['latency_us']['max'] for s in segs) / 1e3:.1f}" if segs else "—"
+                qps = f"{min(s['qps'] for s in r['segments']):,.0f} – {max(s['qps'] for s in r['segments']):,.0f} (1-s)"
+            else:
+                lat_s, mx, qps = (f"{lat['p99'] / 1e3:.1f}", f"{lat['max'] / 1e3:.1f}", f0(r["qps"])) if lat else ("—",) * 3
+            ok = x.get("ok") and x.get("seconds") is not None
+            ev = lambda k: f"{e[k]:.2f}" if k in e else "—"  # noqa: E731
+            full = (r.get("serve_log") or {}).get("copy0_full", {}).get("at_s")
+            rows.append([prov, r["kind"], f"{r['requests']:,}", f"**{r['errors']}**", qps, lat_s, mx,
+                         f"{ev('kill1')} / {ev('rejoin_start')}–{ev('rejoin_end')} / {ev('kill2')}",
+                         f"**{x['first_pass_gbytes_per_s']:.2f}**" if ok else "**failed**",
+                         f"{x['first_pass_seconds']:.2f}" if ok else "—",
+                         f"{x['passes']} / {x['recopied_bytes'] / 1048576:.1f}" if ok else "—",
+                         f"**{x['frozen_ms']:.1f}**" if ok else "—",
+                         f"{x['seconds']:.2f} ({x['process_wall_s']:.2f})" if ok else "—",
+                         "—" if full is None else f"{full:.2f}",
+                         "yes" if r["serve_alive"] else "NO", f"{r.get('loadavg_before', float('nan')):.1f}"])
+    md.append(dmh.md_table(["provider", "run", "requests", "failed", "QPS", "p99 ms", "max ms",
+                            "kill / rejoin process / kill at s", "first pass GB/s", "first pass s",
+                            "passes / MiB recopied", "frozen ms", "rejoin s (process)", "serve: full copy at s",
+                            "serve alive", "load avg"], rows))
+    ph_names = [("before", "before the 1st kill"), ("one_copy", "one copy left"), ("before_copy", "before the copy (both)"),
+                ("new_memnode_start", "new memnode starting (overlap)"),
+                ("during_rejoin", "rejoin process running (overlap)"), ("rejoined", "rejoined, 2 copies"),
+                ("after_kill2", "after the 2nd kill (new copy only)")]
+    ser = [(prov, next((r for r in runs if r["kind"] == "series" and r.get("phases")), None)) for prov, runs in rjr.items()]
+    ser = [(p_, r) for p_, r in ser if r]
+    if ser:
+        md.append("\nQPS of the series by phase: median of the 1-s serve-bench runs inside the phase, or, marked "
+                  "(overlap), of those overlapping it (the phase is shorter than a run); in brackets: vs the runs "
+                  "before the copy (every run that ended before the new memnode was started), and the worst 1-s p99 "
+                  "in ms:\n\n")
+        rows = []
+        for prov, r in ser:
+            cells = []
+            for k, _ in ph_names:
+                y = r["phases"].get(k)
+                cells.append("—" if not y or y["qps"] is None else
+                             f"{y['qps']:,.0f} ({y['vs_before_copy']:.2f}x; {y['p99_ms_max']:.1f})")
+            rows.append([prov] + cells)
+        md.append(dmh.md_table(["provider"] + [n for _, n in ph_names], rows))
+    bad = [(p_, r) for p_, runs in rjr.items() for r in runs if r["errors"] or not r["rejoin"]["ok"]]
+    for p_, r in bad:
+        md.append(f"\n{p_} {r['kind']} ({r['log_dir']}): {r['errors']} failed requests"
+                  + ("" if r["rejoin"]["ok"] else f"; rejoin failed: `{(r['rejoin'].get('error') or '')[-400:]}`")
+                  + (f"; errors by code {r.get('errors_by_code')}" if r.get("errors_by_code") else "")
+                  + ".\n")
 if RETRIES:
     md.append(f"\nRetried after a failure with fresh processes: " + "; ".join(
         f"{x['what']} ({x['why']})" for x in RETRIES) + " (`retries` in results.json).\n")
-foreign = [(p_, r["kind"], r["foreign_stops"]) for p_, runs in fo.items() for r in runs if r.get("foreign_stops")]
+foreign = [(p_, r["kind"], r["foreign_stops"]) for p_, runs in list(fo.items()) + [(f"rejoin {k}", v) for k, v in
+                                                                                  rjr.items()]
+           for r in runs if r.get("foreign_stops")]
 if foreign:
     md.append("\nFailover runs with a memnode stopped from outside: " + "; ".join(f"{p_} {k}: {', '.join(f)}"
                                                                                for p_, k, f in foreign) + ".\n")
@@ -671,35 +1021,44 @@ plt = dmh.pyplot()
 if plt is not None:
     series = {p: next(r for r in runs if r["kind"] == "series") for p, runs in fo.items()
               if any(r["kind"] == "series" for r in runs)}
-    ncol = 1 + (2 if series else 0)
-    fig, axes = plt.subplots(1, ncol, figsize=(5.2 * ncol, 4.2))
-    axes = list(axes) if ncol > 1 else [axes]
+    rser = {p: next(r for r in runs if r["kind"] == "series") for p, runs in rjr.items()
+            if any(r["kind"] == "series" for r in runs)}
+    ncol = 3 if (series or rser) else 1
+    nrow = 2 if rjr else 1
+    fig, grid = plt.subplots(nrow, ncol, figsize=(5.2 * ncol, 4.2 * nrow), squeeze=False)
+    axes = list(grid[0])
     if series:
         axes[2].sharex(axes[1])
+    elif ncol > 1:
+        axes[1].axis("off")
+        axes[2].axis("off")
     ax = axes[0]
-    names = [("shine_build", "shine build"), ("dhnsw_insert", "d-HNSW insert"), ("shine_query", "shine query"),
-             ("dhnsw_query", "d-HNSW query")]
-    S2 = {r: dict(S[r]) for r in RS}
-    for prov, x in results.get("image_query", {}).items():
-        names.append((f"iq_{prov}", f"shine query\n({prov})"))
-        for r in RS:
-            S2[r][f"iq_{prov}"] = ({"median": x["summary"][r]["qps"]["median"], "vs_r1": x["summary"][r]["qps"]["vs_r1"]}
-                                  if r in x["summary"] else None)
-    w = 0.8 / len(RS)
-    for i, r in enumerate(RS):
-        idx_ = [j for j, (n, _) in enumerate(names) if S2[r].get(n)]
-        xs = [j + (i - (len(RS) - 1) / 2) * w for j in idx_]
-        vals = [S2[r][names[j][0]]["vs_r1"] or 0 for j in idx_]
-        bars = ax.bar(xs, vals, w, label=f"R={r}", color=["0.55", "C0", "C3", "C2"][i % 4])
-        ax.bar_label(bars, labels=[f0(S2[r][names[j][0]]["median"]) for j in idx_], fontsize=6, rotation=90, padding=2)
-    ax.axhline(1.0, color="k", lw=0.6)
-    ax.axhline(0.7, color="C3", lw=0.6, ls="--")
-    ax.set_xticks(range(len(names)))
-    ax.set_xticklabels([n for _, n in names], fontsize=8)
-    ax.set_ylabel("throughput relative to R=1 (labels: per second)")
-    ax.set_ylim(0, max(1.3, max((S2[r].get(n) or {}).get("vs_r1") or 0 for r in RS for n, _ in names) * 1.3))
-    ax.set_title(f"{SET}, {a.provider} + {a.wire} (unless named), median of {a.rounds}", fontsize=9)
-    ax.legend(fontsize=8, loc="upper right")
+    if not S:
+        ax.axis("off")
+    else:
+        names = [("shine_build", "shine build"), ("dhnsw_insert", "d-HNSW insert"), ("shine_query", "shine query"),
+                 ("dhnsw_query", "d-HNSW query")]
+        S2 = {r: dict(S[r]) for r in RS}
+        for prov, x in results.get("image_query", {}).items():
+            names.append((f"iq_{prov}", f"shine query\n({prov})"))
+            for r in RS:
+                S2[r][f"iq_{prov}"] = ({"median": x["summary"][r]["qps"]["median"], "vs_r1": x["summary"][r]["qps"]["vs_r1"]}
+                                      if r in x["summary"] else None)
+        w = 0.8 / len(RS)
+        for i, r in enumerate(RS):
+            idx_ = [j for j, (n, _) in enumerate(names) if S2[r].get(n)]
+            xs = [j + (i - (len(RS) - 1) / 2) * w for j in idx_]
+            vals = [S2[r][names[j][0]]["vs_r1"] or 0 for j in idx_]
+            bars = ax.bar(xs, vals, w, label=f"R={r}", color=["0.55", "C0", "C3", "C2"][i % 4])
+            ax.bar_label(bars, labels=[f0(S2[r][names[j][0]]["median"]) for j in idx_], fontsize=6, rotation=90, padding=2)
+        ax.axhline(1.0, color="k", lw=0.6)
+        ax.axhline(0.7, color="C3", lw=0.6, ls="--")
+        ax.set_xticks(range(len(names)))
+        ax.set_xticklabels([n for _, n in names], fontsize=8)
+        ax.set_ylabel("throughput relative to R=1 (labels: per second)")
+        ax.set_ylim(0, max(1.3, max((S2[r].get(n) or {}).get("vs_r1") or 0 for r in RS for n, _ in names) * 1.3))
+        ax.set_title(f"{SET}, {a.provider} + {a.wire} (unless named), median of {a.rounds}", fontsize=9)
+        ax.legend(fontsize=8, loc="upper right")
     if series:
         for k, (prov, r) in enumerate(series.items()):
             segs = r["segments"]
@@ -726,6 +1085,60 @@ if plt is not None:
             ax_.grid(True, alpha=0.3)
         axes[1].set_title(f"shine serve, R=2, {a.clients} clients: QPS through the kill", fontsize=9)
         axes[2].set_title("p99 through the kill", fontsize=9)
+    if rjr:
+        ax = grid[1][0]
+        labels, vals, fro, cols = [], [], [], []
+        for k, (prov, runs) in enumerate(rjr.items()):
+            for r in runs:
+                x = r["rejoin"]
+                labels.append(f"{prov}\n{r['kind']}")
+                ok = x.get("ok") and x.get("first_pass_gbytes_per_s") is not None
+                vals.append(x["first_pass_gbytes_per_s"] if ok else 0)
+                fro.append(f"{x['first_pass_gbytes_per_s']:.2f} GB/s\nfrozen {x['frozen_ms']:.1f} ms" if ok else "FAILED")
+                cols.append(f"C{k}")
+        bars = ax.bar(range(len(vals)), vals, 0.6, color=cols)
+        ax.bar_label(bars, labels=fro, fontsize=7, padding=2)
+        ax.set_xticks(range(len(vals)))
+        ax.set_xticklabels(labels, fontsize=8)
+        ax.set_ylim(0, max(vals + [0.1]) * 1.35)
+        ax.set_ylabel("rejoin first pass, GB/s (whole region)")
+        ax.set_title(f"computenode rejoin of memnode 1 copy 0 ({a.region}) under serve load, {a.wire}", fontsize=9)
+        if rser:
+            grid[1][2].sharex(grid[1][1])
+            for k, (prov, r) in enumerate(rser.items()):
+                segs, e = r["segments"], r["events_s"]
+                mid = [(s_["start_s"] + s_["end_s"]) / 2 for s_ in segs]
+                before = [s_["qps"] for s_ in segs if s_["end_s"] <= e.get("replace_start", 1e9)] or [segs[0]["qps"]]
+                ref = statistics.median(before) or 1
+                grid[1][1].plot(mid, [s_["qps"] / ref for s_ in segs], "o-", color=f"C{k}",
+                                label=f"{prov} (1.0 = {ref:,.0f} QPS)")
+                grid[1][2].plot(mid, [s_["latency_us"]["p99"] / 1e3 if s_["latency_us"] else float("nan")
+                                      for s_ in segs], "o-", color=f"C{k}", label=prov)
+                for ax_ in grid[1][1:]:
+                    for ev_ in ("kill1", "kill2"):
+                        if ev_ in e:
+                            ax_.axvline(e[ev_], color=f"C{k}", ls=":", lw=1.2)
+                    if "rejoin_start" in e and "rejoin_end" in e:
+                        ax_.axvspan(e["rejoin_start"], e["rejoin_end"], color=f"C{k}", alpha=0.15)
+                    if "replace_start" in e:
+                        ax_.axvline(e["replace_start"], color=f"C{k}", ls="--", lw=0.8)
+                for s_, m in zip(segs, mid):
+                    if s_["errors"]:
+                        grid[1][1].annotate(f"{s_['errors']} failed", (m, s_["qps"] / ref), fontsize=7, color="C3",
+                                            rotation=30)
+            grid[1][1].set_ylabel("QPS of each 1-s run / median before the copy")
+            grid[1][1].set_ylim(bottom=0)
+            grid[1][2].set_ylabel("p99 latency, ms (each 1-s run)")
+            grid[1][2].set_yscale("log")
+            for ax_ in grid[1][1:]:
+                ax_.set_xlabel("s (dotted: kill copy 0, kill copy 1; dashed: new memnode; band: rejoin)", fontsize=8)
+                ax_.legend(fontsize=8)
+                ax_.grid(True, alpha=0.3)
+            grid[1][1].set_title("re-replication: QPS through kill / rejoin / kill", fontsize=9)
+            grid[1][2].set_title("p99 through kill / rejoin / kill", fontsize=9)
+        else:
+            grid[1][1].axis("off")
+            grid[1][2].axis("off")
     fig.tight_layout()
     out.mkdir(parents=True, exist_ok=True)
     fig.savefig(out / "replication.png", dpi=110)
