@@ -131,7 +131,7 @@ void ControlledCluster::revive_loop() {
       if (!peers_[i]->dead.load()) continue;
       {
         std::lock_guard g(pending_mu_);
-        if (std::any_of(pending_.begin(), pending_.end(), [&](auto& p) { return p.first == i; })) continue;
+        if (std::any_of(pending_.begin(), pending_.end(), [&](const Revived& r) { return r.peer == i; })) continue;
       }
       const MemnodeInfo& info = peers_[i]->info;
       std::unique_ptr<ControlClient> cc;
@@ -142,11 +142,7 @@ void ControlledCluster::revive_loop() {
       }
       std::string why;
       try {
-        Hello h;
-        h.mode = opts_.mode;
-        h.provider = opts_.provider;
-        h.cn_id = opts_.cn_id;
-        h.token = opts_.token;
+        Hello h = hello();
         h.fabric_addr = hello_addr_(*cc);
         Welcome w = cc->handshake(h);
         if (w.memnode_id != info.id || w.copy != info.copy || w.copies != info.copies)
@@ -159,8 +155,7 @@ void ControlledCluster::revive_loop() {
                 std::to_string(info.region_size);
         if (why.empty()) {
           std::lock_guard g(pending_mu_);
-          pending_.emplace_back(static_cast<uint16_t>(i), std::move(cc));
-          pending_welcomes_.emplace_back(static_cast<uint16_t>(i), std::move(w));
+          pending_.push_back({static_cast<uint16_t>(i), std::move(cc), std::move(w)});
           continue;
         }
       } catch (const std::exception& e) {
@@ -179,12 +174,10 @@ void ControlledCluster::revive_loop() {
 // held): the new memnode takes the dead peer's place.
 std::vector<uint16_t> ControlledCluster::install_revived() {
   std::vector<uint16_t> done;
-  std::vector<std::pair<uint16_t, std::unique_ptr<ControlClient>>> ready;
-  std::vector<std::pair<uint16_t, Welcome>> welcomes;
+  std::vector<Revived> ready;
   {
     std::lock_guard g(pending_mu_);
     ready.swap(pending_);
-    welcomes.swap(pending_welcomes_);
   }
   if (ready.empty()) return done;
   // register_address waits, holding this lock, for answers this thread reads: wait for it to
@@ -197,22 +190,22 @@ std::vector<uint16_t> ControlledCluster::install_revived() {
     }
     std::this_thread::sleep_for(std::chrono::microseconds(200));
   }
-  for (size_t k = 0; k < ready.size(); ++k) {
-    const uint16_t i = ready[k].first;
+  for (Revived& r : ready) {
+    const uint16_t i = r.peer;
     PeerState& p = *peers_[i];
-    const Welcome& w = welcomes[k].second;
+    const Welcome& w = r.welcome;
     p.fabric_addr = w.fabric_addr;
     p.rma_lanes = w.rma_lanes;
     p.base = w.region_base;
     p.key = w.region_key;
     try {
       on_revived(i);
-      for (const auto& a : registered_) ready[k].second->send_register(a);
+      for (const auto& a : registered_) r.control->send_register(a);
     } catch (const std::exception& e) {
       spdlog::warn("{} ({}): could not take the new memnode there: {}", label(i), p.info.address, e.what());
       continue;
     }
-    controls_[i] = std::move(ready[k].second);
+    controls_[i] = std::move(r.control);
     p.generation.fetch_add(1);
     {
       std::lock_guard g(mu_);

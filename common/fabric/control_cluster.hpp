@@ -78,11 +78,7 @@ class ControlledCluster : public Cluster {
       // replica set: order_peers decides; without replica sets its error is thrown.
       try {
         auto cc = std::make_unique<ControlClient>(hp, opts_.control_version);
-        Hello h;
-        h.mode = opts_.mode;
-        h.provider = opts_.provider;
-        h.cn_id = opts_.cn_id;
-        h.token = opts_.token;
+        Hello h = hello();
         h.fabric_addr = hello_addr(*cc);
         peers.push_back(make_peer(hp, cc->handshake(h)));
         controls_.push_back(std::move(cc));
@@ -104,6 +100,15 @@ class ControlledCluster : public Cluster {
   const ClusterOptions& options() const { return opts_; }
 
  private:
+  /// This computenode's hello, but its fabric address.
+  Hello hello() const {
+    Hello h;
+    h.mode = opts_.mode;
+    h.provider = opts_.provider;
+    h.cn_id = opts_.cn_id;
+    h.token = opts_.token;
+    return h;
+  }
   static std::unique_ptr<PeerState> make_peer(const std::string& host_port, const Welcome& w);
   /// Orders the peers by (id, copy). A listed memnode that could not be reached takes the place
   /// of a missing copy of a replica set, dead from the start; otherwise its error is thrown.
@@ -119,8 +124,12 @@ class ControlledCluster : public Cluster {
   std::function<std::vector<char>(ControlClient&)> hello_addr_;
   std::vector<std::vector<char>> registered_;  // endpoint addresses told to the memnodes (register_mu_)
   std::mutex pending_mu_;
-  std::vector<std::pair<uint16_t, std::unique_ptr<ControlClient>>> pending_;  // revived, for the monitor
-  std::vector<std::pair<uint16_t, Welcome>> pending_welcomes_;
+  struct Revived {
+    uint16_t peer;
+    std::unique_ptr<ControlClient> control;
+    Welcome welcome;
+  };
+  std::vector<Revived> pending_;  // found by revive_loop, installed by the monitor thread
   std::thread reviver_;
   std::vector<std::unique_ptr<ControlClient>> controls_;
   std::vector<std::unique_ptr<PeerState>> peers_;
