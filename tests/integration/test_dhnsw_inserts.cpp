@@ -24,35 +24,6 @@ std::vector<std::string> dhnsw_cn(const std::string& provider, const std::string
   return computenode_args("dhnsw", provider, memnodes, id, k, rest);
 }
 
-/// Rows [begin, end) of an .fvecs file as a new .fvecs file.
-void copy_rows(const std::string& from, const std::string& to, int begin, int end, int dim) {
-  std::ifstream in(from, std::ios::binary);
-  std::ofstream out(to, std::ios::binary);
-  const size_t row = 4 + 4 * static_cast<size_t>(dim);
-  std::vector<char> buf(row);
-  in.seekg(static_cast<std::streamoff>(row) * begin);
-  for (int i = begin; i < end; ++i) {
-    in.read(buf.data(), static_cast<std::streamsize>(row));
-    out.write(buf.data(), static_cast<std::streamsize>(row));
-  }
-  if (!in || !out) throw std::runtime_error("copy_rows " + from + " -> " + to + " failed");
-}
-
-/// A workload whose queries are rows [begin, end) of the base and whose ground truth is over
-/// the whole base: each query's nearest neighbour is itself.
-std::string self_workload(const SmallData& d, const TempDir& dir, int begin, int end) {
-  const std::string q = dir.file("self.fvecs"), gt = dir.file("self.ivecs"), wl = dir.file("self.wl");
-  copy_rows(d.base, q, begin, end, 24);
-  for (auto argv : std::vector<std::vector<std::string>>{
-           {bin("groundtruth"), "--base", d.base, "--queries", q, "--k", "10", "--metric", "l2", "--out", gt},
-           {bin("workload"), "--queries", q, "--groundtruth", gt, "--dist", "uniform", "--count",
-            std::to_string(end - begin), "--warmup", "0", "--seed", "1", "--out", wl}}) {
-    auto r = run(argv, dir, "self-workload", seconds(120));
-    if (r.code != 0) throw std::runtime_error("self workload: " + r.output);
-  }
-  return wl;
-}
-
 /// A query run's first report entry; `probe` partitions per query at efSearch `ef`.
 nlohmann::json query(const std::string& provider, const std::string& mns, const TempDir& dir, const std::string& wl,
                      const std::string& name, const std::string& probe = "3", const std::string& ef = "64") {

@@ -153,29 +153,65 @@ TEST_CASE("replica sets: a copy SIGKILLed during a shine build and another durin
   }
 }
 
+
 namespace {
 
-/// Rows [begin, end) of the base as queries whose nearest neighbour is themselves.
-std::string self_workload(const SmallData& d, const TempDir& dir, int begin, int end) {
-  const std::string q = dir.file("self.fvecs"), gt = dir.file("self.ivecs"), wl = dir.file("self.wl");
-  {
-    std::ifstream in(d.base, std::ios::binary);
-    std::ofstream out(q, std::ios::binary);
-    const size_t row = 4 + 4 * 24;
-    std::vector<char> buf(row);
-    in.seekg(static_cast<std::streamoff>(row) * begin);
-    for (int i = begin; i < end; ++i) {
-      in.read(buf.data(), static_cast<std::streamsize>(row));
-      out.write(buf.data(), static_cast<std::streamsize>(row));
-    }
+/// d-HNSW over replica sets: 2,400 of SmallData's 3,000 rows built with tiny gaps, so the inserts
+/// force online rebuilds (the control block, the insert buffer and the board live on memnode 0);
+/// a querier at 100 queries/s; two computenodes inserting the other 600 under a wire model of
+/// 300 us per operation (they take seconds).
+struct DhnswLoad {
+  const SmallData& d;
+  const TempDir& dir;
+  Sets& s;
+  std::string provider;
+  std::unique_ptr<Proc> querier;
+  std::vector<std::unique_ptr<Proc>> inserters;
+
+  std::vector<std::string> cn(int id, int k, std::vector<std::string> rest) const {
+    return computenode_args("dhnsw", provider, s.list(), id, k, rest);
   }
-  for (auto argv : std::vector<std::vector<std::string>>{
-           {bin("groundtruth"), "--base", d.base, "--queries", q, "--k", "10", "--metric", "l2", "--out", gt},
-           {bin("workload"), "--queries", q, "--groundtruth", gt, "--count", std::to_string(end - begin), "--seed",
-            "1", "--out", wl}})
-    if (run(argv, dir, "self-workload").code != 0) throw std::runtime_error("self workload failed");
-  return wl;
-}
+  void start() {
+    auto b = run(cn(0, 1, {"build", "--data", d.base, "--max-elements", "2400", "--partitions", "8", "--m", "16",
+                           "--ef-construction", "80", "--internal-gap", "0.02", "--overflow-gap", "0.02"}),
+                 dir, "build", seconds(300));
+    INFO(b.output);
+    REQUIRE(b.code == 0);
+    querier = std::make_unique<Proc>(
+        cn(0, 1, {"query", "--workload", d.wl, "--k", "10", "--batch", "16", "--probe", "3", "--ef-search", "64",
+                  "--arrival-qps", "100", "--max-wait-us", "20000"}),
+        dir.file("during.log"));
+    REQUIRE(wait_for_output(*querier, "d-HNSW index", seconds(30)));
+    for (int i = 0; i < 2; ++i)
+      inserters.push_back(std::make_unique<Proc>(
+          cn(1 + i, 3, {"--wire", "300,0", "insert", "--data", d.base, "--begin", "2400", "--share",
+                        std::to_string(i) + "/2", "--batch", "10", "--report", dir.file("ins.json")}),
+          dir.file("ins" + std::to_string(i) + ".log")));
+  }
+  /// Rows both inserters acknowledged (each must exit 0); `rebuilds` gets their online rebuilds.
+  uint64_t wait_inserters(uint64_t* rebuilds = nullptr) {
+    uint64_t inserted = 0;
+    for (int i = 0; i < 2; ++i) {
+      const int code = inserters[static_cast<size_t>(i)]->wait(seconds(300));
+      INFO(inserters[static_cast<size_t>(i)]->output());
+      REQUIRE(code == 0);
+      const auto r = load_json(dir.file("ins.json.cn" + std::to_string(1 + i)))["insert"];
+      inserted += r["inserted"].get<uint64_t>();
+      if (rebuilds) *rebuilds += r["rebuilds"].get<uint64_t>();
+    }
+    return inserted;
+  }
+  /// Recall@1 of the inserted rows queried by themselves, every partition searched: 1.0 when
+  /// every acknowledged insert is on the surviving copies.
+  double self_recall() const {
+    auto all = run(cn(0, 1, {"query", "--workload", self_workload(d, dir, 2400, 3000), "--k", "10", "--batch", "64",
+                             "--probe", "8", "--ef-search", "400", "--report", dir.file("self.json")}),
+                   dir, "self", seconds(300));
+    INFO(all.output);
+    REQUIRE(all.code == 0);
+    return load_json(dir.file("self.json"))["runs"][0]["recall_at_1"].get<double>();
+  }
+};
 
 }  // namespace
 
@@ -186,53 +222,18 @@ TEST_CASE("replica sets: memnode 0's first copy SIGKILLed under d-HNSW inserts, 
       SmallData d;  // 3,000 rows: 2,400 built, 600 inserted
       TempDir dir;
       Sets s(dir, 2, 2, provider);
-      auto cn = [&](int id, int k, std::vector<std::string> rest) {
-        return computenode_args("dhnsw", provider, s.list(), id, k, rest);
-      };
-      // Tiny gaps: the inserts force online rebuilds (the control block, the insert buffer and
-      // the board live on memnode 0).
-      auto b = run(cn(0, 1, {"build", "--data", d.base, "--max-elements", "2400", "--partitions", "8", "--m", "16",
-                             "--ef-construction", "80", "--internal-gap", "0.02", "--overflow-gap", "0.02"}),
-                   dir, "build", seconds(300));
-      INFO(b.output);
-      REQUIRE(b.code == 0);
-      Proc q(cn(0, 1, {"query", "--workload", d.wl, "--k", "10", "--batch", "16", "--probe", "3", "--ef-search", "64",
-                       "--arrival-qps", "100", "--max-wait-us", "20000", "--report", dir.file("during.json")}),
-             dir.file("during.log"));
-      REQUIRE(wait_for_output(q, "d-HNSW index", seconds(30)));
-      std::vector<std::unique_ptr<Proc>> ins;
-      for (int i = 0; i < 2; ++i)
-        ins.push_back(std::make_unique<Proc>(
-            cn(1 + i, 3, {"--wire", "300,0", "insert", "--data", d.base, "--begin", "2400", "--share", std::to_string(i) + "/2", "--batch",
-                          "10", "--report", dir.file("ins.json")}),
-            dir.file("ins" + std::to_string(i) + ".log")));
-      // Inserts take seconds under a wire model of 300 us per operation; the copy dies as the
-      // first online rebuild starts.
-      s.kill_when(0, 0, *ins[0], "starting an online rebuild");
-      uint64_t inserted = 0, rebuilds = 0;
-      for (int i = 0; i < 2; ++i) {
-        const int code = ins[static_cast<size_t>(i)]->wait(seconds(300));
-        INFO(ins[static_cast<size_t>(i)]->output());
-        REQUIRE(code == 0);
-        const auto r = load_json(dir.file("ins.json.cn" + std::to_string(1 + i)))["insert"];
-        inserted += r["inserted"].get<uint64_t>();
-        rebuilds += r["rebuilds"].get<uint64_t>();
-      }
-      CHECK(inserted == 600);
+      DhnswLoad load{d, dir, s, provider, {}, {}};
+      load.start();
+      // The copy dies as the first online rebuild starts.
+      s.kill_when(0, 0, *load.inserters[0], "starting an online rebuild");
+      uint64_t rebuilds = 0;
+      CHECK(load.wait_inserters(&rebuilds) == 600);
       WARN(provider << ": " << rebuilds << " rebuild(s) while memnode 0 copy 0 died");
-      const int qc = q.wait(seconds(300));
-      INFO(q.output());
+      const int qc = load.querier->wait(seconds(300));
+      INFO(load.querier->output());
       CHECK(qc == 0);  // the querier never failed a query
-      CHECK_THAT(q.output(), Contains("memnode 0 copy 0 (" + s.at(0, 0).address));  // it saw the death
-      // Every acknowledged insert is on the surviving copies: each found by itself, searching
-      // every partition.
-      const std::string self = self_workload(d, dir, 2400, 3000);
-      auto all = run(cn(0, 1, {"query", "--workload", self, "--k", "10", "--batch", "64", "--probe", "8", "--ef-search",
-                               "400", "--report", dir.file("self.json")}),
-                     dir, "self", seconds(300));
-      INFO(all.output);
-      REQUIRE(all.code == 0);
-      CHECK(load_json(dir.file("self.json"))["runs"][0]["recall_at_1"].get<double>() == 1.0);
+      CHECK_THAT(load.querier->output(), Contains("memnode 0 copy 0 (" + s.at(0, 0).address));  // it saw the death
+      CHECK(load.self_recall() == 1.0);
     }
   }
 }
@@ -306,33 +307,17 @@ TEST_CASE("replica sets: a new memnode rejoins while d-HNSW inserts go on, then 
       SmallData d;  // 3,000 rows: 2,400 built, 600 inserted
       TempDir dir;
       Sets s(dir, 2, 2, provider);
-      auto cn = [&](int id, int k, std::vector<std::string> rest) {
-        return computenode_args("dhnsw", provider, s.list(), id, k, rest);
-      };
-      auto b = run(cn(0, 1, {"build", "--data", d.base, "--max-elements", "2400", "--partitions", "8", "--m", "16",
-                             "--ef-construction", "80", "--internal-gap", "0.02", "--overflow-gap", "0.02"}),
-                   dir, "build", seconds(300));
-      INFO(b.output);
-      REQUIRE(b.code == 0);
-      Proc q(cn(0, 1, {"query", "--workload", d.wl, "--k", "10", "--batch", "16", "--probe", "3", "--ef-search", "64",
-                       "--arrival-qps", "100", "--max-wait-us", "20000"}),
-             dir.file("during.log"));
-      REQUIRE(wait_for_output(q, "d-HNSW index", seconds(30)));
-      std::vector<std::unique_ptr<Proc>> ins;
-      for (int i = 0; i < 2; ++i)
-        ins.push_back(std::make_unique<Proc>(
-            cn(1 + i, 3, {"--wire", "300,0", "insert", "--data", d.base, "--begin", "2400", "--share",
-                          std::to_string(i) + "/2", "--batch", "10", "--report", dir.file("ins.json")}),
-            dir.file("ins" + std::to_string(i) + ".log")));
+      DhnswLoad load{d, dir, s, provider, {}, {}};
+      load.start();
       // Memnode 0's second copy dies as the inserts begin; a new memnode takes its address.
-      s.kill_when(0, 1, *ins[0], "starting an online rebuild");
+      s.kill_when(0, 1, *load.inserters[0], "starting an online rebuild");
       const std::string addr = s.at(0, 1).address;
       Proc fresh({bin("memnode"), "--listen", addr, "--id", "0", "--replicas", "2", "--copy", "1", "--rejoin",
                   "--provider", provider, "--region", "128MiB"},
                  dir.file("memnode0c1-new.log"));
-      REQUIRE(wait_for_output(q, "a new memnode took its place", seconds(20)));
+      REQUIRE(wait_for_output(*load.querier, "a new memnode took its place", seconds(20)));
       // It is filled while the inserts go on, and becomes a full copy for everyone.
-      auto rj = run(cn(3, 4, {"rejoin", "--memnode", "0", "--copy", "1", "--report", dir.file("rejoin.json")}), dir,
+      auto rj = run(load.cn(3, 4, {"rejoin", "--memnode", "0", "--copy", "1", "--report", dir.file("rejoin.json")}), dir,
                     "rejoin", seconds(120));
       INFO(rj.output);
       REQUIRE(rj.code == 0);
@@ -340,27 +325,14 @@ TEST_CASE("replica sets: a new memnode rejoins while d-HNSW inserts go on, then 
       WARN(provider << ": rejoin copied " << rep["first_pass_bytes"] << " bytes at " << rep["first_pass_gbytes_per_s"]
                     << " GB/s, " << rep["passes"] << " pass(es) over " << rep["recopied_bytes"]
                     << " changed bytes, frozen " << rep["frozen_ms"] << " ms");
-      REQUIRE(wait_for_output(q, "rejoined its set", seconds(10)));
+      REQUIRE(wait_for_output(*load.querier, "rejoined its set", seconds(10)));
       // The original copy dies: the new one holds everything.
       s.at(0, 0).proc->signal(SIGKILL);
-      uint64_t inserted = 0;
-      for (int i = 0; i < 2; ++i) {
-        const int code = ins[static_cast<size_t>(i)]->wait(seconds(300));
-        INFO(ins[static_cast<size_t>(i)]->output());
-        REQUIRE(code == 0);
-        inserted += load_json(dir.file("ins.json.cn" + std::to_string(1 + i)))["insert"]["inserted"].get<uint64_t>();
-      }
-      CHECK(inserted == 600);
-      const int qc = q.wait(seconds(300));
-      INFO(q.output());
+      CHECK(load.wait_inserters() == 600);
+      const int qc = load.querier->wait(seconds(300));
+      INFO(load.querier->output());
       CHECK(qc == 0);
-      const std::string self = self_workload(d, dir, 2400, 3000);
-      auto all = run(cn(0, 1, {"query", "--workload", self, "--k", "10", "--batch", "64", "--probe", "8", "--ef-search",
-                               "400", "--report", dir.file("self.json")}),
-                     dir, "self", seconds(300));
-      INFO(all.output);
-      REQUIRE(all.code == 0);
-      CHECK(load_json(dir.file("self.json"))["runs"][0]["recall_at_1"].get<double>() == 1.0);
+      CHECK(load.self_recall() == 1.0);
     }
   }
 }
