@@ -3,6 +3,12 @@
 // memnode's relay, sends heartbeats, forwards messages to other computenodes through a
 // random live memnode, and waits on barriers held by memnode 0. One I/O thread receives
 // and hands messages to the callbacks.
+//
+// With replica sets (common/fabric/replicas.hpp) the relay talks to the physical memnodes
+// underneath: it joins every copy's relay and heartbeats each, so any live copy can forward
+// to any member, and a barrier's arrival goes to every live copy of memnode 0, whichever
+// releases it first. A copy's death loses only the messages it held at that moment; the
+// callers recover those end to end (the shine query's sync, query_exchange.hpp).
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -49,7 +55,9 @@ class RelayClient {
     std::vector<uint32_t> gone;     // computenodes that did not arrive (gone)
   };
   /// Waits until every computenode of the run arrived (or is gone). Throws after
-  /// `timeout_s`, or when memnode 0 is gone.
+  /// `timeout_s`, or when memnode 0 is gone. With replica sets each copy of memnode 0
+  /// releases on its own: the generation differs between copies, so callers that need one
+  /// number on every computenode take it from the regions (Board::run_nonce).
   Release barrier(int timeout_s = 600);
 
   uint32_t cn_id() const { return cn_; }
@@ -57,12 +65,22 @@ class RelayClient {
 
  private:
   void io_loop();
-  /// `kick`: wake the I/O thread to poll for the answer (the I/O thread's own heartbeats do not).
-  void send_to_memnode(uint16_t node, const std::vector<char>& bytes, bool kick = true);
-  uint16_t pick_memnode();
+  /// `node`: a physical memnode (copy c of memnode L is L * copies + c). `kick`: wake the I/O
+  /// thread to poll for the answer (the I/O thread's own heartbeats do not).
+  fabric::Status send_to_memnode(uint16_t node, const std::vector<char>& bytes, bool kick = true);
+  void send_or_throw(uint16_t node, const std::vector<char>& bytes);
+  /// Sends through a random live memnode; one that refuses passes it to the next.
+  void send_anywhere(const std::vector<char>& bytes);
   void handle(const fabric::Message& m);
+  std::string name(uint16_t node) const;
+  bool memnode0_alive() const;
 
   fabric::Cluster& c_;
+  std::shared_ptr<fabric::Cluster> phys_;  // the cluster under replica sets, or null
+  fabric::Cluster* net_;                    // where the relay's messages go: phys_ or &c_
+  unsigned copies_ = 1;
+  uint16_t nodes_ = 0;                      // physical memnodes
+  std::vector<bool> joined_;                // I/O thread: a Join was sent since the copy was last seen alive
   uint32_t cn_, k_;
   Callbacks cb_;
   std::unique_ptr<fabric::Endpoint> ep_;
@@ -82,6 +100,7 @@ class RelayClient {
   std::condition_variable cv_;
   std::set<uint16_t> acks_;
   std::map<uint64_t, Release> released_;  // barrier seq -> release
+  uint64_t returned_below_ = 0;           // barriers already returned (a later copy's release is ignored)
   std::set<uint32_t> gone_;
   uint64_t barrier_seq_ = 0;
 };

@@ -270,7 +270,7 @@ int main(int argc, char** argv) {
     fabric::RegionServer server(prov, data_host_for(f, prov, host, token), mem.data(), mem.size(),
                                 static_cast<uint16_t>(f.id), lanes, mem.fd());
     memory::Relay relay(
-        static_cast<uint16_t>(f.id),
+        static_cast<uint16_t>(f.id), static_cast<uint16_t>(f.copy),
         [&server](uint64_t to, const std::vector<char>& b) { server.send_to(to, b.data(), b.size()); },
         std::chrono::milliseconds(f.relay_timeout_ms));
     serve_messages(f, server, relay, mem);

@@ -10,8 +10,8 @@ namespace dmhnsw::memory {
 using relay::Header;
 using relay::Type;
 
-Relay::Relay(uint16_t memnode_id, Send send, std::chrono::milliseconds timeout)
-    : id_(memnode_id), send_(std::move(send)), timeout_(timeout) {}
+Relay::Relay(uint16_t memnode_id, uint16_t copy, Send send, std::chrono::milliseconds timeout)
+    : id_(memnode_id), copy_(copy), send_(std::move(send)), timeout_(timeout) {}
 
 bool Relay::alive(uint32_t cn) const {
   auto it = members_.find(cn);
@@ -29,7 +29,7 @@ void Relay::gone(uint32_t cn, const std::string& why) {
   it->second.alive = false;
   ++stats_.gone;
   if (!it->second.left) spdlog::warn("relay: computenode {} is gone: {}", cn, why);
-  auto note = relay::encode(Type::Gone, cn, relay::kAll, it->second.num_cns, 0, why.data(), why.size(), id_);
+  auto note = relay::encode(Type::Gone, cn, relay::kAll, it->second.num_cns, 0, why.data(), why.size(), id_, copy_);
   for (auto& [other, m] : members_)
     if (other != cn && m.alive && other < it->second.num_cns) send_(m.handle, note);
   try_release();
@@ -60,7 +60,7 @@ void Relay::try_release() {
     }
     body.generation = ++generation_;
     ++stats_.barriers;
-    auto msg = relay::encode(Type::Release, relay::kAll, relay::kAll, k, seq, &body, sizeof body, id_);
+    auto msg = relay::encode(Type::Release, relay::kAll, relay::kAll, k, seq, &body, sizeof body, id_, copy_);
     for (uint32_t cn : it->second) send(cn, msg);
     barrier_cns_.erase(seq);
     it = arrived_.erase(it);
@@ -84,7 +84,7 @@ bool Relay::on_message(const std::vector<char>& payload, uint64_t sender, Clock:
       for (auto& [cn, m] : members_) {
         if (cn == h.from_cn || m.alive || cn >= it->second.num_cns) continue;
         const std::string why = m.left ? "left" : "silent";
-        auto note = relay::encode(Type::Gone, cn, h.from_cn, m.num_cns, 0, why.data(), why.size(), id_);
+        auto note = relay::encode(Type::Gone, cn, h.from_cn, m.num_cns, 0, why.data(), why.size(), id_, copy_);
         send_(sender, note);
       }
     }
@@ -106,7 +106,7 @@ bool Relay::on_message(const std::vector<char>& payload, uint64_t sender, Clock:
         barrier_cns_.erase(a->first);
         a = arrived_.erase(a);
       }
-      auto ack = relay::encode(Type::JoinAck, h.from_cn, h.from_cn, h.num_cns, h.seq, nullptr, 0, id_);
+      auto ack = relay::encode(Type::JoinAck, h.from_cn, h.from_cn, h.num_cns, h.seq, nullptr, 0, id_, copy_);
       send_(sender, ack);
       spdlog::debug("relay: computenode {} of {} joined", h.from_cn, h.num_cns);
       return true;
@@ -124,6 +124,7 @@ bool Relay::on_message(const std::vector<char>& payload, uint64_t sender, Clock:
       std::vector<char> out = payload;
       Header d = h;
       d.memnode = id_;
+      d.copy = copy_;
       d.type = static_cast<uint32_t>(Type::Deliver);
       std::memcpy(out.data(), &d, sizeof d);
       if (h.to_cn == relay::kAll) {

@@ -20,7 +20,8 @@ class Relay {
   /// Sends `bytes` to the endpoint with handle `to` (RegionServer::send_to).
   using Send = std::function<void(uint64_t to, const std::vector<char>& bytes)>;
 
-  Relay(uint16_t memnode_id, Send send, std::chrono::milliseconds timeout = std::chrono::milliseconds(10000));
+  /// `copy`: this memnode's copy in its replica set (computenodes join every copy's relay).
+  Relay(uint16_t memnode_id, uint16_t copy, Send send, std::chrono::milliseconds timeout = std::chrono::milliseconds(10000));
   /// Handles one relay message from the endpoint `sender`; false when it is not one.
   bool on_message(const std::vector<char>& payload, uint64_t sender, Clock::time_point now = Clock::now());
   /// Declares members silent for longer than the timeout gone. Time the relay itself did
@@ -47,7 +48,7 @@ class Relay {
   void try_release();
   void send(uint32_t to_cn, const std::vector<char>& bytes);
 
-  uint16_t id_;
+  uint16_t id_, copy_;
   Send send_;
   std::chrono::milliseconds timeout_;
   std::map<uint32_t, Member> members_;

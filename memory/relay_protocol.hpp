@@ -51,10 +51,11 @@ struct Header {
   uint64_t seq;
   uint32_t body_len;
   uint16_t memnode;  // the relaying memnode (set by the memnode on what it sends)
-  uint16_t reserved;
+  uint16_t copy;     // and its copy in its replica set (0 without replicas)
 };
 static_assert(sizeof(Header) == 32);
-static_assert(offsetof(Header, seq) == 16 && offsetof(Header, body_len) == 24 && offsetof(Header, memnode) == 28);
+static_assert(offsetof(Header, seq) == 16 && offsetof(Header, body_len) == 24 && offsetof(Header, memnode) == 28 &&
+              offsetof(Header, copy) == 30);
 static_assert(std::is_trivially_copyable_v<Header> && std::is_standard_layout_v<Header>);
 inline constexpr size_t kMaxBody = fabric::kMaxMessage - sizeof(Header);
 
@@ -69,11 +70,12 @@ static_assert(std::is_trivially_copyable_v<ReleaseBody>);
 
 inline bool is_relay_type(uint32_t t) { return t >= 0xD4A6'0001u && t <= 0xD4A6'000Au; }
 
-/// A relay message: header + body bytes (`memnode`: the sending memnode, on what memnodes send).
+/// A relay message: header + body bytes (`memnode`, `copy`: the sending memnode, on what memnodes send).
 inline std::vector<char> encode(Type type, uint32_t from_cn, uint32_t to_cn, uint32_t num_cns, uint64_t seq,
-                                const void* body = nullptr, size_t body_len = 0, uint16_t memnode = 0) {
+                                const void* body = nullptr, size_t body_len = 0, uint16_t memnode = 0,
+                                uint16_t copy = 0) {
   if (body_len > kMaxBody) throw std::invalid_argument("relay message body of " + std::to_string(body_len) + " bytes");
-  Header h{static_cast<uint32_t>(type), from_cn, to_cn, num_cns, seq, static_cast<uint32_t>(body_len), memnode, 0};
+  Header h{static_cast<uint32_t>(type), from_cn, to_cn, num_cns, seq, static_cast<uint32_t>(body_len), memnode, copy};
   std::vector<char> out(sizeof h + body_len);
   std::memcpy(out.data(), &h, sizeof h);
   if (body_len > 0) std::memcpy(out.data() + sizeof h, body, body_len);

@@ -88,10 +88,11 @@ compute::RelayClient::Callbacks QuerySession::relay_callbacks() {
     if (kind == kQueryMsg && len >= sizeof(QueryMsg)) {
       QueryMsg m;
       std::memcpy(&m, body, sizeof m);
-      if (m.dim != p_.dim || len != sizeof m + 4ull * m.dim || m.pos >= wl_.total()) return;
-      Item it{static_cast<uint32_t>(m.pos), true, std::vector<float>(m.dim)};
+      if (m.dim != p_.dim || len != sizeof m + 4ull * m.dim || m.pos >= wl_.total() || m.seq >= kMaxSeq)
+        return;
+      Item it{m.pos, true, std::vector<float>(m.dim)};
       std::memcpy(it.vec.data(), body + sizeof m, 4ull * m.dim);
-      ex_.on_query(from, m.phase, std::move(it));
+      ex_.on_query(from, m.phase, m.seq, std::move(it));
     } else if (kind == kProgressMsg && len == sizeof(ProgressMsg)) {
       ProgressMsg m;
       std::memcpy(&m, body, sizeof m);
@@ -100,31 +101,38 @@ compute::RelayClient::Callbacks QuerySession::relay_callbacks() {
       DoneMsg m;
       std::memcpy(&m, body, sizeof m);
       ex_.on_done(from, m.phase, m.sent);
+    } else if (kind == kSyncMsg && len >= sizeof(SyncMsg)) {
+      SyncMsg m;
+      std::memcpy(&m, body, sizeof m);
+      if (m.missing > kSyncMissingMax || len != sizeof m + 4ull * m.missing) return;
+      std::vector<uint32_t> missing(m.missing);
+      std::memcpy(missing.data(), body + sizeof m, 4ull * m.missing);
+      resend(from, m.phase, m.next, missing);
     }
   };
   cb.bounce = [this](uint32_t to, const char* body, size_t len) {
     uint32_t kind = 0;
     if (len >= 4) std::memcpy(&kind, body, 4);
-    if (kind == kDoneMsg && len == sizeof(DoneMsg)) {
-      // The relay took `to` for gone while it is not (a stalled host): its count must still
-      // arrive, or it would wait for it. Resend a while; a computenode really gone is
-      // reported gone by the relays and nobody waits for it.
-      if (!ex_.gone(to) && relay_ptr_.load() != nullptr && done_resends_.fetch_add(1) < 2000) {
-        std::this_thread::sleep_for(std::chrono::milliseconds(20));
-        try {
-          relay_ptr_.load()->forward(to, body, len);
-        } catch (const std::exception& e) {
-          spdlog::debug("resending a done count to computenode {}: {}", to, e.what());
-        }
+    const bool is_done = kind == kDoneMsg && len == sizeof(DoneMsg);
+    QueryMsg m{};
+    const bool is_query = kind == kQueryMsg && len >= sizeof m && (std::memcpy(&m, body, sizeof m), true) &&
+                          m.dim == p_.dim && len == sizeof m + 4ull * m.dim;
+    if (!is_done && !is_query) return;
+    // The relay took `to` for gone while it is not (a stalled host, or a relay that has not
+    // seen it join yet): the message must still arrive, or `to` would wait for it. Resend a
+    // while; a computenode really gone is reported gone by the relays and nobody waits for it.
+    if (!ex_.gone(to) && relay_ptr_.load() != nullptr && done_resends_.fetch_add(1) < 2000) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      try {
+        relay_ptr_.load()->forward(to, body, len);
+        return;
+      } catch (const std::exception& e) {
+        spdlog::debug("resending a message to computenode {}: {}", to, e.what());
       }
-      return;
     }
-    QueryMsg m;
-    if (len < sizeof m) return;
-    std::memcpy(&m, body, sizeof m);
-    if (m.kind != kQueryMsg || m.dim != p_.dim || len != sizeof m + 4ull * m.dim) return;
+    if (!is_query) return;
     spdlog::debug("a query routed to computenode {} came back: processing it here", to);
-    ex_.on_bounce(m.phase, Item{static_cast<uint32_t>(m.pos), false, {}});
+    ex_.on_bounce(m.phase, Item{m.pos, false, {}});
   };
   cb.gone = [this](uint32_t cn, const std::string& why) {
     ex_.set_gone(cn);
@@ -167,6 +175,12 @@ json QuerySession::run() {
   json report = report_header();
   uint32_t phase = 0;
   relay_->barrier(120);  // the run's first barrier: every computenode must come
+  // The board's barrier numbers this run the same on every computenode (a counter in memnode
+  // 0's region, so its copies agree: a relay's release numbers barriers per memnode process).
+  // A phase's results are published under the run's number and the phase: unique over the
+  // region's life, and above any number a board barrier hands out.
+  const uint64_t run_gen = board_->barrier(120);
+  auto results_gen = [run_gen](uint32_t ph) { return (uint64_t{1} << 54) | (run_gen << 12) | ph; };
   if (wl_.warmup_count > 0) {  // every computenode runs the warm-up phase (maybe with no input)
     std::vector<PerQuery> ignored;
     auto wr = run_phase(phase++, warm, o_.ef_search.front(), 0, false, ignored);
@@ -182,9 +196,9 @@ json QuerySession::run() {
     cache::NodeCacheStats cs = ncache_ ? stats_since(ncache_->stats(), before) : cache::NodeCacheStats{};
     json mine = my_share(rows, pr, cs, cpu_secs);
     compute::RelayClient::Release rel = relay_->barrier();
-    board_->publish(rel.generation, mine.dump());
+    board_->publish(results_gen(phase - 1), mine.dump());
     if (self_ != 0) continue;
-    report["runs"].push_back(merge_run(ef, board_->gather(rel.generation, 60, rel.gone)));
+    report["runs"].push_back(merge_run(ef, board_->gather(results_gen(phase - 1), 60, rel.gone)));
   }
   for (auto& t : traces_)
     if (t) t->close();  // complete: renamed to its name

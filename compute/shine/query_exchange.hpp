@@ -2,11 +2,19 @@
 // What a shine query run's computenodes tell each other through the memnodes' relays: routed
 // queries, queue lengths for adaptive routing, and per-phase done counts; and the working
 // queue they land in (Exchange), shared by the relay's I/O thread, the router and the workers.
+//
+// A relay is a memnode process: with replica sets, a copy that dies takes the messages it
+// held with it. So each routed query carries its number in the sender's stream to that
+// receiver (seq); the receiver drops repeats, and after a copy died a receiver still missing
+// queries or a done count asks the sender (SyncMsg: the numbers it lacks, and from where on it
+// has nothing), which sends those again and its done count.
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <deque>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <string>
 #include <type_traits>
@@ -15,11 +23,17 @@
 namespace dmhnsw::shine::query_detail {
 
 // ---- application messages carried by the relay (computenode to computenode)
-enum : uint32_t { kQueryMsg = 0x5155'0001u, kProgressMsg = 0x5155'0002u, kDoneMsg = 0x5155'0003u };
+enum : uint32_t {
+  kQueryMsg = 0x5155'0001u,
+  kProgressMsg = 0x5155'0002u,
+  kDoneMsg = 0x5155'0003u,
+  kSyncMsg = 0x5155'0004u,
+};
 struct QueryMsg {  // followed by dim floats
   uint32_t kind;
   uint32_t phase;
-  uint64_t pos;  // position in the workload stream (its ground truth)
+  uint32_t pos;  // position in the workload stream (its ground truth)
+  uint32_t seq;  // the sender's count of queries routed to this receiver in this phase, before this one
   uint32_t origin;
   uint32_t dim;
 };
@@ -34,8 +48,17 @@ struct DoneMsg {
   uint32_t phase;
   uint64_t sent;  // queries the sender routed to the receiver in this phase
 };
-static_assert(sizeof(QueryMsg) == 24 && sizeof(ProgressMsg) == 24 && sizeof(DoneMsg) == 16);
-static_assert(std::is_trivially_copyable_v<QueryMsg> && std::is_trivially_copyable_v<ProgressMsg>);
+struct SyncMsg {  // receiver -> sender; followed by `missing` uint32 seqs below `next`
+  uint32_t kind;
+  uint32_t phase;
+  uint32_t next;     // every seq from here on is missing too
+  uint32_t missing;  // at most kSyncMissingMax
+};
+inline constexpr uint32_t kSyncMissingMax = 8000;  // 32 KB: one relay message
+inline constexpr uint32_t kMaxSeq = 1u << 28;       // bounds a receiver's seen-bitmap per sender (32 MiB)
+static_assert(sizeof(QueryMsg) == 24 && sizeof(ProgressMsg) == 24 && sizeof(DoneMsg) == 16 && sizeof(SyncMsg) == 16);
+static_assert(std::is_trivially_copyable_v<QueryMsg> && std::is_trivially_copyable_v<ProgressMsg> &&
+              std::is_trivially_copyable_v<SyncMsg>);
 
 struct Item {
   uint32_t pos;
@@ -69,12 +92,70 @@ class Exchange {
     std::lock_guard g(mu_);
     return ph(phase).queue.size();
   }
-  void on_query(uint32_t from, uint32_t phase, Item it) {
+  /// A routed query arrived; false for a repeat (sent again after a sync), which is dropped.
+  bool on_query(uint32_t from, uint32_t phase, uint32_t seq, Item it) {
     std::lock_guard g(mu_);
     auto& p = ph(phase);
+    std::vector<bool>& seen = p.seen[from];
+    if (seq >= seen.size()) seen.resize(std::max<size_t>(seq + 1, seen.size() * 2), false);
+    if (seen[seq]) return false;
+    seen[seq] = true;
+    p.next[from] = std::max(p.next[from], seq + 1);
     ++p.received[from];
     ++p.received_total;
     p.queue.push_back(std::move(it));
+    return true;
+  }
+  /// Sender side: numbers a query routed to `to` (its seq) and keeps its position for a resend.
+  uint32_t log_sent(uint32_t phase, uint32_t to, uint32_t pos) {
+    std::lock_guard g(mu_);
+    auto& log = ph(phase).sent[to];
+    log.push_back(pos);
+    return static_cast<uint32_t>(log.size() - 1);
+  }
+  /// The positions of the queries routed to `to` with the seqs in `missing` or from `next` on.
+  std::vector<std::pair<uint32_t, uint32_t>> to_resend(uint32_t phase, uint32_t to, uint32_t next,
+                                                       const std::vector<uint32_t>& missing) {
+    std::lock_guard g(mu_);
+    const auto& log = ph(phase).sent[to];
+    std::vector<std::pair<uint32_t, uint32_t>> out;  // (seq, pos)
+    for (uint32_t q : missing)
+      if (q < log.size() && q < next) out.emplace_back(q, log[q]);
+    for (size_t q = next; q < log.size(); ++q) out.emplace_back(static_cast<uint32_t>(q), log[q]);
+    return out;
+  }
+  /// Sender side: the done count sent to `to` in this phase, once sent.
+  void note_done_sent(uint32_t phase, uint32_t to, uint64_t sent) {
+    std::lock_guard g(mu_);
+    ph(phase).done_sent[to] = sent;
+  }
+  std::optional<uint64_t> done_sent(uint32_t phase, uint32_t to) {
+    std::lock_guard g(mu_);
+    auto& p = ph(phase);
+    auto it = p.done_sent.find(to);
+    if (it == p.done_sent.end()) return std::nullopt;
+    return it->second;
+  }
+  /// Receiver side: a sync for every live peer still owing queries or its done count; the
+  /// seqs missing below the highest one seen (at most kSyncMissingMax), and that seq + 1.
+  struct Owed {
+    uint32_t from, next;
+    std::vector<uint32_t> missing;
+  };
+  std::vector<Owed> owed(uint32_t phase, uint32_t self) {
+    std::lock_guard g(mu_);
+    auto& p = ph(phase);
+    std::vector<Owed> out;
+    for (uint32_t c = 0; c < k_; ++c) {
+      if (c == self || gone_.count(c)) continue;
+      if (p.done[c] && p.received[c] >= p.promised[c]) continue;
+      Owed o{c, p.next[c], {}};
+      const std::vector<bool>& seen = p.seen[c];
+      for (uint32_t q = 0; q < o.next && o.missing.size() < kSyncMissingMax; ++q)
+        if (!seen[q]) o.missing.push_back(q);
+      out.push_back(std::move(o));
+    }
+    return out;
   }
   void on_done(uint32_t from, uint32_t phase, uint64_t sent) {
     std::lock_guard g(mu_);
@@ -141,6 +222,10 @@ class Exchange {
     std::deque<Item> queue;
     std::map<uint32_t, uint64_t> received, promised;
     std::map<uint32_t, bool> done;
+    std::map<uint32_t, std::vector<bool>> seen;       // by sender: seqs received
+    std::map<uint32_t, uint32_t> next;                // by sender: highest seq received + 1
+    std::map<uint32_t, std::vector<uint32_t>> sent;   // by receiver: positions routed there, by seq
+    std::map<uint32_t, uint64_t> done_sent;           // by receiver: the done count sent
     uint64_t received_total = 0, bounced = 0;
     int64_t in_service = 0;
   };

@@ -17,7 +17,10 @@ namespace {
 /// Adaptive routing: a router waiting for its own queue to drain re-broadcasts its length this often.
 constexpr std::chrono::milliseconds kProgressEvery{2};
 constexpr std::chrono::seconds kNoteEvery{10};  // a progress line while a phase runs
-constexpr std::chrono::seconds kRelayLostAfter{5};  // nothing arrives after a replica copy died: its relay held it
+// After a replica copy died, an idle computenode asks its peers for what it still lacks this often;
+// a peer that answers none of it for kOwedLostAfter is an error.
+constexpr std::chrono::milliseconds kSyncEvery{300};
+constexpr std::chrono::seconds kOwedLostAfter{30};
 }  // namespace
 
 PhaseResult QuerySession::run_phase(uint32_t phase, const std::vector<uint32_t>& items, uint32_t ef,
@@ -56,6 +59,7 @@ PhaseResult QuerySession::run_phase(uint32_t phase, const std::vector<uint32_t>&
   pr.seconds = secs_since(run.t0);
   pr.received = ex_.received(phase);
   pr.bounced = ex_.bounced(phase);
+  pr.syncs = run.syncs.load();
   return pr;
 }
 
@@ -108,10 +112,7 @@ void QuerySession::route(PhaseRun& run) {
       if (target == self_) {
         ex_.push(run.phase, Item{pos, false, {}});
       } else {
-        QueryMsg m{kQueryMsg, run.phase, pos, self_, p_.dim};
-        std::memcpy(msg.data(), &m, sizeof m);
-        std::memcpy(msg.data() + sizeof m, wl_.queries.row(pos), 4ull * p_.dim);
-        relay_->forward(target, msg.data(), msg.size());
+        send_query(target, run.phase, pos, ex_.log_sent(run.phase, target, pos), msg);
         ++pr.routed_away;
         ++pr.routed_to[target];
       }
@@ -122,8 +123,51 @@ void QuerySession::route(PhaseRun& run) {
     for (uint32_t cn = 0; cn < K_; ++cn) {
       if (cn == self_ || ex_.gone(cn)) continue;
       DoneMsg dm{kDoneMsg, run.phase, pr.routed_to[cn]};
+      ex_.note_done_sent(run.phase, cn, dm.sent);
       relay_->forward(cn, &dm, sizeof dm);
     }
+}
+
+void QuerySession::send_query(uint32_t to, uint32_t phase, uint32_t pos, uint32_t seq, std::vector<char>& msg) {
+  QueryMsg m{kQueryMsg, phase, pos, seq, self_, p_.dim};
+  std::memcpy(msg.data(), &m, sizeof m);
+  std::memcpy(msg.data() + sizeof m, wl_.queries.row(pos), 4ull * p_.dim);
+  relay_->forward(to, msg.data(), msg.size());
+}
+
+void QuerySession::resend(uint32_t to, uint32_t phase, uint32_t next, const std::vector<uint32_t>& missing) {
+  if (!relay_ptr_.load()) return;
+  try {
+    std::vector<char> msg(sizeof(QueryMsg) + 4ull * p_.dim);
+    const auto again = ex_.to_resend(phase, to, next, missing);
+    for (const auto& [seq, pos] : again) send_query(to, phase, pos, seq, msg);
+    const auto done = ex_.done_sent(phase, to);
+    if (done) {
+      DoneMsg dm{kDoneMsg, phase, *done};
+      relay_->forward(to, &dm, sizeof dm);
+    }
+    spdlog::info("computenode {} lacked routed queries of phase {}: sent {} again{}", to, phase, again.size(),
+                 done ? " and the done count" : "");
+  } catch (const std::exception& e) {
+    spdlog::debug("answering computenode {}'s sync: {}", to, e.what());
+  }
+}
+
+void QuerySession::ask_owed(PhaseRun& run) {
+  const int64_t now = Clock::now().time_since_epoch().count();
+  int64_t due = run.next_sync.load();
+  if (now < due || !run.next_sync.compare_exchange_strong(
+                       due, now + std::chrono::duration_cast<Clock::duration>(kSyncEvery).count()))
+    return;
+  if (due == 0) return;  // the first call only starts the clock: messages in flight get kSyncEvery to land
+  for (const Exchange::Owed& o : ex_.owed(run.phase, self_)) {
+    std::vector<char> msg(sizeof(SyncMsg) + 4ull * o.missing.size());
+    SyncMsg m{kSyncMsg, run.phase, o.next, static_cast<uint32_t>(o.missing.size())};
+    std::memcpy(msg.data(), &m, sizeof m);
+    if (!o.missing.empty()) std::memcpy(msg.data() + sizeof m, o.missing.data(), 4ull * o.missing.size());
+    relay_->forward(o.from, msg.data(), msg.size());
+    run.syncs.fetch_add(1);
+  }
 }
 
 // The oracle ranks the computenodes for each query (a gone one last); the policy picks.
@@ -207,18 +251,18 @@ void QuerySession::answer(PhaseRun& run, std::vector<PerQuery>& out) {
               throw fabric::FabricError("memnode " + std::to_string(m) + " (" + c_.memnodes()[m].address +
                                         ") is gone while waiting for routed queries: " + c_.dead_reason(m));
           // A copy of a replica set died during the phase: the relay in that memnode process
-          // held messages and counts of this run that no other copy has. If nothing arrives for
-          // a while, that is why: fail naming it rather than wait for ever.
+          // may have held queries or done counts for us. Ask the peers for what is missing;
+          // one that answers none of it for long is an error, not a wait for ever.
           if (const uint64_t f = fabric::replica_failovers(c_); f != run.failovers_at_start) {
             const uint64_t answered = run.answered.load();
             if (answered != idle_answered) idle_answered = answered, idle_since = Clock::now();
-            if (Clock::now() - idle_since > kRelayLostAfter)
+            ask_owed(run);
+            if (Clock::now() - idle_since > kOwedLostAfter)
               throw fabric::FabricError(
-                  "waiting for routed queries: a memnode copy died during the phase (" + std::to_string(f - run.failovers_at_start) +
-                  " copy death(s)) and nothing arrived for " + std::to_string(kRelayLostAfter.count()) +
-                  " s: the query relay in that memnode held this run's messages, which its set's other copies do not "
-                  "have (routed queries do not survive a copy's death yet; the service's live routing answers "
-                  "such queries itself, see docs/replication.md)");
+                  "waiting for routed queries: a memnode copy died during the phase (" +
+                  std::to_string(f - run.failovers_at_start) + " copy death(s)) and nothing arrived for " +
+                  std::to_string(kOwedLostAfter.count()) + " s although " + std::to_string(run.syncs.load()) +
+                  " syncs asked the peers for it: " + ex_.describe(run.phase));
           } else {
             idle_since = Clock::now();
           }

@@ -65,7 +65,7 @@ json QuerySession::my_share(const std::vector<PerQuery>& rows, const PhaseResult
   return {{"cn_id", self_}, {"queries", rows.size()}, {"seconds", pr.seconds}, {"recall_sum", recall},
           {"io", io_json(io)}, {"visited", ss.visited}, {"hops", ss.hops}, {"skipped", ss.skipped},
           {"input", pr.input}, {"routed_away", pr.routed_away}, {"received", pr.received},
-          {"bounced", pr.bounced}, {"routed_to", pr.routed_to}, {"cache", cache_json(cs)},
+          {"bounced", pr.bounced}, {"syncs", pr.syncs}, {"routed_to", pr.routed_to}, {"cache", cache_json(cs)},
           {"cpu_seconds", cpu_secs},
           {"latencies_us", lat}};
 }

@@ -35,7 +35,7 @@ struct PerQuery {
 
 struct PhaseResult {
   double seconds = 0;
-  uint64_t input = 0, routed_away = 0, received = 0, bounced = 0;
+  uint64_t input = 0, routed_away = 0, received = 0, bounced = 0, syncs = 0;
   std::vector<uint64_t> routed_to;
 };
 
@@ -63,6 +63,8 @@ struct PhaseRun {
   PhaseResult result;
   std::atomic<uint64_t> answered{0};
   std::atomic<int64_t> next_note{0};
+  std::atomic<int64_t> next_sync{0};  // steady-clock ns of the next sync round (ask_owed)
+  std::atomic<uint64_t> syncs{0};     // SyncMsgs sent in this phase
   uint64_t failovers_at_start = 0;  // replica copies seen dead before the phase (replicas.hpp)
 };
 
@@ -90,6 +92,12 @@ class QuerySession {
   void share_queue_length(PhaseRun& run, router::RoutingPolicy& rp, uint64_t& batch_no);
   void answer(PhaseRun& run, std::vector<PerQuery>& out);
   void note_progress(PhaseRun& run);
+  /// After a replica copy died: ask the peers that still owe this phase queries or a done
+  /// count for them (query_exchange.hpp), at most every kSyncEvery while idle.
+  void ask_owed(PhaseRun& run);
+  /// A peer's SyncMsg: send again the queries it lacks and the done count (I/O thread).
+  void resend(uint32_t to, uint32_t phase, uint32_t next, const std::vector<uint32_t>& missing);
+  void send_query(uint32_t to, uint32_t phase, uint32_t pos, uint32_t seq, std::vector<char>& msg);
   // ---- the report (query_report.cpp)
   nlohmann::json report_header() const;
   nlohmann::json my_share(const std::vector<PerQuery>& rows, const PhaseResult& pr, const cache::NodeCacheStats& cs,

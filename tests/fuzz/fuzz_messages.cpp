@@ -26,11 +26,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   fuzz::Input in(data, size);
   std::set<uint64_t> spoke;
   memory::Relay relay(
-      3,
+      3, 1,
       [&](uint64_t to, const std::vector<char>& bytes) {
         DMHNSW_FUZZ_CHECK(spoke.count(to) == 1);
         const auto h = relay::decode(bytes);
-        DMHNSW_FUZZ_CHECK(h.has_value() && h->memnode == 3 && bytes.size() <= fabric::kMaxMessage);
+        DMHNSW_FUZZ_CHECK(h.has_value() && h->memnode == 3 && h->copy == 1 && bytes.size() <= fabric::kMaxMessage);
       },
       std::chrono::milliseconds(1000));
   auto now = memory::Relay::Clock::time_point{} + std::chrono::hours(1);

@@ -100,30 +100,61 @@ TEST_CASE("replica sets: a copy SIGKILLed during a shine build and another durin
       auto cn = [&](std::vector<std::string> rest) {
         return computenode_args("shine", provider, s.list(), 0, 1, rest);
       };
-      // The build: memnode 0's first copy (the primary of the entry point, the format word and
-      // the bump pointer) dies after the first progress line. A wire model of 50 us per
-      // operation makes the build last seconds on every provider.
-      Proc b(cn({"--wire", "50,0", "build", "--data", d.base, "--m", "12", "--ef-construction", "64", "--threads", "2", "--coroutines",
-                 "4", "--report", dir.file("build.json")}),
-             dir.file("build.log"), {"DMHNSW_PROGRESS_SECONDS=1"});
-      s.kill_when(0, 0, b, "/2000 vectors (");
-      const int built = b.wait(seconds(120));
-      INFO(b.output());
-      REQUIRE(built == 0);
-      CHECK_THAT(b.output(), Contains("memnode 0 copy 0 (" + s.at(0, 0).address));
-      CHECK(load_json(dir.file("build.json"))["inserted"] == 2000);
+      // The build by 2 computenodes: memnode 0's first copy (the primary of the entry point, the
+      // format word and the bump pointer) dies after the first progress line. A wire model of
+      // 50 us per operation makes the build last seconds on every provider.
+      std::vector<std::unique_ptr<Proc>> b;
+      for (int i = 0; i < 2; ++i)
+        b.push_back(std::make_unique<Proc>(
+            computenode_args("shine", provider, s.list(), i, 2,
+                             {"--wire", "50,0", "build", "--data", d.base, "--m", "12", "--ef-construction", "64",
+                              "--threads", "2", "--coroutines", "4", "--report", dir.file("build.json")}),
+            dir.file("build" + std::to_string(i) + ".log"), std::vector<std::string>{"DMHNSW_PROGRESS_SECONDS=1"}));
+      s.kill_when(0, 0, *b[0], "/1000 vectors (");
+      for (auto& p : b) {
+        const int built = p->wait(seconds(120));
+        INFO(p->output());
+        REQUIRE(built == 0);
+        CHECK_THAT(p->output(), Contains("memnode 0 copy 0 (" + s.at(0, 0).address));
+      }
+      const auto br = load_json(dir.file("build.json"));
+      CHECK(br["inserted"] == 2000);
+      CHECK(br["index_nodes"] == 2000);
 
-      // Queries with no node cache (every vector read remotely): memnode 1's second copy dies
-      // while they run.
-      Proc q(cn({"query", "--workload", d.wl, "--k", "10", "--ef-search", "48", "--threads", "1", "--coroutines", "4",
-                 "--cache-ratio", "0", "--repeat-seconds", "7", "--report", dir.file("q-kill.json")}),
-             dir.file("q-kill.log"));
-      std::this_thread::sleep_for(seconds(2));  // into the run (it attaches in well under a second)
-      REQUIRE(q.running());
+      // Queries routed between 2 computenodes (adaptive routing through the memnodes' relays),
+      // no node cache (every vector read remotely): memnode 1's second copy dies while they
+      // run, with the relay in it and whatever messages it held. Over tcp one pass of the
+      // workload takes seconds on this host; cxl cycles through it for 4 s.
+      const std::string repeat = provider == "cxl" ? "4" : "0";
+      std::vector<std::unique_ptr<Proc>> q;
+      for (int i = 0; i < 2; ++i)
+        q.push_back(std::make_unique<Proc>(
+            computenode_args("shine", provider, s.list(), i, 2,
+                             {"query", "--workload", d.wl, "--k", "10", "--ef-search", "48", "--threads", "1",
+                              "--coroutines", "4", "--cache-ratio", "0", "--routing", "adaptive", "--repeat-seconds",
+                              repeat, "--report", dir.file("q-kill.json")}),
+            dir.file("q-kill" + std::to_string(i) + ".log")));
+      REQUIRE(wait_for_output(*q[0], "partitioning: ", seconds(60)));  // the router's oracle is ready
+      std::this_thread::sleep_for(seconds(1));                          // into the measured phase
+      REQUIRE(q[0]->running());
+      REQUIRE(q[1]->running());
       s.at(1, 1).proc->signal(SIGKILL);
-      const int queried = q.wait(seconds(60));
-      INFO(q.output());
-      REQUIRE(queried == 0);
+      for (auto& p : q) {
+        const int queried = p->wait(seconds(90));
+        INFO(p->output());
+        REQUIRE(queried == 0);
+        CHECK_THAT(p->output(), Contains("memnode 1 copy 1 (" + s.at(1, 1).address));  // it saw the death
+      }
+      const auto qk = load_json(dir.file("q-kill.json"))["runs"][0];
+      uint64_t routed = 0, syncs = 0;
+      for (const auto& share : qk["per_cn"]) {
+        routed += share["routed_away"].get<uint64_t>();
+        syncs += share["syncs"].get<uint64_t>();
+      }
+      CHECK(qk["per_cn"].size() == 2);
+      CHECK(routed > 100);
+      WARN(provider << ": " << qk["queries"] << " queries, " << routed << " routed, " << syncs
+                    << " syncs after memnode 1 copy 1 died");
       // The same queries on the survivors: the same graph, the same answers.
       auto again = run(cn({"query", "--workload", d.wl, "--k", "10", "--ef-search", "48", "--threads", "1",
                            "--cache-ratio", "0", "--report", dir.file("q-after.json")}),
@@ -148,7 +179,9 @@ TEST_CASE("replica sets: a copy SIGKILLed during a shine build and another durin
                           "--coroutines", "4", "--report", dir.file("self.json")}),
                       dir, "q-self", seconds(60));
       REQUIRE(self.code == 0);
-      CHECK(recall_of(dir.file("self.json")) >= 0.998);  // a concurrent build leaves a node or two unreachable
+      // Two computenodes building at once leave a few nodes without in-edges: 0.996 to 1.0 in 4
+      // runs of this test without the kill.
+      CHECK(recall_of(dir.file("self.json")) >= 0.995);
     }
   }
 }
@@ -325,7 +358,7 @@ TEST_CASE("replica sets: a new memnode rejoins while d-HNSW inserts go on, then 
       WARN(provider << ": rejoin copied " << rep["first_pass_bytes"] << " bytes at " << rep["first_pass_gbytes_per_s"]
                     << " GB/s, " << rep["passes"] << " pass(es) over " << rep["recopied_bytes"]
                     << " changed bytes, frozen " << rep["frozen_ms"] << " ms");
-      REQUIRE(wait_for_output(*load.querier, "rejoined its set", seconds(10)));
+      REQUIRE(wait_for_output(*load.querier, "rejoined its set", seconds(30)));
       // The original copy dies: the new one holds everything.
       s.at(0, 0).proc->signal(SIGKILL);
       CHECK(load.wait_inserters() == 600);

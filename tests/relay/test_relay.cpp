@@ -43,7 +43,7 @@ struct Rig {
   const Relay::Clock::time_point t0 = Relay::Clock::time_point{} + 1h;
 
   explicit Rig(std::chrono::milliseconds timeout = 1000ms)
-      : r(kMemnode,
+      : r(kMemnode, 0,
           [this](uint64_t to, const std::vector<char>& bytes) {
             auto h = relay::decode(bytes);
             REQUIRE(h);  // the relay sends only well-formed relay messages
