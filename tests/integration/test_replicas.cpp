@@ -271,7 +271,7 @@ TEST_CASE("replica sets: memnode 0's first copy SIGKILLed under d-HNSW inserts, 
   }
 }
 
-TEST_CASE("replica sets: a copy SIGKILLed under serve-bench fails no request of computenode serve",
+TEST_CASE("replica sets: a copy SIGKILLed under serve-bench searches and inserts fails no request and loses no insert",
           "[integration][replicas][serve]") {
   for (std::string provider : {"tcp", "cxl"}) {
     DYNAMIC_SECTION(provider) {
@@ -288,8 +288,15 @@ TEST_CASE("replica sets: a copy SIGKILLed under serve-bench fails no request of 
       const std::string out = srv.output();
       const auto at = out.find("serving shine on ");
       const std::string addr = out.substr(at + 17, out.find_first_of(" \n", at + 17) - at - 17);
+      // Inserts beside the searches: 300 vectors of another mixture (they stay out of the
+      // workload's neighbours), 10 per request, 5 requests/s, with ids above the index's.
+      REQUIRE(run({bin("datagen"), "--n", "300", "--d", "24", "--clusters", "4", "--seed", "11", "--queries", "0",
+                   "--out-base", dir.file("ins.fvecs")},
+                  dir, "datagen-ins")
+                  .code == 0);
       Proc bench({bin("serve-bench"), "--target", addr, "--workload", d.wl, "--clients", "4", "--seconds", "6",
-                  "--json", dir.file("bench.json")},
+                  "--insert-data", dir.file("ins.fvecs"), "--insert-first-id", "1000000", "--insert-batch", "10",
+                  "--insert-rate", "5", "--json", dir.file("bench.json")},
                  dir.file("bench.log"));
       std::this_thread::sleep_for(seconds(2));  // into the measured loop (the warm-up takes well under a second)
       REQUIRE(bench.running());
@@ -303,8 +310,14 @@ TEST_CASE("replica sets: a copy SIGKILLed under serve-bench fails no request of 
       CHECK(j["requests_ok"] == j["requests"]);
       CHECK(j["recall"].get<double>() >= 0.9);
       CHECK_THAT(srv.output(), Contains("memnode 1 copy 0 (" + s.at(1, 0).address));
+      // Every acknowledged insert answers its own id afterwards.
+      const auto& ins = j["inserts"];
+      CHECK(ins["errors"] == 0);
+      CHECK(ins["rows_acknowledged"].get<uint64_t>() >= 100);
+      CHECK(ins["verify"]["missing"] == 0);
       WARN(provider << ": " << j["requests"] << " requests, 0 failed, p99 " << j["latency_us"]["p99"]
-                    << " us, max " << j["latency_us"]["max"] << " us through the kill");
+                    << " us, max " << j["latency_us"]["max"] << " us through the kill; " << ins["rows_acknowledged"]
+                    << " rows inserted, " << ins["verify"]["found"] << " found by themselves");
     }
   }
 }

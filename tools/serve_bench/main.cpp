@@ -17,13 +17,19 @@
 // Every call carries a deadline; at start every target must accept a connection within
 // --connect-timeout and answer Info, else the run stops with an error naming it.
 //
+// With --insert-data, one more client inserts rows beside the searches and afterwards searches
+// each acknowledged row by itself (inserts.cpp): a mixed load, and a check that no
+// acknowledged insert went missing.
+//
 // The sources: main.cpp (the command line and the run), loops.cpp (the clients' request loops),
-// report.cpp (scoring, percentiles, the report), serve_bench.hpp (what they share).
+// inserts.cpp (the inserter), report.cpp (scoring, percentiles, the report), serve_bench.hpp
+// (what they share).
 #include <spdlog/spdlog.h>
 
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <exception>
+#include <optional>
 #include <stdexcept>
 #include <thread>
 
@@ -106,6 +112,31 @@ GivenFlags add_flags(CLI::App& app, Options& o, std::string& targets) {
       ->check(CLI::Range(0.001, 86400.0));
   app.add_option("--seed", o.seed, "seed of the Poisson arrivals")->capture_default_str();
   app.add_option("--json", o.json_out, "write the report to this JSON file");
+  auto* ins = app.add_option("--insert-data", o.insert_data,
+                             "also insert these vectors while the searches are measured (one more client with its "
+                             "own connection), then search each acknowledged one by itself: it must answer its id");
+  app.add_option("--insert-begin", o.insert_begin, "first row of --insert-data to insert")
+      ->capture_default_str()
+      ->needs(ins);
+  app.add_option("--insert-first-id", o.insert_first_id,
+                 "row r of --insert-data is inserted with id --insert-first-id + r (ids new to the index)")
+      ->capture_default_str()
+      ->needs(ins);
+  app.add_option("--insert-batch", o.insert_batch, "vectors per Insert request")
+      ->capture_default_str()
+      ->check(CLI::Range(1u, 1u << 16))
+      ->needs(ins);
+  app.add_option("--insert-rate", o.insert_rate, "Insert requests per second (0: each after the previous answer)")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 1e6))
+      ->needs(ins);
+  app.add_option("--insert-verify-ef", o.insert_verify_ef, "efSearch of the searches that check the inserts")
+      ->capture_default_str()
+      ->needs(ins);
+  app.add_option("--insert-verify-probe", o.insert_verify_probe,
+                 "dhnsw: partitions searched by the searches that check the inserts (0: the server's --probe)")
+      ->capture_default_str()
+      ->needs(ins);
   return {seconds_opt, requests_opt, warmup_opt};
 }
 
@@ -224,8 +255,9 @@ json warm_up(std::vector<Client>& clients, const Workload& wl, const Options& o)
   return warm_json;
 }
 
-/// The measurement: one pass over the measured queries, --requests or --seconds of them.
-Run measure(std::vector<Client>& clients, const Workload& wl, const Options& o) {
+/// The measurement: one pass over the measured queries, --requests or --seconds of them, with
+/// the inserter beside them when there is one.
+Run measure(std::vector<Client>& clients, const Workload& wl, const Options& o, Inserter* inserter) {
   Run run;
   Plan plan{&wl, wl.warmup_count, wl.measured_count, o.batch, kUnlimited, kUnlimited, o.k, o.ef, o.probe};
   run.stop = "one pass";
@@ -246,13 +278,33 @@ Run measure(std::vector<Client>& clients, const Workload& wl, const Options& o) 
   const Clock::time_point stop_at =
       o.seconds_given ? t0 + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(o.seconds))
                       : Clock::time_point::max();
-  run.per = on_clients(clients, [&](Client& cl, size_t c, Stats& st) {
-    if (open)
-      open_loop(cl, c, plan, o, next, t0, stop_at, st);
-    else
-      closed_loop(cl, plan, o, next, t0, stop_at, st);
-  });
+  std::atomic<bool> searches_done{false};
+  std::exception_ptr insert_error;
+  std::thread inserting;
+  if (inserter)
+    inserting = std::thread([&] {
+      try {
+        inserter->run(t0, stop_at, searches_done);
+      } catch (...) {
+        insert_error = std::current_exception();
+      }
+    });
+  try {
+    run.per = on_clients(clients, [&](Client& cl, size_t c, Stats& st) {
+      if (open)
+        open_loop(cl, c, plan, o, next, t0, stop_at, st);
+      else
+        closed_loop(cl, plan, o, next, t0, stop_at, st);
+    });
+  } catch (...) {
+    searches_done.store(true);
+    if (inserting.joinable()) inserting.join();
+    throw;
+  }
   const auto end = Clock::now();
+  searches_done.store(true);
+  if (inserting.joinable()) inserting.join();
+  if (insert_error) std::rethrow_exception(insert_error);
   for (const auto& s : run.per) run.all.merge(s);
   run.t0 = t0;
   run.wall = secs((run.all.last_done > t0 ? run.all.last_done : end) - t0);
@@ -274,8 +326,8 @@ int main(int argc, char** argv) {
       "Queries: the workload's measured queries in order, --batch per request (cycled when --requests or --seconds "
       "asks for more than one pass); the warm-up requests take its warm-up queries. A closed-loop client waits 10 ms "
       "after an UNAVAILABLE answer (a target gone). Token: --token-file or "
-      "DMHNSW_TOKEN, sent as call metadata dmhnsw-token. Exit status: 0 when every measured request was answered, "
-      "2 when some failed (the report is written all the same), 1 when the run could not be made (a bad flag, a "
+      "DMHNSW_TOKEN, sent as call metadata dmhnsw-token. Exit status: 0 when every measured request was answered "
+      "(and, with --insert-data, every insert acknowledged and found by itself afterwards), 2 when some failed (the report is written all the same), 1 when the run could not be made (a bad flag, a "
       "target not reachable, ...).");
   Options o;
   std::string targets;
@@ -296,14 +348,33 @@ int main(int argc, char** argv) {
     std::vector<Client> clients = make_clients(o);
     print_header(o, infos);
     const json warm_json = warm_up(clients, wl, o);
-    Run run = measure(clients, wl, o);
-    const json report = make_report(o, wl, infos, clients, run, warm_json);
+    std::optional<Inserter> inserter;
+    if (!o.insert_data.empty()) inserter.emplace(o, make_channel(o.targets[0]));
+    Run run = measure(clients, wl, o, inserter ? &*inserter : nullptr);
+    json report = make_report(o, wl, infos, clients, run, warm_json);
     print_report(o, report, run.all);
+    uint64_t insert_failures = 0;
+    if (inserter) {
+      inserter->verify();
+      report["inserts"] = inserter->report();
+      insert_failures = inserter->error_count() + inserter->missing();
+      const json& r = report["inserts"];
+      std::printf("inserts: %llu requests, %llu rows acknowledged, %llu failed; searched by themselves: %llu found, "
+                  "%llu missing\n",
+                  static_cast<unsigned long long>(r["requests"].get<uint64_t>()),
+                  static_cast<unsigned long long>(r["rows_acknowledged"].get<uint64_t>()),
+                  static_cast<unsigned long long>(r["errors"].get<uint64_t>()),
+                  static_cast<unsigned long long>(r["verify"]["found"].get<uint64_t>()),
+                  static_cast<unsigned long long>(r["verify"]["missing"].get<uint64_t>()));
+      for (const auto& [code, e] : r["errors_by_code"].items())
+        spdlog::warn("inserts: {} x {}, first: {}", e["count"].get<uint64_t>(), code,
+                     e["first_message"].get<std::string>());
+    }
     if (!o.json_out.empty()) {
       write_json_file(o.json_out, report, "--json");
       std::printf("wrote %s\n", o.json_out.c_str());
     }
-    return run.all.error_count() > 0 ? 2 : 0;
+    return run.all.error_count() > 0 || insert_failures > 0 ? 2 : 0;
   } catch (const std::exception& e) {
     spdlog::error("{}", e.what());
     return 1;

@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "common/dataset.hpp"
 #include "common/workload.hpp"
 #include "dmhnsw.grpc.pb.h"
 
@@ -40,6 +41,11 @@ struct Options {
   double rate = 0, seconds = 0, connect_timeout = 5, deadline = 10;
   uint64_t requests = 0, warmup_requests = 0, seed = 1;
   bool seconds_given = false, requests_given = false, warmup_given = false;
+  // the inserter (inserts.cpp)
+  std::string insert_data;
+  uint64_t insert_begin = 0, insert_first_id = 0;
+  uint32_t insert_batch = 10, insert_verify_ef = 200, insert_verify_probe = 0;
+  double insert_rate = 0;
 };
 
 /// Which workload rows the requests carry: request r holds the queries at stream positions
@@ -120,6 +126,33 @@ void closed_loop(Client& cl, const Plan& plan, const Options& o, std::atomic<uin
 /// client's own completion queue in between.
 void open_loop(Client& cl, size_t index, const Plan& plan, const Options& o, std::atomic<uint64_t>& next_request,
                Clock::time_point t0, Clock::time_point stop_at, Stats& st);
+
+// ---- inserts.cpp: Insert requests beside the searches, and the check of what was acknowledged
+
+class Inserter {
+ public:
+  /// Reads --insert-data (throws naming the flag); `channel`: a connection of its own.
+  Inserter(const Options& o, std::shared_ptr<grpc::Channel> channel);
+  /// Rows --insert-begin.. in order, --insert-batch per request with ids --insert-first-id +
+  /// row, closed loop or --insert-rate requests/s, until the rows, the time or the searches end.
+  void run(Clock::time_point t0, Clock::time_point stop_at, const std::atomic<bool>& searches_done);
+  /// Searches every acknowledged row (k 1): each must answer its own id.
+  void verify();
+  uint64_t error_count() const;
+  uint64_t missing() const { return verified_ ? acked_.size() - found_ : 0; }
+  json report();
+
+ private:
+  const Options& o_;
+  std::unique_ptr<pb::Search::Stub> stub_;
+  FloatMatrix rows_;
+  std::vector<uint64_t> acked_;  // rows the service acknowledged
+  std::vector<double> latency_us_;
+  std::map<std::string, ErrorInfo> errors_;
+  uint64_t requests_ = 0, found_ = 0;
+  std::vector<int64_t> missing_ids_;  // the first few
+  bool verified_ = false;
+};
 
 // ---- report.cpp: the measurement's report
 
