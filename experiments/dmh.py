@@ -60,9 +60,10 @@ def transient_failure(err):
 
 
 class Memnodes:
-    """N memnodes on loopback, stopped on exit."""
+    """N memnodes on loopback, stopped on exit; with replicas R, N ids x R copies
+    (`memnode --id I --replicas R --copy C`), copy C of id I at procs[I * R + C]."""
 
-    def __init__(self, n, provider="shm", region="1GiB", workdir=None, load=None, args=()):
+    def __init__(self, n, provider="shm", region="1GiB", workdir=None, load=None, args=(), replicas=1):
         """load: one region image per memnode (memnode i serves load[i], written by
         `computenode build --store-index`); n may then be None (len(load) memnodes).
         args: more memnode flags, e.g. ["--relay-timeout-ms", 60000]."""
@@ -73,28 +74,56 @@ class Memnodes:
                 raise ValueError(f"Memnodes: {n} memnodes but {len(load)} images")
         self.dir = Path(workdir or tempfile.mkdtemp(prefix="dmh-mn-"))
         self.dir.mkdir(parents=True, exist_ok=True)
-        self.procs, self.addrs = [], []
-        for i in range(n):
-            ready = self.dir / f"memnode{i}.addr"
-            ready.unlink(missing_ok=True)
-            log = open(self.dir / f"memnode{i}.log", "w")
-            cmd = [str(BIN / "memnode"), "--id", str(i), "--provider", provider, "--listen", "127.0.0.1:0",
-                   "--region", region, "--ready-file", str(ready)]
-            if load is not None:
-                cmd += ["--load", str(load[i])]
-            cmd += [str(x) for x in args]
-            self.procs.append(subprocess.Popen(cmd, stdout=log, stderr=log))
-            log.close()
-        for i in range(n):
-            ready = self.dir / f"memnode{i}.addr"
-            deadline = time.time() + 60
-            while not (ready.exists() and ready.read_text().strip()):
-                if self.procs[i].poll() is not None or time.time() > deadline:
-                    self.close()
-                    raise RuntimeError(f"memnode {i} did not start: {(self.dir / f'memnode{i}.log').read_text()}")
-                time.sleep(0.05)
-            self.addrs.append(ready.read_text().strip())
+        self.provider, self.region, self.replicas, self.args = provider, region, replicas, [str(x) for x in args]
+        self.procs, self.addrs, self.retired = [], [], []
+        for i in range(n * replicas):
+            self.procs.append(self._start(i, load[i // replicas] if load is not None else None))
+        for i in range(n * replicas):
+            self.addrs.append(self._wait_ready(i))
         self.list = ",".join(self.addrs)
+
+    def _name(self, i):
+        return f"memnode{i}" if self.replicas == 1 else f"memnode{i // self.replicas}c{i % self.replicas}"
+
+    def _start(self, i, load=None, listen="127.0.0.1:0", rejoin=False):
+        ready = self.dir / f"{self._name(i)}.addr"
+        ready.unlink(missing_ok=True)
+        log = open(self.dir / f"{self._name(i)}.log", "a" if rejoin else "w")  # a replacement appends
+        cmd = [str(BIN / "memnode"), "--id", str(i // self.replicas), "--provider", self.provider, "--listen", listen,
+               "--region", self.region, "--ready-file", str(ready)]
+        if self.replicas > 1:
+            cmd += ["--replicas", str(self.replicas), "--copy", str(i % self.replicas)]
+        if rejoin:
+            cmd += ["--rejoin"]
+        if load is not None:
+            cmd += ["--load", str(load)]
+        cmd += self.args
+        p = subprocess.Popen(cmd, stdout=log, stderr=log)
+        log.close()
+        return p
+
+    def _wait_ready(self, i):
+        ready = self.dir / f"{self._name(i)}.addr"
+        deadline = time.time() + 60
+        while not (ready.exists() and ready.read_text().strip()):
+            if self.procs[i].poll() is not None or time.time() > deadline:
+                self.close()
+                raise RuntimeError(f"{self._name(i)} did not start: {(self.dir / f'{self._name(i)}.log').read_text()}")
+            time.sleep(0.05)
+        return ready.read_text().strip()
+
+    def kill(self, i):
+        """SIGKILL of physical memnode i (copy i % R of id i // R)."""
+        self.procs[i].kill()
+        self.procs[i].wait()
+        self.retired.append(self.procs[i])
+
+    def replace(self, i):
+        """A new, empty memnode in dead copy i's place (`memnode --rejoin` at its address): the
+        running computenodes connect it, `computenode rejoin` fills it (docs/replication.md)."""
+        self.procs[i] = self._start(i, listen=self.addrs[i], rejoin=True)
+        self._wait_ready(i)
+        return self.procs[i]
 
     def close(self):
         for p in self.procs:
@@ -106,7 +135,7 @@ class Memnodes:
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait()
-        shm_cleanup([p.pid for p in self.procs])
+        shm_cleanup([p.pid for p in self.procs + self.retired])
 
     def __enter__(self):
         return self

@@ -13,11 +13,18 @@ relay, and leave. Each minute a sampler thread reads every long-lived process (t
 querier): RSS, the RSS outside the memnode's region mapping, open fds, threads.
 The binaries are copied first, so a rebuild of build/ during the hour changes nothing.
 
-  experiments/soak/run.py [--minutes 60] [--out experiments/soak]
+With --replicas R each memnode id is a replica set of R copies (docs/replication.md), and with
+--kill-every M a killer thread, every M minutes, SIGKILLs one random copy of one of the two
+clusters (in turn), starts a new `memnode --rejoin` at its address after --replace-after seconds
+and fills it with `computenode rejoin`, while the rounds and the querier go on; each such event
+(what was killed, the rejoin's report) is recorded, and any failed round is a failure as before.
+
+  experiments/soak/run.py [--minutes 60] [--replicas 2 --kill-every 10] [--out experiments/soak]
 """
 import argparse
 import json
 import os
+import random
 import shutil
 import subprocess
 import sys
@@ -35,8 +42,14 @@ BIG = dmh.DATA / "bigann10k"
 ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
 ap.add_argument("--minutes", type=float, default=60)
 ap.add_argument("--inserts-per-minute", type=int, default=150, help="inserts per round")
+ap.add_argument("--replicas", type=int, default=1, help="copies per memnode id (replica sets)")
+ap.add_argument("--kill-every", type=float, default=0,
+                help="minutes between SIGKILLs of a random memnode copy, each replaced and rejoined (needs --replicas >= 2)")
+ap.add_argument("--replace-after", type=float, default=20, help="seconds a killed copy stays dead before its replacement")
 ap.add_argument("--out", default=str(HERE))
 args = ap.parse_args()
+if args.kill_every > 0 and args.replicas < 2:
+    ap.error("--kill-every needs --replicas 2 or more (with one copy a kill loses the index)")
 
 work = Path(tempfile.mkdtemp(prefix="dmh-soak-"))
 (work / "bin").mkdir()
@@ -88,8 +101,9 @@ def proc_sample(pid, region_bytes=None):
 REGION = {"dhnsw": 1 << 30, "shine": 512 << 20}
 samples, rounds_out, failures = [], [], []
 t_start = time.time()
-with dmh.Memnodes(2, PROVIDER, "1GiB", work / "mn-dhnsw") as mnd, \
-        dmh.Memnodes(2, PROVIDER, "512MiB", work / "mn-shine") as mns:
+kills = []
+with dmh.Memnodes(2, PROVIDER, "1GiB", work / "mn-dhnsw", replicas=args.replicas) as mnd, \
+        dmh.Memnodes(2, PROVIDER, "512MiB", work / "mn-shine", replicas=args.replicas) as mns:
     dmh.log("building both indexes")
     dmh.run(cn(mnd, "dhnsw", 0, 1, "build", "--data", base, "--metric", "l2", "--partitions", 20, "--internal-gap", 0.2,
                "--overflow-gap", 0.2, "--report", work / "dhnsw-build.json"))
@@ -100,18 +114,67 @@ with dmh.Memnodes(2, PROVIDER, "1GiB", work / "mn-dhnsw") as mnd, \
                                   "--threads", 1, "--mix", "insert:0", "--repeat-seconds", args.minutes * 60,
                                   "--report", work / "querier.json"), stdout=qlog, stderr=qlog)
     t0 = time.time()
-    procs = {f"dhnsw memnode {i}": (p, REGION["dhnsw"]) for i, p in enumerate(mnd.procs)}
-    procs.update({f"shine memnode {i}": (p, REGION["shine"]) for i, p in enumerate(mns.procs)})
-    procs["dhnsw querier"] = (querier, None)
+    R = args.replicas
+
+    def procs_now():
+        """The long-lived processes now (a replaced memnode is sampled under its copy's name)."""
+        name = (lambda i: f"{i}") if R == 1 else (lambda i: f"{i // R} copy {i % R}")
+        out = {f"dhnsw memnode {name(i)}": (p, REGION["dhnsw"]) for i, p in enumerate(mnd.procs)}
+        out.update({f"shine memnode {name(i)}": (p, REGION["shine"]) for i, p in enumerate(mns.procs)})
+        out["dhnsw querier"] = (querier, None)
+        return out
+
     done = threading.Event()
+    replacing = set()  # physical memnodes killed and not yet replaced: not sampled, not a failure
+
+    def killer():
+        """Every --kill-every minutes: a random copy of one cluster (in turn) SIGKILLed, replaced
+        after --replace-after s by a new memnode at its address, filled by `computenode rejoin`."""
+        k = 0
+        while not done.wait(max(0.0, t0 + 60 * args.kill_every * (k + 1) - time.time())):
+            if time.time() > t0 + args.minutes * 60 - 120:  # no kill the run cannot see through
+                return
+            mn, mode = (mnd, "dhnsw") if k % 2 == 0 else (mns, "shine")
+            i = random.Random(k).randrange(len(mn.procs))
+            ev = {"n": k, "cluster": mode, "memnode": i // R, "copy": i % R, "killed_at_s": time.time() - t0}
+            replacing.add((mode, i))
+            mn.kill(i)
+            dmh.log(f"killer: SIGKILL of {mode} memnode {i // R} copy {i % R}")
+            if done.wait(args.replace_after):
+                return
+            try:
+                mn.replace(i)
+                ev["replaced_at_s"] = time.time() - t0
+                rep = work / f"rejoin{k}.json"
+                p = subprocess.run(cn(mn, mode, 3, 4, "rejoin", "--memnode", i // R, "--copy", i % R, "--report", rep),
+                                   capture_output=True, text=True, timeout=600)
+                ev["rejoin_code"] = p.returncode
+                if p.returncode == 0:
+                    r = json.loads(Path(f"{rep}.cn3").read_text())  # computenode i > 0 writes REPORT.cn<i>
+                    ev["rejoin"] = {x: r.get(x) for x in ("first_pass_gbytes_per_s", "frozen_ms", "passes",
+                                                          "recopied_bytes", "seconds")}
+                else:
+                    failures.append({"what": f"rejoin of {mode} memnode {i // R} copy {i % R}",
+                                     "code": p.returncode, "tail": (p.stdout + p.stderr)[-2000:]})
+            except (RuntimeError, subprocess.TimeoutExpired) as e:
+                failures.append({"what": f"replacing {mode} memnode {i // R} copy {i % R}", "tail": str(e)[-2000:]})
+            finally:
+                replacing.discard((mode, i))
+            ev["rejoined_at_s"] = time.time() - t0
+            kills.append(ev)
+            dmh.log(f"killer: {json.dumps(ev)}")
+            k += 1
 
     def sampler():
         """Every minute: each long-lived process's memory, fds and threads."""
         while not done.wait(max(0.0, t0 + 60 * (len(samples) + 1) - time.time())):
             row = {"minute": len(samples) + 1, "t_s": time.time() - t0, "load": os.getloadavg()[0], "procs": {}}
-            for name, (proc, region) in procs.items():
+            dying = {proc for mode, i in list(replacing) for proc in [(mnd if mode == "dhnsw" else mns).procs[i]]}
+            for name, (proc, region) in procs_now().items():
                 try:
                     if proc is querier and proc.poll() == 0:  # its time is up: not a failure
+                        continue
+                    if proc in dying:  # killed on purpose, its replacement not started yet
                         continue
                     if proc.poll() is not None:
                         raise OSError("exited")
@@ -124,6 +187,9 @@ with dmh.Memnodes(2, PROVIDER, "1GiB", work / "mn-dhnsw") as mnd, \
 
     st = threading.Thread(target=sampler, daemon=True)
     st.start()
+    kt = threading.Thread(target=killer, daemon=True)
+    if args.kill_every > 0:
+        kt.start()
     r = 0
     while time.time() < t0 + args.minutes * 60 - 30 and 2 * args.inserts_per_minute * (r + 1) <= pool_rows:
         row = {"round": r, "t_s": time.time() - t0}
@@ -162,6 +228,8 @@ with dmh.Memnodes(2, PROVIDER, "1GiB", work / "mn-dhnsw") as mnd, \
     querier.wait(timeout=600)
     done.set()
     st.join()
+    if kt.is_alive():
+        kt.join()
     qlog.close()
     q = json.loads((work / "querier.json").read_text()) if querier.returncode == 0 else None  # a mixed report
     if q is not None:  # every batch stays in the work dir's querier.json; results.json keeps minutes
@@ -170,14 +238,17 @@ with dmh.Memnodes(2, PROVIDER, "1GiB", work / "mn-dhnsw") as mnd, \
     else:
         failures.append({"what": "dhnsw querier", "code": querier.returncode,
                          "tail": (work / "querier.log").read_text()[-2000:]})
-    memnode_errors = {d.name: sum(1 for l in (d / f"memnode{i}.log").read_text().splitlines() if "[error]" in l)
-                      for d in (work / "mn-dhnsw", work / "mn-shine") for i in range(2)}
+    memnode_errors = {f"{d.name}/{log.stem}": sum(1 for l in log.read_text().splitlines() if "[error]" in l)
+                      for d in (work / "mn-dhnsw", work / "mn-shine") for log in sorted(d.glob("memnode*.log"))}
 
 result = {"minutes": args.minutes, "rounds": rounds_out, "provider": PROVIDER, "inserts_per_minute": args.inserts_per_minute,
+          "replicas": args.replicas, "kill_every_min": args.kill_every, "kills": kills,
           "wall_s": time.time() - t_start, "samples": samples, "failures": failures,
           "querier": q, "memnode_error_lines": memnode_errors,
           "command": dmh.command_line(), "work": str(work)}
 out = Path(args.out)
 out.mkdir(parents=True, exist_ok=True)
-(out / "results.json").write_text(json.dumps(result, indent=1) + "\n")
-print(f"{len(samples)} samples, {len(rounds_out)} rounds, {len(failures)} failures; work dir {work}")
+name = "results.json" if args.replicas == 1 else f"results-replicas{args.replicas}.json"
+(out / name).write_text(json.dumps(result, indent=1) + "\n")
+print(f"{len(samples)} samples, {len(rounds_out)} rounds, {len(kills)} kills, {len(failures)} failures; "
+      f"work dir {work}; {out / name}")
