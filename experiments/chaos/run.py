@@ -303,7 +303,7 @@ def one_run(phase, fault, k):
             m = re.findall(r"(\d+) / \d+ acknowledged", p.text())
             n = int(m[-1]) if m else 0
             rep = logdir / f"ins{i}.json"
-            if R > 1 and not rep.exists():  # with --num-cns > 1 the report is named after the cn id
+            if not rep.exists():  # computenode i > 0 writes REPORT.cn<i>, whatever R
                 rep = logdir / f"ins{i}.json.cn{1 + i}"
             if p.poll() == 0 and rep.exists():
                 n = json.loads(rep.read_text())["insert"]["inserted"]
