@@ -60,6 +60,10 @@ HERE = Path(__file__).resolve().parent
 SET = "bigann10k"
 
 ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+ap.add_argument("--set", default="bigann10k", choices=["bigann10k", "wordnet"],
+                help="data set (default %(default)s; wordnet: 50,000 x 384 sentence embeddings)")
+ap.add_argument("--dhnsw-built", type=int, default=None,
+                help="rows of the d-HNSW build; the next 2,000 are inserted (default: all but the last 2,000)")
 ap.add_argument("--bin", default=str(dmh.BIN), help="binaries (default %(default)s)")
 ap.add_argument("--work", default="/tmp/dmh-replication", help="reports and logs (default %(default)s)")
 ap.add_argument("--out", default=None, help="results.json/results.md/replication.png (default: this folder; "
@@ -299,7 +303,9 @@ def retried(fn, what, d, attempts=3):
             dmh.log(f"  retrying {what}: {why} (logs: {keep})")
 
 
+SET = a.set
 base, _, _, metric = dmh.dataset_files(SET, work)
+BUILT = a.dhnsw_built if a.dhnsw_built is not None else {"bigann10k": 8000, "wordnet": 48000}[SET]
 wl = dmh.shine_workload(SET, work, "uniform", 1000, 100, 5)
 wl_dhnsw = dmh.shine_workload(SET, work, "uniform", a.dhnsw_queries, 1000, 5)
 wl_small = dmh.shine_workload(SET, work, "uniform", a.image_query_count, 30, 5)
@@ -334,13 +340,13 @@ def shine_trial(r, tag):
 
 
 def dhnsw_trial(r, tag):
-    """Fresh R-copy memnodes: d-HNSW build of 8,000 rows, insert of the other 2,000, query."""
+    """Fresh R-copy memnodes: d-HNSW build of BUILT rows (8,000 of bigann10k), insert of the next 2,000, query."""
     d = work / "throughput" / tag / "dhnsw"
     def go(k):
         with Cluster(a.memnode_ids, r, a.provider, a.region, d / f"mn{k}") as mn:
-            b = computenode(mn, "dhnsw", a.provider, "build", ["--data", base, "--metric", metric, "--max-elements", 8000],
+            b = computenode(mn, "dhnsw", a.provider, "build", ["--data", base, "--metric", metric, "--max-elements", BUILT],
                             d / "build.json", d / "build.log")
-            i = computenode(mn, "dhnsw", a.provider, "insert", ["--data", base, "--begin", 8000],
+            i = computenode(mn, "dhnsw", a.provider, "insert", ["--data", base, "--begin", BUILT, "--end", BUILT + 2000],
                             d / "insert.json", d / "insert.log")
             q = computenode(mn, "dhnsw", a.provider, "query",
                             ["--workload", wl_dhnsw, "--k", 10, "--ef-search", 64, "--probe", 2, "--batch", 1000,
