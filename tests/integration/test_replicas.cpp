@@ -194,6 +194,7 @@ struct DhnswLoad {
   std::string provider;
   std::unique_ptr<Proc> querier;
   std::vector<std::unique_ptr<Proc>> inserters;
+  int querier_qps = 100;  // the querier's arrival rate: one pass of its 450 queries lasts 450 / qps s
 
   std::vector<std::string> cn(int id, int k, std::vector<std::string> rest) const {
     return computenode_args("dhnsw", provider, s.list(), id, k, rest);
@@ -206,7 +207,7 @@ struct DhnswLoad {
     REQUIRE(b.code == 0);
     querier = std::make_unique<Proc>(
         cn(0, 1, {"query", "--workload", d.wl, "--k", "10", "--batch", "16", "--probe", "3", "--ef-search", "64",
-                  "--arrival-qps", "100", "--max-wait-us", "20000"}),
+                  "--arrival-qps", std::to_string(querier_qps), "--max-wait-us", "20000"}),
         dir.file("during.log"));
     REQUIRE(wait_for_output(*querier, "d-HNSW index", seconds(30)));
     for (int i = 0; i < 2; ++i)
@@ -351,6 +352,7 @@ TEST_CASE("replica sets: a new memnode rejoins while d-HNSW inserts go on, then 
       TempDir dir;
       Sets s(dir, 2, 2, provider);
       DhnswLoad load{d, dir, s, provider, {}, {}};
+      load.querier_qps = 20;  // ~22 s: it must see the replacement join and become a full copy
       load.start();
       // Memnode 0's second copy dies as the inserts begin; a new memnode takes its address.
       s.kill_when(0, 1, *load.inserters[0], "starting an online rebuild");
@@ -358,7 +360,7 @@ TEST_CASE("replica sets: a new memnode rejoins while d-HNSW inserts go on, then 
       Proc fresh({bin("memnode"), "--listen", addr, "--id", "0", "--replicas", "2", "--copy", "1", "--rejoin",
                   "--provider", provider, "--region", "128MiB"},
                  dir.file("memnode0c1-new.log"));
-      REQUIRE(wait_for_output(*load.querier, "a new memnode took its place", seconds(20)));
+      REQUIRE(wait_for_output(*load.querier, "a new memnode took its place", seconds(60)));
       // It is filled while the inserts go on, and becomes a full copy for everyone.
       auto rj = run(load.cn(3, 4, {"rejoin", "--memnode", "0", "--copy", "1", "--report", dir.file("rejoin.json")}), dir,
                     "rejoin", seconds(120));
@@ -368,6 +370,7 @@ TEST_CASE("replica sets: a new memnode rejoins while d-HNSW inserts go on, then 
       WARN(provider << ": rejoin copied " << rep["first_pass_bytes"] << " bytes at " << rep["first_pass_gbytes_per_s"]
                     << " GB/s, " << rep["passes"] << " pass(es) over " << rep["recopied_bytes"]
                     << " changed bytes, frozen " << rep["frozen_ms"] << " ms");
+      INFO(load.querier->output());
       REQUIRE(wait_for_output(*load.querier, "rejoined its set", seconds(30)));
       // The original copy dies: the new one holds everything.
       s.at(0, 0).proc->signal(SIGKILL);
@@ -409,7 +412,7 @@ TEST_CASE("replica sets: a copy stopped and resumed stays out, also for a comput
               .code == 0);
   auto self = run(cn({"query", "--workload", dir.file("self.wl"), "--k", "1", "--ef-search", "400", "--threads", "1",
                       "--coroutines", "4", "--report", dir.file("self.json")}),
-                  dir, "q-self", seconds(60));
+                  dir, "q-self", seconds(180));
   INFO(self.output);
   REQUIRE(self.code == 0);
   CHECK_THAT(self.output, Contains("memnode 1 copy 0") && Contains("found dead by another computenode"));
