@@ -29,9 +29,13 @@ void Relay::gone(uint32_t cn, const std::string& why) {
   it->second.alive = false;
   ++stats_.gone;
   if (!it->second.left) spdlog::warn("relay: computenode {} is gone: {}", cn, why);
+  // Only members that were there while it was: a record that times out after its computenode's
+  // run ended (its Leave lost) is not news to the computenodes of the next run, which joined
+  // after it last spoke (they would stop waiting for the new computenode of that id).
   auto note = relay::encode(Type::Gone, cn, relay::kAll, it->second.num_cns, 0, why.data(), why.size(), id_, copy_);
   for (auto& [other, m] : members_)
-    if (other != cn && m.alive && other < it->second.num_cns) send_(m.handle, note);
+    if (other != cn && m.alive && other < it->second.num_cns && m.joined <= it->second.last_seen)
+      send_(m.handle, note);
   try_release();
 }
 
@@ -93,7 +97,7 @@ bool Relay::on_message(const std::vector<char>& payload, uint64_t sender, Clock:
     case Type::Join: {
       if (h.num_cns == 0 || h.num_cns > relay::kMaxCns || h.from_cn >= h.num_cns) return true;
       Member& m = members_[h.from_cn];
-      m = Member{sender, h.num_cns, now, true, false};
+      m = Member{sender, h.num_cns, now, true, false, now};
       // A join may start a new run: earlier arrivals of this id, and those of members that are
       // not alive (left or silent: computenodes of an earlier run), do not count (a stale
       // arrival at barrier 0 would release the new run before all its computenodes joined).

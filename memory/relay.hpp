@@ -43,6 +43,7 @@ class Relay {
     Clock::time_point last_seen;
     bool alive = false;
     bool left = false;  // clean Leave
+    Clock::time_point joined{};
   };
   void gone(uint32_t cn, const std::string& why);
   void try_release();

@@ -377,6 +377,37 @@ TEST_CASE("relay: at seq >= 1 a member silent for longer than the timeout is gon
   }
 }
 
+TEST_CASE("relay: a record of an earlier run that times out is not reported to the next run's computenodes",
+          "[relay]") {
+  Rig g(1000ms);
+  g.join(0, 2, ep(0), 0ms);
+  g.join(1, 2, ep(1), 0ms);
+  g.heartbeat(0, 2, 500ms);
+  REQUIRE(g.msg(ep(1), Type::Leave, 1, relay::kAll, 2, 0, {}, 500ms));  // computenode 1 left cleanly
+  g.take();  // its Gone ("left") to computenode 0
+  // Computenode 0's Leave never arrived. The next run's computenode 1 joins before the next
+  // computenode 0 does; the old record of 0 then times out.
+  g.join(1, 2, ep(1, 1), 1200ms);
+  for (auto t : {1250ms, 1400ms, 1510ms}) g.r.tick(g.at(t));  // 0 silent since 500 ms
+  CHECK_FALSE(g.r.alive(0));
+  CHECK(g.take().empty());  // not news to the new computenode 1: it would stop waiting for the new 0
+  g.join(0, 2, ep(0, 1), 1600ms);
+  CHECK(g.r.alive(0));
+  // A member of the same run (it joined before the silent one last spoke) is still told.
+  g.heartbeat(1, 2, 1700ms, ep(1, 1));
+  for (auto t : {1750ms, 2000ms, 2250ms, 2500ms}) {  // ticks close enough that no stall is assumed
+    g.heartbeat(0, 2, t, ep(0, 1));
+    g.r.tick(g.at(t));
+  }
+  CHECK(g.take().empty());
+  g.r.tick(g.at(2701ms));  // 1 silent since 1700 ms
+  auto out = g.take();
+  REQUIRE(out.size() == 1);
+  CHECK(out[0].to == ep(0, 1));
+  CHECK(out[0].type() == Type::Gone);
+  CHECK(out[0].h.from_cn == 1);
+}
+
 TEST_CASE("relay: at seq 0 a dead member of an earlier run does not release the barrier early", "[relay]") {
   // The race: the computenodes of a new run start one by one; computenode 0 arrives at
   // barrier 0 before computenode 1's Join reaches the relay, while the relay still holds
