@@ -85,6 +85,17 @@ class ReplicaWatch {
     return dead;
   }
 
+  /// The join word of physical memnode `p` (set by `memnode --rejoin`, cleared by the copier
+  /// when the copy is full); a copy that cannot be read counts as joining.
+  bool still_joining(uint16_t p) {
+    try {
+      pep_->read(RemotePtr(p, kJoinWordOffset), word_.data(), 8);
+      return *word_.as<uint64_t>() != 0;
+    } catch (const FabricError&) {
+      return true;
+    }
+  }
+
   /// A copy seen dead whose place a new memnode took (the physical cluster revived it) joins.
   void revived(uint16_t l) {
     for (unsigned c = 0; c < c_.copies(); ++c) {
@@ -130,7 +141,11 @@ class ReplicaWatch {
       if (b.magic == kRejoinMagic && b.done_copy > 0 && b.done_copy <= c_.copies()) {
         const uint16_t p = c_.phys(l, static_cast<unsigned>(b.done_copy - 1));
         uint8_t joining = ReplicatedCluster::kJoining;
-        if (c_.p_->alive(p) && c_.state_[p].compare_exchange_strong(joining, ReplicatedCluster::kLive)) {
+        // done_copy stays in the block after a rejoin: a copy killed again and replaced by a new,
+        // empty memnode would pass for full. The copier clears the copy's own join word last,
+        // so a copy still joining is one whose join word reads non-zero.
+        const bool full = !(c_.state_[p].load() == joining && c_.p_->alive(p) && still_joining(p));
+        if (full && c_.p_->alive(p) && c_.state_[p].compare_exchange_strong(joining, ReplicatedCluster::kLive)) {
           c_.rejoins_.fetch_add(1);
           spdlog::info("memnode {} copy {} ({}): rejoined its set, a full copy again", l, b.done_copy - 1,
                        c_.phys_info(l, static_cast<unsigned>(b.done_copy - 1)).address);

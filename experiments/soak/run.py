@@ -131,7 +131,8 @@ with dmh.Memnodes(2, PROVIDER, "1GiB", work / "mn-dhnsw", replicas=args.replicas
         """Every --kill-every minutes: a random copy of one cluster (in turn) SIGKILLed, replaced
         after --replace-after s by a new memnode at its address, filled by `computenode rejoin`."""
         k = 0
-        while not done.wait(max(0.0, t0 + 60 * args.kill_every * (k + 1) - time.time())):
+        # 30 s past the minute: not at the instant the sampler reads every process
+        while not done.wait(max(0.0, t0 + 60 * args.kill_every * (k + 1) + 30 - time.time())):
             if time.time() > t0 + args.minutes * 60 - 120:  # no kill the run cannot see through
                 return
             mn, mode = (mnd, "dhnsw") if k % 2 == 0 else (mns, "shine")
