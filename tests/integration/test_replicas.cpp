@@ -344,7 +344,7 @@ TEST_CASE("replica sets: R = 3 survives two kills of one set, and the third fail
                               Contains("copy 1 (" + s.at(1, 1).address + ")"));
 }
 
-TEST_CASE("replica sets: a new memnode rejoins while d-HNSW inserts go on, then the other copy dies and nothing is lost",
+TEST_CASE("replica sets: a new memnode rejoins twice while d-HNSW inserts go on, then the other copy dies and nothing is lost",
           "[integration][replicas][rejoin]") {
   for (std::string provider : {"tcp", "cxl"}) {
     DYNAMIC_SECTION(provider) {
@@ -372,7 +372,24 @@ TEST_CASE("replica sets: a new memnode rejoins while d-HNSW inserts go on, then 
                     << " changed bytes, frozen " << rep["frozen_ms"] << " ms");
       INFO(load.querier->output());
       REQUIRE(wait_for_output(*load.querier, "rejoined its set", seconds(30)));
-      // The original copy dies: the new one holds everything.
+      // The new copy dies too, and another empty memnode takes its address: the set's rejoin
+      // block still names copy 1 as done from the first rejoin, which must not make the new one
+      // pass for full (it would be read empty; the second rejoin would find it fenced).
+      fresh.signal(SIGKILL);
+      REQUIRE(fresh.wait(seconds(10)) != 0);
+      std::this_thread::sleep_for(seconds(1));  // seen dead by every computenode (heartbeats, the view)
+      const std::string ready2 = dir.file("memnode0c1-new2.ready");
+      Proc fresh2({bin("memnode"), "--listen", addr, "--id", "0", "--replicas", "2", "--copy", "1", "--rejoin",
+                   "--provider", provider, "--region", "128MiB", "--ready-file", ready2},
+                  dir.file("memnode0c1-new2.log"));
+      for (int i = 0; i < 1000 && !std::filesystem::exists(ready2) && fresh2.running(); ++i)
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));  // waiting for a child to listen
+      REQUIRE(std::filesystem::exists(ready2));
+      auto rj2 = run(load.cn(3, 4, {"rejoin", "--memnode", "0", "--copy", "1", "--ack-timeout", "30"}), dir, "rejoin2",
+                     seconds(120));
+      INFO(rj2.output);
+      REQUIRE(rj2.code == 0);
+      // The original copy dies: the newest one holds everything.
       s.at(0, 0).proc->signal(SIGKILL);
       CHECK(load.wait_inserters() == 600);
       const int qc = load.querier->wait(seconds(300));
