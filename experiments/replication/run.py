@@ -491,6 +491,25 @@ try:
                 "errors": r["errors"], "errors_by_code": r["errors_by_code"], "recall": r["recall"],
                 "latency_us": r["latency_us"], "seconds": r["seconds"]}
 
+    def one_second_series(addr, d, seconds, background):
+        """SECONDS back-to-back 1-s serve-bench runs (serve-bench's JSON has no time series) while
+        BACKGROUND(t0) runs on a thread; the per-run results, and t0."""
+        segs, t0 = [], time.time()
+        th = threading.Thread(target=background, args=(t0,))
+        th.start()
+        try:
+            for k in range(int(round(seconds))):
+                ts = time.time()
+                p = bench(addr, 1, d / f"seg{k}.json", d / f"seg{k}.log", warmup=100 if k == 0 else 0)
+                s = bench_result(p, d / f"seg{k}.json", d / f"seg{k}.log", start_may_fail=True)
+                if s.get("start_failed"):
+                    time.sleep(max(0.0, ts + 1 - time.time()))  # keep the time axis
+                s.update({"start_s": ts - t0, "end_s": time.time() - t0})
+                segs.append(s)
+        finally:
+            th.join()
+        return segs, t0
+
     def detection(serve_log, t_kill):
         """The serve log's first line declaring memnode 1 copy 0 dead, and its delay after T_KILL."""
         for line in Path(serve_log).read_text().splitlines():
@@ -530,21 +549,7 @@ try:
                         if th:
                             th.join()
                 else:
-                    segs, t0 = [], time.time()
-                    th = threading.Thread(target=killer, args=(t0,))
-                    th.start()
-                    try:
-                        for k in range(int(round(a.serve_seconds))):
-                            ts = time.time()
-                            p = bench(addr, 1, d / f"seg{k}.json", d / f"seg{k}.log", warmup=100 if k == 0 else 0)
-                            s = bench_result(p, d / f"seg{k}.json", d / f"seg{k}.log", start_may_fail=True)
-                            if s.get("start_failed"):
-                                time.sleep(max(0.0, ts + 1 - time.time()))  # keep the time axis
-                            te = time.time()
-                            s.update({"start_s": ts - t0, "end_s": te - t0})
-                            segs.append(s)
-                    finally:
-                        th.join()
+                    segs, t0 = one_second_series(addr, d, a.serve_seconds, killer)
                     res["segments"] = segs
                     res["errors"] = sum(s["errors"] for s in segs)
                     res["requests"] = sum(s["requests"] for s in segs)
@@ -731,20 +736,7 @@ try:
                     finally:
                         th.join()
                 else:
-                    segs, t0 = [], time.time()
-                    th = threading.Thread(target=driver, args=(t0,))
-                    th.start()
-                    try:
-                        for k in range(int(round(a.rejoin_seconds))):
-                            ts = time.time()
-                            p = bench(addr, 1, d / f"seg{k}.json", d / f"seg{k}.log", warmup=100 if k == 0 else 0)
-                            s = bench_result(p, d / f"seg{k}.json", d / f"seg{k}.log", start_may_fail=True)
-                            if s.get("start_failed"):
-                                time.sleep(max(0.0, ts + 1 - time.time()))  # keep the time axis
-                            s.update({"start_s": ts - t0, "end_s": time.time() - t0})
-                            segs.append(s)
-                    finally:
-                        th.join()
+                    segs, t0 = one_second_series(addr, d, a.rejoin_seconds, driver)
                     res["segments"] = segs
                     res["errors"] = sum(s["errors"] for s in segs)
                     res["requests"] = sum(s["requests"] for s in segs)
