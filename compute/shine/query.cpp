@@ -121,7 +121,7 @@ compute::RelayClient::Callbacks QuerySession::relay_callbacks() {
     // The relay took `to` for gone while it is not (a stalled host, or a relay that has not
     // seen it join yet): the message must still arrive, or `to` would wait for it. Resend a
     // while; a computenode really gone is reported gone by the relays and nobody waits for it.
-    if (!ex_.gone(to) && relay_ptr_.load() != nullptr && done_resends_.fetch_add(1) < 2000) {
+    if (!ex_.gone(to) && relay_ptr_.load() != nullptr && bounce_resends_.fetch_add(1) < 2000) {
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
       try {
         relay_ptr_.load()->forward(to, body, len);

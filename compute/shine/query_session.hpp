@@ -123,7 +123,7 @@ class QuerySession {
   nlohmann::json partition_ = nullptr;
   // the relay exchange
   Exchange ex_;
-  std::atomic<uint32_t> done_resends_{0};
+  std::atomic<uint32_t> bounce_resends_{0};
   std::atomic<compute::RelayClient*> relay_ptr_{nullptr};
   std::mutex gone_mu_;
   nlohmann::json gone_list_ = nlohmann::json::array();
