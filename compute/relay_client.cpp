@@ -102,6 +102,11 @@ void RelayClient::send_anywhere(const std::vector<char>& bytes) {
   for (uint16_t i = 0; i < nodes_; ++i) {
     const auto m = static_cast<uint16_t>((start + i) % nodes_);
     if (!net_->alive(m)) continue;
+    {
+      // A relay that has not acked our Join (a copy just revived) drops what we forward.
+      std::lock_guard g(mu_);
+      if (!acks_.count(m)) continue;
+    }
     const Status st = send_to_memnode(m, bytes);
     if (st == Status::Ok) return;
     failed += (failed.empty() ? "" : "; ") + name(m) + ": " + fabric::status_name(st);
@@ -214,6 +219,10 @@ void RelayClient::io_loop() {
         next_beat = Clock::now() + std::chrono::milliseconds(100);
         for (uint16_t i = 0; i < nodes_; ++i) {
           if (!net_->alive(i)) {
+            if (joined_[i]) {
+              std::lock_guard g(mu_);
+              acks_.erase(i);  // a replacement must ack a new Join before it forwards for us
+            }
             joined_[i] = false;
             continue;
           }
