@@ -267,8 +267,8 @@ def _computenodes(mn, provider, num_cns, sub, args, report, logdir, timeout, fai
 
 
 def dataset_files(name, work):
-    """(base, queries, groundtruth, metric) of bigann10k, wordnet or syn100k; generates syn100k
-    into WORK when missing."""
+    """(base, queries, groundtruth, metric) of bigann10k, wordnet, syn100k or syn1m; generates the
+    synthetic sets into WORK when missing."""
     work = Path(work)
     work.mkdir(parents=True, exist_ok=True)
     if name == "bigann10k":
@@ -285,6 +285,17 @@ def dataset_files(name, work):
                     run([BIN / "datagen", "--n", 100000, "--d", 128, "--clusters", 100, "--spread", 0.6, "--seed", 11,
                          "--queries", 1000, "--out-base", base, "--out-queries", q])
                     tmp = gt.with_name(gt.stem + ".tmp" + gt.suffix)  # the suffix names the format
+                    run([BIN / "groundtruth", "--base", base, "--queries", q, "--k", 100, "--metric", "l2",
+                         "--out", tmp])
+                    os.replace(tmp, gt)
+    elif name == "syn1m":  # experiments/scale_1m's data: 1M x 128, 1,000 Gaussian clusters, 10,000 queries
+        base, q, gt, metric = work / "syn1m_base.fvecs", work / "syn1m_query.fvecs", work / "syn1m_gt.ivecs", "l2"
+        if not gt.exists():
+            with file_lock(work / ".syn1m.lock"):
+                if not gt.exists():
+                    run([BIN / "datagen", "--n", 1000000, "--d", 128, "--clusters", 1000, "--spread", 0.6,
+                         "--seed", 21, "--queries", 10000, "--out-base", base, "--out-queries", q])
+                    tmp = gt.with_name(gt.stem + ".tmp" + gt.suffix)
                     run([BIN / "groundtruth", "--base", base, "--queries", q, "--k", 100, "--metric", "l2",
                          "--out", tmp])
                     os.replace(tmp, gt)

@@ -172,9 +172,9 @@ class ReplicaWatch {
     // Acknowledge once what the copier must see has landed.
     const bool frozen = b.phase == kRejoinFrozen;
     const auto until = Clock::now() + kDrainLimit;
-    auto& count = frozen ? s.in_flight : s.in_flight_unmarked;
-    while (count.load() > 0 && Clock::now() < until) std::this_thread::sleep_for(std::chrono::microseconds(200));
-    if (count.load() > 0) return true;  // try again next round
+    auto count = [&] { return c_.in_flight(l, !frozen); };
+    while (count() > 0 && Clock::now() < until) std::this_thread::sleep_for(std::chrono::microseconds(200));
+    if (count() > 0) return true;  // try again next round
     if (frozen && b.copy < c_.copies() && !c_.p_->alive(c_.phys(l, static_cast<unsigned>(b.copy))))
       return true;  // not connected to the joining copy yet: it must take our writes once full
     if (c_.cn_id() < std::size(b.acks)) {

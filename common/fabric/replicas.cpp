@@ -8,7 +8,6 @@
 #include <cstring>
 #include <atomic>
 #include <chrono>
-#include <deque>
 #include <mutex>
 #include <thread>
 
@@ -26,6 +25,13 @@ constexpr auto kPrimarySettle = std::chrono::milliseconds(200);
 // A mirrored COMPARE_SWAP waits this long for the copy to hold its expected value (the copy
 // applies the primary's transitions in order); past it the copy takes the primary's result.
 constexpr auto kMirrorPatience = std::chrono::seconds(2);
+
+// Reads are spread over a set's copies by address, 4 KiB pages hashed to copies: any one
+// computenode's reads use every copy's bandwidth, while each byte is read from one copy only, so
+// a cache in front of the memory (a CXL device's lines in the CPU's caches) holds it once.
+unsigned home_copy(uint64_t offset, unsigned copies) {
+  return static_cast<unsigned>(((offset >> 12) * 0x9E3779B97F4A7C15ull) >> 40) % copies;
+}
 
 bool caller_error(Status s) {
   return s == Status::OutOfBounds || s == Status::BadLocalBuffer || s == Status::UnknownNode || s == Status::Misaligned;
@@ -137,6 +143,25 @@ void ReplicatedCluster::note_dead(uint16_t p) const {
   }
 }
 
+int64_t ReplicatedCluster::in_flight(uint16_t l, bool unmarked_only) const {
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  std::lock_guard lock(counts_mu_);
+  int64_t n = 0;
+  for (const SetCount* c : counts_)
+    n += (unmarked_only ? c[l].unmarked : c[l].in_flight).load(std::memory_order_acquire);
+  return n;
+}
+
+void ReplicatedCluster::enroll(const SetCount* counts) {
+  std::lock_guard lock(counts_mu_);
+  counts_.push_back(counts);
+}
+
+void ReplicatedCluster::withdraw(const SetCount* counts) {
+  std::lock_guard lock(counts_mu_);
+  std::erase(counts_, counts);
+}
+
 ReplicaView ReplicatedCluster::view() const {
   ReplicaView v;
   v.copies = r_;
@@ -153,14 +178,22 @@ ReplicaView ReplicatedCluster::view() const {
 // ---- ReplicatedEndpoint
 
 ReplicatedEndpoint::ReplicatedEndpoint(ReplicatedCluster& c, std::unique_ptr<Endpoint> inner, bool control)
-    : c_(c), inner_(std::move(inner)), control_(control) {}
+    : c_(c), inner_(std::move(inner)), control_(control) {
+  if (control_) return;
+  counts_ = std::make_unique<SetCount[]>(c_.memnodes().size());
+  c_.enroll(counts_.get());
+}
 
 ReplicatedEndpoint::~ReplicatedEndpoint() {
-  for (auto& p : pend_)  // a caller that gave up on its operations: keep the sets' counts right
-    if (p.active && !control_) {
-      c_.set(p.op.remote.node()).in_flight.fetch_sub(1);
-      if (!p.marks && p.op.kind != OpKind::Read) c_.set(p.op.remote.node()).in_flight_unmarked.fetch_sub(1);
-    }
+  // A caller that gave up on its operations: they leave the sets' counts with this endpoint.
+  if (counts_) c_.withdraw(counts_.get());
+}
+
+void ReplicatedEndpoint::uncount(const Pending& p) {
+  if (control_) return;
+  SetCount& n = counts_[p.op.remote.node()];
+  if (p.op.kind != OpKind::Read && !p.marks) add(n.unmarked, -1);
+  add(n.in_flight, -1);
 }
 
 uint32_t ReplicatedEndpoint::open(const Op& op) {
@@ -179,23 +212,20 @@ uint32_t ReplicatedEndpoint::open(const Op& op) {
   ++live_;
   if (!control_ && op.kind != OpKind::Read) {
     // A rejoin in the set: this change is marked when done, so the copier copies its chunks
-    // again. Counted before `marking` is read (both seq_cst): the watcher that sets `marking`
-    // and then reads the count either sees this change or is seen by it.
-    auto& s = c_.set(op.remote.node());
-    s.in_flight_unmarked.fetch_add(1);
-    p.marks = s.marking.load();
-    if (p.marks) s.in_flight_unmarked.fetch_sub(1);
+    // again. Counted before `marking` is read, with a fence between: the watcher that sets
+    // `marking` and then sums the counts either sees this change or is seen by it.
+    std::atomic<int64_t>& n = counts_[op.remote.node()].unmarked;
+    add(n, 1);
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+    p.marks = c_.set(op.remote.node()).marking.load(std::memory_order_relaxed);
+    if (p.marks) add(n, -1);
   }
   return i;
 }
 
 void ReplicatedEndpoint::finish(uint32_t i, Status s) {
   Pending& p = pend_[i];
-  if (!control_) {
-    auto& st = c_.set(p.op.remote.node());
-    if (p.op.kind != OpKind::Read && !p.marks) st.in_flight_unmarked.fetch_sub(1);
-    st.in_flight.fetch_sub(1);
-  }
+  uncount(p);
   ready_.push_back({p.op.tag, s, p.op.kind, p.op.remote.node()});
   p.active = false;
   p.scratch.clear();
@@ -215,10 +245,9 @@ bool ReplicatedEndpoint::first_stage(uint32_t i, std::vector<Op>& out) {
   };
   switch (p.op.kind) {
     case OpKind::Read:
-      for (unsigned k = 0; k < r; ++k) {  // the next live copy in turn not tried yet
-        const unsigned c = static_cast<unsigned>((turn_ + k) % r);
+      for (unsigned k = 0; k < r; ++k) {  // the address's copy, else the next live one not tried yet
+        const unsigned c = static_cast<unsigned>((home_copy(p.op.remote.offset(), r) + k) % r);
         if ((p.tried >> c & 1) || !c_.copy_alive(l, c)) continue;
-        ++turn_;
         p.tried |= 1u << c;
         p.waiting = 1;
         out.push_back(physical(c));
@@ -284,13 +313,14 @@ Status ReplicatedEndpoint::post(std::span<const Op> ops) {
 }
 
 bool ReplicatedEndpoint::enter(std::span<const Op> ops) {
-  // Counted before `frozen` is read (both seq_cst): the watcher that sets `frozen` and then
-  // waits for the count to reach 0 either waits for these operations or is seen by them.
-  for (const Op& op : ops) c_.set(op.remote.node()).in_flight.fetch_add(1);
+  // Counted before `frozen` is read, with a fence between: the watcher that sets `frozen` and
+  // then waits for the sum to reach 0 either waits for these operations or is seen by them.
+  for (const Op& op : ops) add(counts_[op.remote.node()].in_flight, 1);
+  std::atomic_thread_fence(std::memory_order_seq_cst);
   bool frozen = false;
-  for (const Op& op : ops) frozen = frozen || c_.set(op.remote.node()).frozen.load();
+  for (const Op& op : ops) frozen = frozen || c_.set(op.remote.node()).frozen.load(std::memory_order_relaxed);
   if (!frozen) return true;
-  for (const Op& op : ops) c_.set(op.remote.node()).in_flight.fetch_sub(1);
+  for (const Op& op : ops) add(counts_[op.remote.node()].in_flight, -1);
   return false;
 }
 
@@ -305,17 +335,13 @@ Status ReplicatedEndpoint::post_logical(std::span<const Op> ops) {
     if (!first_stage(i, phys)) {
       for (uint32_t j : opened) {  // nothing of the batch is posted
         Pending& p = pend_[j];
-        if (!control_) {
-          auto& st = c_.set(p.op.remote.node());
-          if (p.op.kind != OpKind::Read && !p.marks) st.in_flight_unmarked.fetch_sub(1);
-          st.in_flight.fetch_sub(1);
-        }
+        uncount(p);
         p.active = false;
         free_.push_back(j);
         --live_;
       }
       if (!control_)  // entered, not opened
-        for (size_t k = opened.size(); k < ops.size(); ++k) c_.set(ops[k].remote.node()).in_flight.fetch_sub(1);
+        for (size_t k = opened.size(); k < ops.size(); ++k) add(counts_[ops[k].remote.node()].in_flight, -1);
       return Status::PeerDead;
     }
   }
@@ -445,9 +471,13 @@ size_t ReplicatedEndpoint::poll_impl(std::span<Completion> out) {
   }
   sync_counters();
   size_t n = 0;
-  while (n < out.size() && !ready_.empty()) {
-    out[n++] = ready_.front();
-    ready_.pop_front();
+  while (n < out.size() && ready_head_ < ready_.size()) out[n++] = ready_[ready_head_++];
+  if (ready_head_ == ready_.size()) {
+    ready_.clear();
+    ready_head_ = 0;
+  } else if (ready_head_ >= 4096 && 2 * ready_head_ >= ready_.size()) {  // a caller that polls few at a time
+    ready_.erase(ready_.begin(), ready_.begin() + static_cast<ptrdiff_t>(ready_head_));
+    ready_head_ = 0;
   }
   return n;
 }

@@ -4,8 +4,8 @@
 // of the rejoin protocol (docs/replication.md, "Replacing a memnode").
 #include <atomic>
 #include <chrono>
-#include <deque>
 #include <memory>
+#include <mutex>
 #include <thread>
 #include <vector>
 
@@ -15,6 +15,14 @@
 namespace dmhnsw::fabric {
 
 class ReplicatedCluster;
+
+/// Data operations one endpoint has on one set, posted and not finished. Written only by the
+/// endpoint's thread (so the datapath touches no cache line another thread writes), summed by the
+/// watcher (ReplicatedCluster::in_flight).
+struct alignas(64) SetCount {
+  std::atomic<int64_t> in_flight{0};  // every data op
+  std::atomic<int64_t> unmarked{0};   // of which changes posted before a rejoin's marking began
+};
 
 class ReplicatedEndpoint final : public Endpoint {
  public:
@@ -30,7 +38,7 @@ class ReplicatedEndpoint final : public Endpoint {
  protected:
   BufferPool& pool() override { return inner_->pool(); }
   size_t poll_impl(std::span<Completion> out) override;
-  size_t in_flight_impl() const override { return live_ + ready_.size() + held_.size(); }
+  size_t in_flight_impl() const override { return live_ + (ready_.size() - ready_head_) + held_.size(); }
 
  private:
   using Clock = std::chrono::steady_clock;
@@ -64,6 +72,12 @@ class ReplicatedEndpoint final : public Endpoint {
   /// Posts ops already entered (or a control endpoint's).
   Status post_logical(std::span<const Op> ops);
   void sync_counters() { counters_ = inner_->counters(); }
+  /// The owner's update of its own count: a plain store, visible to the watcher's acquire load.
+  static void add(std::atomic<int64_t>& n, int64_t d) {
+    n.store(n.load(std::memory_order_relaxed) + d, std::memory_order_release);
+  }
+  /// Undoes what open() and enter() counted for `p`.
+  void uncount(const Pending& p);
 
   ReplicatedCluster& c_;
   std::unique_ptr<Endpoint> inner_;
@@ -71,9 +85,10 @@ class ReplicatedEndpoint final : public Endpoint {
   std::vector<Pending> pend_;
   std::vector<uint32_t> free_;
   size_t live_ = 0;
-  std::deque<Completion> ready_;
+  std::unique_ptr<SetCount[]> counts_;  // by set; registered with the cluster
+  std::vector<Completion> ready_;       // a FIFO: ready_[ready_head_ ..]
+  size_t ready_head_ = 0;
   std::vector<Op> held_;  // posted while their set was frozen
-  uint64_t turn_ = 0;     // READ spreading
   std::vector<Op> phys_;          // post_logical's scratch
   std::vector<uint32_t> opened_;
   Buffer ones_;           // mark bytes
@@ -120,11 +135,15 @@ class ReplicatedCluster final : public Cluster {
   // ---- the rejoin protocol's state per set (replica_watch.cpp drives it)
   struct SetState {
     std::atomic<bool> marking{false}, frozen{false};
-    std::atomic<int64_t> in_flight{0};           // data ops on the set, posted and not finished
-    std::atomic<int64_t> in_flight_unmarked{0};  // of which posted before marking began
     std::atomic<uint64_t> marks{0}, chunk{0};    // from the set's RejoinBlock
   };
   SetState& set(uint16_t l) { return *sets_[l]; }
+  /// Every endpoint's data ops on set `l` not finished (`unmarked_only`: changes posted before
+  /// marking began). A seq_cst fence first: a flag (`frozen`, `marking`) stored before the call
+  /// and an endpoint's count stored before its own fence cannot both be missed (Dekker).
+  int64_t in_flight(uint16_t l, bool unmarked_only) const;
+  void enroll(const SetCount* counts);
+  void withdraw(const SetCount* counts);
   /// Starts the watcher thread (replica_watch.cpp); called once the cluster is shared.
   void start_watcher();
 
@@ -139,6 +158,8 @@ class ReplicatedCluster final : public Cluster {
   std::unique_ptr<std::atomic<int64_t>[]> seen_dead_;  // steady-clock ns when first seen dead, 0: never
   mutable std::unique_ptr<std::atomic<uint8_t>[]> state_;  // kLive, kDead, kJoining by physical memnode
   std::vector<std::unique_ptr<SetState>> sets_;
+  mutable std::mutex counts_mu_;
+  std::vector<const SetCount*> counts_;  // every data endpoint's, by set
   mutable std::atomic<uint64_t> failovers_{0};
   std::atomic<uint64_t> read_retries_{0}, rejoins_{0};
   std::atomic<bool> stop_{false};

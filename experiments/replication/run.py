@@ -60,8 +60,10 @@ HERE = Path(__file__).resolve().parent
 SET = "bigann10k"
 
 ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-ap.add_argument("--set", default="bigann10k", choices=["bigann10k", "wordnet"],
-                help="data set (default %(default)s; wordnet: 50,000 x 384 sentence embeddings)")
+ap.add_argument("--set", default="bigann10k", choices=["bigann10k", "wordnet", "syn1m"],
+                help="data set (default %(default)s; wordnet: 50,000 x 384 sentence embeddings; syn1m: "
+                "experiments/scale_1m's 1M x 128 clustered vectors, generated into --work)")
+ap.add_argument("--modes", default="shine,dhnsw", help="modes of the throughput part (default %(default)s)")
 ap.add_argument("--dhnsw-built", type=int, default=None,
                 help="rows of the d-HNSW build; the next 2,000 are inserted (default: all but the last 2,000)")
 ap.add_argument("--bin", default=str(dmh.BIN), help="binaries (default %(default)s)")
@@ -97,7 +99,11 @@ ap.add_argument("--rejoin-seconds", type=float, default=12, help="serve-bench --
 ap.add_argument("--rejoin-times", default="3,5,9", help="seconds into a rejoin run: SIGKILL of memnode 1 copy 0, start "
                 "of its replacement (`memnode --rejoin` at its address, then `computenode rejoin`), SIGKILL of memnode 1 "
                 "copy 1 (not before the rejoin finished; default %(default)s)")
-ap.add_argument("--parts", default="throughput,image-query,failover,rejoin", help="parts to run (default %(default)s)")
+ap.add_argument("--link-wire", default="2,0.25", help="the link-bound part's --wire: links slow enough that one "
+                "computenode's shine queries wait for the memnodes' bandwidth, not its CPU ('' to skip; default "
+                "%(default)s)")
+ap.add_argument("--parts", default="throughput,image-query,link-bound,failover,rejoin",
+                help="parts to run (default %(default)s)")
 ap.add_argument("--render", default=None, metavar="RESULTS_JSON", help="run nothing: make results.md, the "
                 "README's results section and replication.png again from this results.json (its params)")
 ap.add_argument("--timeout", type=float, default=180, help="seconds one computenode run may take (default %(default)s)")
@@ -253,17 +259,17 @@ class Cluster:
         self.close()
 
 
-def cn_cmd(mn, mode, provider, sub, args):
-    return [BIN / "computenode", "--mode", mode, "--provider", provider, "--wire", a.wire, "--memnodes", mn.list,
+def cn_cmd(mn, mode, provider, sub, args, wire=None):
+    return [BIN / "computenode", "--mode", mode, "--provider", provider, "--wire", wire or a.wire, "--memnodes", mn.list,
             "--cn-id", 0, "--num-cns", 1, sub] + list(args)
 
 
-def computenode(mn, mode, provider, sub, args, report, log):
+def computenode(mn, mode, provider, sub, args, report, log, wire=None):
     """One computenode run; returns its JSON report, plus process_cpu_s: the process's CPU time
     (user + system, from the rusage of the children reaped meanwhile: only this one)."""
     Path(report).unlink(missing_ok=True)
     ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
-    p = spawn(cn_cmd(mn, mode, provider, sub, list(args) + ["--report", report]), log)
+    p = spawn(cn_cmd(mn, mode, provider, sub, list(args) + ["--report", report], wire), log)
     try:
         p.wait(timeout=a.timeout)
     except subprocess.TimeoutExpired:
@@ -305,7 +311,8 @@ def retried(fn, what, d, attempts=3):
 
 SET = a.set
 base, _, _, metric = dmh.dataset_files(SET, work)
-BUILT = a.dhnsw_built if a.dhnsw_built is not None else {"bigann10k": 8000, "wordnet": 48000}[SET]
+BUILT = a.dhnsw_built if a.dhnsw_built is not None else {"bigann10k": 8000, "wordnet": 48000, "syn1m": 998000}[SET]
+MODES = set(a.modes.split(","))
 wl = dmh.shine_workload(SET, work, "uniform", 1000, 100, 5)
 wl_dhnsw = dmh.shine_workload(SET, work, "uniform", a.dhnsw_queries, 1000, 5)
 wl_small = dmh.shine_workload(SET, work, "uniform", a.image_query_count, 30, 5)
@@ -410,12 +417,12 @@ try:
             t0 = time.time()
             load0 = os.getloadavg()[0]
             s = shine_trial(r, f"round{rnd}-R{r}")
-            h = dhnsw_trial(r, f"round{rnd}-R{r}")
+            h = dhnsw_trial(r, f"round{rnd}-R{r}") if "dhnsw" in MODES else None
             row[r] = {"shine": s, "dhnsw": h, "loadavg_before": load0, "wall_s": time.time() - t0}
             dmh.log(f"round {rnd} R={r}: shine build {s['build_inserts_per_s']:.0f}/s, query {s['query_qps']:.0f} QPS "
-                    f"(recall {s['query_recall']:.4f}, {s['query_per_query']['reads']:.0f} READs/q); d-HNSW insert "
-                    f"{h['insert_inserts_per_s']:.0f}/s, query {h['query_qps']:.0f} QPS (recall {h['query_recall']:.4f}) "
-                    f"[load {load0:.1f}, {time.time() - t0:.0f} s]")
+                    f"(recall {s['query_recall']:.4f}, {s['query_per_query']['reads']:.0f} READs/q)"
+                    + (f"; d-HNSW insert {h['insert_inserts_per_s']:.0f}/s, query {h['query_qps']:.0f} QPS (recall "
+                       f"{h['query_recall']:.4f})" if h else "") + f" [load {load0:.1f}, {time.time() - t0:.0f} s]")
         results["throughput"]["rounds"].append(row)
 
     def med(path, r):
@@ -434,6 +441,8 @@ try:
                "shine_build_cpu_us": ("shine", "build_cpu_us_per_insert"),
                "dhnsw_insert_cpu_us": ("dhnsw", "insert_cpu_us_per_insert"),
                "dhnsw_query_cpu_us": ("dhnsw", "query_cpu_us_per_query")}
+    if "dhnsw" not in MODES:
+        METRICS = {k: v for k, v in METRICS.items() if v[0] != "dhnsw"}
     summary = {}
     for r in (RS if results["throughput"]["rounds"] else []):
         summary[r] = {}
@@ -442,14 +451,17 @@ try:
             summary[r][name] = {"median": m, "all": vals}
         last = results["throughput"]["rounds"][-1][r]
         summary[r]["shine_per_query"] = last["shine"]["query_per_query"]
-        summary[r]["dhnsw_per_query"] = last["dhnsw"]["query_per_query"]
         summary[r]["shine_build_io_per_insert"] = last["shine"]["build_io_per_insert"]
-        summary[r]["dhnsw_per_insert"] = last["dhnsw"]["insert_per_insert"]
+        if last["dhnsw"]:
+            summary[r]["dhnsw_per_query"] = last["dhnsw"]["query_per_query"]
+            summary[r]["dhnsw_per_insert"] = last["dhnsw"]["insert_per_insert"]
     # vs R=1: the median over rounds of R's value over R=1's in the same round (the runs of a round
     # are minutes apart at most, so the paired ratio is less exposed to the host's drifting load)
     for r in summary:
         for name in ("shine_build", "shine_query", "dhnsw_insert", "dhnsw_query", "shine_build_cpu_us",
                      "shine_query_cpu_us", "dhnsw_insert_cpu_us", "dhnsw_query_cpu_us"):
+            if name not in summary[r]:
+                continue
             x = summary[r][name]
             if 1 in RS:
                 x["ratios"] = [v / v1 for v, v1 in zip(x["all"], summary[1][name]["all"])]
@@ -568,8 +580,12 @@ try:
 
     provs = [p for p in a.failover_providers.split(",") if p and "failover" in PARTS]
     iprovs = [p for p in a.image_query_providers.split(",") if p and "image-query" in PARTS]
+    # (key in results["image_query"], provider, wire, workload): the link-bound cell is cxl with slow links
+    iq_cells = [(p, p, a.wire, wl_small) for p in iprovs]
+    if "link-bound" in PARTS and a.link_wire:
+        iq_cells.append((f"cxl, --wire {a.link_wire}", "cxl", a.link_wire, wl))
     rprovs = [p for p in a.rejoin_providers.split(",") if p and "rejoin" in PARTS]
-    if provs or iprovs or rprovs:
+    if provs or iq_cells or rprovs:
         idx = work / "failover" / "index"
         images = [idx / f"memnode-{i}.img" for i in range(a.memnode_ids)]
         if not all(p.exists() for p in images):
@@ -582,16 +598,16 @@ try:
         results["failover"]["index"] = str(idx)
 
     # ---- 3b: shine query R=1 / R=2 over providers where the transport, not the computenode, may bind
-    def image_query(provider, r, tag):
-        d = work / "image_query" / provider / tag
+    def image_query(provider, wire, workload, r, tag):
+        d = work / "image_query" / f"{provider}-{wire}" / tag
         def go(k):
             with Cluster(a.memnode_ids, r, provider, a.region, d / f"mn{k}", load=images) as mn:
                 return computenode(mn, "shine", provider, "query",
-                                   ["--workload", wl_small, "--k", 10, "--ef-search", 64, "--threads", 2,
+                                   ["--workload", workload, "--k", 10, "--ef-search", 64, "--threads", 2,
                                     "--coroutines", 4, "--cache-ratio", 0],  # one pass: --repeat-seconds S queues
                                    # S seconds of queries, which a slow transport answers for much longer
-                                   d / "query.json", d / "query.log")
-        q = retried(go, f"{provider} {tag} query", d)
+                                   d / "query.json", d / "query.log", wire=wire)
+        q = retried(go, f"{provider} {wire} {tag} query", d)
         run = q["runs"][0]
         mcpu = q.get("memnode_cpu") or {}
         return {"qps": run["qps"], "recall": run["recall"], "per_query": run["per_query"], "queries": run["queries"],
@@ -599,17 +615,18 @@ try:
                 "cpu_us_per_query": sum(c["cpu_seconds"] for c in run["per_cn"]) * 1e6 / max(1, run["queries"]),
                 "memnode_cpu_us_per_query": sum(mcpu.get("seconds", [])) * 1e6 / max(1, run["queries"]),
                 "memnode_cores": sum(mcpu.get("seconds", [])) / mcpu["wall_s"] if mcpu.get("wall_s") else None}
-    IRS = [r for r in RS if r <= 2] if 2 in RS else RS
-    for prov in iprovs:
+    for key, prov, wire, workload in iq_cells:
+        # tcp answers ~100 QPS here: R = 1 and 2 only; the link-bound cell every R
+        IRS = [r for r in RS if r <= 2] if 2 in RS and prov == "tcp" else RS
         rounds = []
         for rnd in range(a.rounds):
             order = IRS[rnd % len(IRS):] + IRS[:rnd % len(IRS)]
             row = {}
             for r in order:
                 t0 = time.time()
-                row[r] = image_query(prov, r, f"round{rnd}-R{r}")
+                row[r] = image_query(prov, wire, workload, r, f"round{rnd}-R{r}")
                 x = row[r]
-                dmh.log(f"{prov} query round {rnd} R={r}: {x['qps']:.0f} QPS (recall {x['recall']:.4f}), computenode "
+                dmh.log(f"{key} query round {rnd} R={r}: {x['qps']:.0f} QPS (recall {x['recall']:.4f}), computenode "
                         f"{x['cpu_us_per_query']:.0f} µs CPU/query, memnodes {x['memnode_cpu_us_per_query']:.0f} µs "
                         f"CPU/query ({time.time() - t0:.0f} s)")
             rounds.append(row)
@@ -623,7 +640,8 @@ try:
                        "per_query": rounds[-1][r]["per_query"]}
         for r in IRS:
             summ[r]["qps"]["vs_r1"] = summ[r]["qps"]["median"] / summ[IRS[0]]["qps"]["median"] if 1 in IRS else None
-        results.setdefault("image_query", {})[prov] = {"rounds": rounds, "summary": summ}
+        results.setdefault("image_query", {})[key] = {"rounds": rounds, "summary": summ, "provider": prov,
+                                                      "wire": wire, "measured_queries": rounds[0][IRS[0]]["queries"]}
 
     for prov in provs:
         runs = []
@@ -829,12 +847,18 @@ if 1 in RS and S:
             checks.append({"what": "shine build inserts/s, R=2 >= 0.7x R=1", "value": f"{S[2]['shine_build']['vs_r1']:.2f}x",
                            "ok": S[2]["shine_build"]["vs_r1"] >= 0.7})
             for n, lab in (("shine_query", "shine query QPS"), ("dhnsw_query", "d-HNSW query QPS")):
+                if n not in S[2]:
+                    continue
                 checks.append({"what": f"{lab}, R=2 >= 1.0x R=1", "value": f"{S[2][n]['vs_r1']:.2f}x",
                                "ok": S[2][n]["vs_r1"] >= 1.0})
 for prov, x in results.get("image_query", {}).items():
     if 2 in x["summary"] and x["summary"][2]["qps"]["vs_r1"] is not None:
         v = x["summary"][2]["qps"]["vs_r1"]
         checks.append({"what": f"shine query QPS over {prov}, R=2 >= 1.0x R=1", "value": f"{v:.2f}x", "ok": v >= 1.0})
+        if prov.startswith("cxl, --wire") and 3 in x["summary"]:
+            v = x["summary"][3]["qps"]["vs_r1"]
+            checks.append({"what": f"shine query QPS over {prov}, R=3 >= 1.0x R=1", "value": f"{v:.2f}x",
+                           "ok": v >= 1.0})
 for prov, runs in results["failover"].items():
     if isinstance(runs, list):
         n = sum(r["errors"] for r in runs if r["kind"] != "baseline")
@@ -865,8 +889,8 @@ hdr = ["R", "memnode processes", "shine build inserts/s", "vs R=1", "d-HNSW inse
 rows = []
 for r in (RS if S else []):
     s = S[r]
-    cell = lambda n: f"**{f0(s[n]['median'])}** ({' / '.join(f0(v) for v in s[n]['all'])})"  # noqa: E731
-    vs = lambda n: "—" if s[n]["vs_r1"] is None else f"{s[n]['vs_r1']:.2f}x"  # noqa: E731
+    cell = lambda n: "—" if n not in s else f"**{f0(s[n]['median'])}** ({' / '.join(f0(v) for v in s[n]['all'])})"  # noqa: E731
+    vs = lambda n: "—" if n not in s or s[n]["vs_r1"] is None else f"{s[n]['vs_r1']:.2f}x"  # noqa: E731
     rows.append([r, r * a.memnode_ids, cell("shine_build"), vs("shine_build"), cell("dhnsw_insert"), vs("dhnsw_insert"),
                  cell("shine_query"), vs("shine_query"), cell("dhnsw_query"), vs("dhnsw_query")])
 if S:
@@ -877,7 +901,8 @@ if S:
     rows = []
     for r in RS:
         s = S[r]
-        cpu = lambda n: f"**{s[n]['median']:.0f}**" + ("" if s[n]["vs_r1"] is None else f" ({s[n]['vs_r1']:.2f}x)")  # noqa: E731
+        cpu = lambda n: "—" if n not in s else (f"**{s[n]['median']:.0f}**"  # noqa: E731
+                                                + ("" if s[n]["vs_r1"] is None else f" ({s[n]['vs_r1']:.2f}x)"))
         rows.append([r, cpu("shine_build_cpu_us"), cpu("dhnsw_insert_cpu_us"), cpu("shine_query_cpu_us"),
                      cpu("dhnsw_query_cpu_us")])
     md.append(dmh.md_table(["R", "shine build µs/insert", "d-HNSW insert µs/insert", "shine query µs/query",
@@ -887,20 +912,22 @@ if S:
     rows = []
     for r in RS:
         s = S[r]
-        bi, sq, dq, di = s["shine_build_io_per_insert"], s["shine_per_query"], s["dhnsw_per_query"], s["dhnsw_per_insert"]
+        bi, sq, dq, di = s["shine_build_io_per_insert"], s["shine_per_query"], s.get("dhnsw_per_query"), s.get("dhnsw_per_insert")
         rows.append([r, f"{bi['reads']:.0f} / {bi['writes']:.1f} / {bi['atomics']:.1f} / {bi['bytes'] / 1024:.1f}",
                      f"{sq['reads']:.0f} / {sq['doorbells']:.0f} / {sq['bytes'] / 1024:.0f}",
                      f"{s['shine_recall']['median']:.4f}",
-                     f"{di['writes']:.2f} / {di['bytes_written']:.0f}",
-                     f"{dq['reads']:.3f} / {dq['bytes'] / 1024:.1f}", f"{s['dhnsw_recall']['median']:.4f}"])
+                     f"{di['writes']:.2f} / {di['bytes_written']:.0f}" if di else "—",
+                     f"{dq['reads']:.3f} / {dq['bytes'] / 1024:.1f}" if dq else "—",
+                     f"{s['dhnsw_recall']['median']:.4f}" if "dhnsw_recall" in s else "—"])
     md.append(dmh.md_table(["R", "shine build: READs / WRITEs / atomics / KiB per insert",
                             "shine query: READs / doorbells / KiB", "shine recall@10",
                             "d-HNSW insert: WRITEs / bytes per insert", "d-HNSW query: READs / KiB", "d-HNSW recall@10"],
                            rows))
-for prov, x in results.get("image_query", {}).items():
-    md.append(f"\nShine query over `{prov}` (`--wire {a.wire}`), the index loaded from images (built once over cxl), "
-              f"one pass of {a.image_query_count} measured queries (30 warm-up), median of {a.rounds} round(s); "
-              f"CPU time per query of the computenode and of all memnodes together:\n\n")
+for key, x in results.get("image_query", {}).items():
+    prov, wire = x.get("provider", key), x.get("wire", a.wire)
+    md.append(f"\nShine query over `{prov}` (`--wire {wire}`), the index loaded from images (built once over cxl), "
+              f"one pass of {x.get('measured_queries', a.image_query_count)} measured queries, median of {a.rounds} "
+              f"round(s); CPU time per query of the computenode and of all memnodes together:\n\n")
     rows = []
     for r, y in x["summary"].items():
         rows.append([r, f"**{f0(y['qps']['median'])}** ({' / '.join(f0(v) for v in y['qps']['all'])})",

@@ -292,14 +292,14 @@ TEST_CASE("replica sets: a copy SIGKILLed under serve-bench searches and inserts
                   .code == 0);
       Proc bench({bin("serve-bench"), "--target", addr, "--workload", d.wl, "--clients", "4", "--seconds", "6",
                   "--insert-data", dir.file("ins.fvecs"), "--insert-first-id", "1000000", "--insert-batch", "10",
-                  "--insert-rate", "5", "--json", dir.file("bench.json")},
+                  "--insert-rate", "5", "--insert-verify-ef", "200", "--json", dir.file("bench.json")},
                  dir.file("bench.log"));
       std::this_thread::sleep_for(seconds(2));  // into the measured loop (the warm-up takes well under a second)
       REQUIRE(bench.running());
       s.at(1, 0).proc->signal(SIGKILL);  // memnode 1's primary
       const int code = bench.wait(seconds(60));
       INFO(bench.output() << srv.output());
-      REQUIRE(code == 0);
+      REQUIRE((code == 0 || code == 2));  // 2: an insert failed or was not found (checked below)
       const auto j = load_json(dir.file("bench.json"));
       CHECK(j["requests"].get<uint64_t>() > 100);
       CHECK(j["errors"] == 0);
