@@ -424,11 +424,11 @@ TEST_CASE("replica sets: a copy stopped and resumed stays out, also for a comput
                dir.file("self.ivecs")},
               dir, "self-gt")
               .code == 0);
-  REQUIRE(run({bin("workload"), "--queries", d.base, "--groundtruth", dir.file("self.ivecs"), "--count", "3000",
+  REQUIRE(run({bin("workload"), "--queries", d.base, "--groundtruth", dir.file("self.ivecs"), "--count", "1500",
                "--seed", "2", "--out", dir.file("self.wl")},
               dir, "self-wl")
               .code == 0);
-  auto self = run(cn({"query", "--workload", dir.file("self.wl"), "--k", "1", "--ef-search", "400", "--threads", "1",
+  auto self = run(cn({"query", "--workload", dir.file("self.wl"), "--k", "1", "--ef-search", "200", "--threads", "2",
                       "--coroutines", "4", "--report", dir.file("self.json")}),
                   dir, "q-self", seconds(180));
   INFO(self.output);
