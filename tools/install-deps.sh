@@ -27,6 +27,7 @@ PKGS=(
   libhnswlib-dev libfaiss-dev libopenblas-dev liblapack-dev
   libspdlog-dev libfmt-dev libcli11-dev catch2 libnuma-dev nlohmann-json3-dev
   libssl-dev  # OpenSSL's libcrypto: HMAC-SHA256 of the control hello
+  libxxhash-dev  # XXH3: the shine id index's hash
   libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc  # computenode serve (proto/dmhnsw.proto)
   libcpp-httplib-dev  # computenode serve --metrics-listen (Prometheus text exposition)
   python3-venv python3-pip  # the Python client: a virtualenv and pip install ./python
