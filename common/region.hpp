@@ -61,6 +61,9 @@ inline constexpr size_t kBump = 0, kEntryPoint = 1, kMaxLevel = 2, kM = 3, kEfCo
 /// every build, insert and import before it writes nodes. The graph has no id index, so this is
 /// how `serve` refuses an id the index may already hold: new ids must be at or above it.
 inline constexpr size_t kIdCeiling = 9;
+/// The id index (compute/shine/id_index.hpp), when the index has one: its offset on every
+/// memnode and its bucket count (0: no id index). Written once, when formatting.
+inline constexpr size_t kIdTable = 10, kIdBuckets = 11;
 /// kFormat values: the region is being formatted by one computenode, then ready. While
 /// formatting, the high 32 bits hold the formatter's computenode id + 1 (0: not said), so a
 /// waiter can tell from memnode 0's presence table that the formatter left.

@@ -29,6 +29,10 @@ void IndexCommands::add(CLI::App& app) {
   build_->add_option("--ef-construction", bo_.params.ef_construction, "HNSW efConstruction")->capture_default_str();
   build_->add_option("--metric", metric_, "l2 or ip")->capture_default_str()->check(CLI::IsMember({"l2", "ip"}));
   build_->add_option("--seed", bo_.params.seed, "seed of levels and memnode choice")->capture_default_str();
+  build_->add_option("--id-capacity", bo_.params.id_capacity,
+                     "shine: an id index for this many ids in the memnodes' regions (an insert of an id it holds is "
+                     "refused naming it); 0: none")
+      ->capture_default_str();
   build_->add_option("--store-index", store_dir_, "after the build, every memnode writes its region to DIR/memnode-<id>.img");
   // d-HNSW build (as tools/dhnsw-build) and insert options
   build_->add_option("--partitions", dbo_.build.partitions, "dhnsw: partitions / sub-HNSWs (0: round(sqrt(n)))")

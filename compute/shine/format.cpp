@@ -1,6 +1,7 @@
 // The shine index's words in memnode 0's region header: formatting the memnodes for an index
 // or attaching to the one they hold (format_or_attach), and the id ceiling (raise_id_ceiling,
 // claim_ids). The graph itself is graph.cpp.
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <thread>
@@ -53,7 +54,14 @@ GraphParams format_or_attach(fabric::Cluster& c, fabric::Endpoint& ep, const Gra
   uint64_t state = h0.mode_words[shine_word::kFormat];
   if (state == 0 && wanted != nullptr &&
       ep.compare_swap(word_ptr(shine_word::kFormat), 0, shine_word::formatting_by(self)) == 0) {
-    // We format: every memnode gets mode, dimension, metric and a bump pointer at its data area.
+    // We format: every memnode gets mode, dimension, metric and a bump pointer at its data
+    // area, after the id index's share when there is one (at one offset on every memnode).
+    IdTable ids;
+    if (wanted->id_capacity > 0) {
+      uint64_t at = 0;
+      for (uint16_t i = 0; i < n; ++i) at = std::max(at, (read_header(i).data_offset + 63) / 64 * 64);
+      ids = IdTable::sized_for(wanted->id_capacity, static_cast<uint16_t>(n), at);
+    }
     for (uint16_t i = 0; i < n; ++i) {
       RegionHeader h = read_header(i);
       if (h.mode != static_cast<uint8_t>(Mode::None))
@@ -64,6 +72,16 @@ GraphParams format_or_attach(fabric::Cluster& c, fabric::Endpoint& ep, const Gra
       h.dim = wanted->dim;
       h.memnode_count = static_cast<uint16_t>(n);
       h.mode_words[shine_word::kBump] = (h.data_offset + 63) / 64 * 64;
+      if (ids.buckets > 0) {
+        h.mode_words[shine_word::kBump] = ids.offset + (ids.bytes_per_memnode() + 63) / 64 * 64;
+        if (h.mode_words[shine_word::kBump] >= h.region_size)
+          throw FabricError("memnode " + std::to_string(i) + " (" + c.memnodes()[i].address + "): its share of an id " +
+                            "index for " + std::to_string(wanted->id_capacity) + " ids (" +
+                            std::to_string(ids.bytes_per_memnode()) + " bytes) does not fit its " +
+                            std::to_string(h.region_size) + "-byte region");
+        h.mode_words[shine_word::kIdTable] = ids.offset;
+        h.mode_words[shine_word::kIdBuckets] = ids.buckets;
+      }
       h.mode_words[shine_word::kM] = wanted->m;
       h.mode_words[shine_word::kEfConstruction] = wanted->ef_construction;
       h.mode_words[shine_word::kSeed] = wanted->seed;
@@ -112,6 +130,15 @@ GraphParams format_or_attach(fabric::Cluster& c, fabric::Endpoint& ep, const Gra
   p.ef_construction = static_cast<uint32_t>(h0.mode_words[shine_word::kEfConstruction]);
   p.metric = h0.metric == static_cast<uint8_t>(MetricCode::IP) ? Metric::IP : Metric::L2;
   p.seed = h0.mode_words[shine_word::kSeed];
+  p.ids.memnodes = static_cast<uint16_t>(n);
+  p.ids.offset = h0.mode_words[shine_word::kIdTable];
+  p.ids.buckets = h0.mode_words[shine_word::kIdBuckets];
+  if (p.ids.buckets > 0 && (p.ids.offset < h0.data_offset || p.ids.offset % 8 != 0 ||
+                            p.ids.offset + p.ids.bytes_per_memnode() > h0.region_size))
+    throw FabricError("memnode 0: the id index words at region offset " +
+                      std::to_string(mode_word_offset(shine_word::kIdTable)) + " say " + std::to_string(p.ids.buckets) +
+                      " buckets at offset " + std::to_string(p.ids.offset) + ", outside the " +
+                      std::to_string(h0.region_size) + "-byte region's data area (a corrupted region header?)");
   if (h0.memnode_count != n)
     throw FabricError("the index was formatted over " + std::to_string(h0.memnode_count) + " memnodes, --memnodes names " +
                       std::to_string(n));
@@ -124,6 +151,9 @@ GraphParams format_or_attach(fabric::Cluster& c, fabric::Endpoint& ep, const Gra
     if (p.m != wanted->m) throw mismatch("--m", p.m, wanted->m);
     if (p.ef_construction != wanted->ef_construction)
       throw mismatch("--ef-construction", p.ef_construction, wanted->ef_construction);
+    if (wanted->id_capacity > 0 && p.ids.buckets == 0)
+      throw FabricError("the shine index on the memnodes has no id index; this run asks for one (--id-capacity " +
+                        std::to_string(wanted->id_capacity) + ")");
     if (p.metric != wanted->metric)
       throw FabricError("the shine index on the memnodes uses metric " + std::string(to_string(p.metric)) +
                         ", this run asks for " + std::string(to_string(wanted->metric)));

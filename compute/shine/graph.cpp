@@ -90,7 +90,9 @@ inline void prefetch_vector(const float* v, uint32_t dim) {
 }  // namespace
 
 Worker::Worker(const Graph& g, Scheduler& s, uint64_t seed, VectorCache* shared)
-    : g_(g), s_(s), rng_(seed), level_mult_(1.0 / std::log(static_cast<double>(g.params().m))), shared_(shared) {}
+    : g_(g), s_(s), rng_(seed), level_mult_(1.0 / std::log(static_cast<double>(g.params().m))), shared_(shared) {
+  if (g.params().ids.buckets > 0) ids_.emplace(g.params().ids, s, seed ^ 0x1d1d);
+}
 
 void Worker::fail(const Completion& c) const {
   if (c.status != Status::Ok) throw FabricError(s_.endpoint().describe(c));
@@ -422,6 +424,14 @@ Task<void> Worker::insert(const float* v, uint32_t label, OpContext& ctx) {
   std::memcpy(rec.data(), &front, sizeof front);
   std::memcpy(rec.data() + NodeLayout::vector_offset(), v, 4ull * L.dim());
   co_await write(me, rec.data(), rec.size(), ctx);
+  if (ids_) {
+    // The id first: a node is linked only under an id that is its own. A refused record stays
+    // unlinked (its bytes are not reused).
+    const auto r = co_await ids_->insert(label, me, false, &ctx.io);
+    if (r.what == IdIndex::Put::Present)
+      throw std::invalid_argument("id " + std::to_string(label) + " is already in the index (the node at memnode " +
+                                  std::to_string(r.old.node()) + " offset " + std::to_string(r.old.offset()) + ")");
+  }
 
   VecCache cache;
   cache.shared = shared_;

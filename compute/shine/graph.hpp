@@ -17,6 +17,7 @@
 #include "cache/trace.hpp"
 #include "common/shine_layout.hpp"
 #include "compute/coro.hpp"
+#include "compute/shine/id_index.hpp"
 #include "compute/shine/vector_cache.hpp"
 
 namespace dmhnsw::shine {
@@ -32,6 +33,10 @@ struct GraphParams {
   uint32_t ef_construction = 200;
   Metric metric = Metric::L2;
   uint64_t seed = 100;
+  /// Formatting: ids the id index is sized for (0: no id index).
+  uint64_t id_capacity = 0;
+  /// The stored index's id table (buckets 0: none).
+  IdTable ids;
 };
 
 /// How a candidate's neighbours' vectors are read: one READ per neighbour (the paper), or
@@ -131,7 +136,8 @@ class Worker {
   /// `shared` (optional) is the process-wide vector cache used by inserts.
   Worker(const Graph& g, Scheduler& s, uint64_t seed, VectorCache* shared = nullptr);
 
-  /// Inserts one vector (label = its id in the base set).
+  /// Inserts one vector (label = its id in the base set). With an id index, an id already in
+  /// it is refused (std::invalid_argument naming it) before the node is linked.
   Task<void> insert(const float* v, uint32_t label, OpContext& ctx);
   /// k nearest neighbours with efSearch `ef` (Algorithm 1; upper levels with ef = 1).
   Task<std::vector<Neighbor>> search(const float* q, uint32_t k, uint32_t ef, OpContext& ctx);
@@ -189,6 +195,7 @@ class Worker {
   std::mt19937_64 rng_;
   double level_mult_;
   VectorCache* shared_;
+  std::optional<IdIndex> ids_;  // when the index has an id index
 };
 
 }  // namespace dmhnsw::shine

@@ -208,3 +208,57 @@ TEST_CASE("shine: a waiter fails at once when the computenode formatting the ind
   CHECK(std::chrono::steady_clock::now() - t0 >= std::chrono::milliseconds(600));
   CHECK(error.find("left while formatting") == std::string::npos);
 }
+
+TEST_CASE("shine: with an id index, every inserted id finds its node and a duplicate is refused naming it",
+          "[shine][id_index]") {
+  auto c = make_cluster(2, 32u << 20);
+  auto ep = c->make_endpoint(16u << 20);
+  GraphParams p;
+  p.dim = 16;
+  p.m = 8;
+  p.ef_construction = 32;
+  p.id_capacity = 1000;
+  GraphParams got = format_or_attach(*c, *ep, &p);
+  c->refresh_headers();
+  REQUIRE(got.ids.buckets > 0);
+  // The table sits before every memnode's bump pointer.
+  for (uint16_t i = 0; i < 2; ++i) {
+    uint64_t bump = 0;
+    std::memcpy(&bump, c->region(i) + mode_word_offset(shine_word::kBump), 8);
+    CHECK(bump >= got.ids.offset + got.ids.bytes_per_memnode());
+  }
+  Graph g(*c, got);
+  Scheduler s(*ep);
+  Worker w(g, s, 3);
+  OpContext ctx;
+  auto data = gaussian_data(300, 16, 9);
+  std::vector<uint32_t> ids;  // sparse, in no order
+  for (uint32_t i = 0; i < 300; ++i) ids.push_back((i * 2654435761u) % 4000000000u);
+  for (size_t i = 0; i < ids.size(); ++i) compute::run_sync(s, w.insert(&data[i * 16], ids[i], ctx));
+  CHECK_THROWS_WITH(compute::run_sync(s, w.insert(&data[0], ids[17], ctx)),
+                    Catch::Contains("id " + std::to_string(ids[17])) && Catch::Contains("already in the index"));
+  IdIndex x(got.ids, s, 1);
+  int found = 0;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    const RemotePtr n = compute::run_sync(s, x.find(ids[i]));
+    NodeFront f{};
+    if (!n.is_null()) std::memcpy(&f, c->region(n.node()) + n.offset(), sizeof f);
+    found += !n.is_null() && f.label == ids[i] &&
+             std::memcmp(c->region(n.node()) + n.offset() + NodeLayout::vector_offset(), &data[i * 16], 64) == 0;
+  }
+  CHECK(found == 300);
+  // Searches find the inserted vectors by themselves.
+  int self = 0;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    const auto r = compute::run_sync(s, w.search(&data[i * 16], 1, 64, ctx));
+    self += !r.empty() && r[0].label == ids[i];
+  }
+  CHECK(self >= 297);
+  // Attaching for a build that wants an id index, to an index without one, names the flag.
+  auto plain = make_cluster(1, 8u << 20);
+  auto ep2 = plain->make_endpoint(1u << 20);
+  GraphParams q = p;
+  q.id_capacity = 0;
+  format_or_attach(*plain, *ep2, &q);
+  CHECK_THROWS_WITH(format_or_attach(*plain, *ep2, &p), Catch::Contains("no id index") && Catch::Contains("--id-capacity"));
+}
