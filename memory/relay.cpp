@@ -80,9 +80,12 @@ bool Relay::on_message(const std::vector<char>& payload, uint64_t sender, Clock:
   const bool known = it != members_.end() && it->second.handle == sender;
   if (known) {
     it->second.last_seen = now;
-    if (!it->second.alive && !it->second.left && h.type != static_cast<uint32_t>(Type::Leave)) {
+    if (!it->second.alive && !it->second.left && h.type != static_cast<uint32_t>(Type::Leave) &&
+        h.type != static_cast<uint32_t>(Type::Join)) {
       // Declared gone but still talking (a stalled host, not a dead process): alive again.
-      // It missed the notices sent while it was out: tell it who is gone now.
+      // It missed the notices sent while it was out: tell it who is gone now. A Join is not
+      // that: it is a new computenode (of a next run, on an endpoint handle the provider
+      // reused), and the members gone now are of the old run; their successors join anew.
       it->second.alive = true;
       spdlog::warn("relay: computenode {} is back (it was silent for longer than the timeout)", h.from_cn);
       for (auto& [cn, m] : members_) {

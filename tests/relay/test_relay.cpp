@@ -408,6 +408,41 @@ TEST_CASE("relay: a record of an earlier run that times out is not reported to t
   CHECK(out[0].h.from_cn == 1);
 }
 
+TEST_CASE("relay: a next run's computenode on an old member's endpoint is not told the old run's members are gone",
+          "[relay]") {
+  // The soak's rounds 45 and 149: both Leaves of a run were lost, both records timed out; the
+  // next run's computenode 1 joined from the endpoint handle the old one had (tcp reuses them),
+  // was taken for the old one coming back and told "computenode 0 is gone", so it never sent
+  // the next computenode 0, which joined 0.5 s later, its done count.
+  Rig g(1000ms);
+  g.join(0, 2, ep(0), 0ms);
+  g.join(1, 2, ep(1), 0ms);
+  g.heartbeat(0, 2, 100ms);
+  g.heartbeat(1, 2, 100ms);
+  for (int t = 200; t <= 1200; t += 200) g.r.tick(g.at(std::chrono::milliseconds(t)));  // ticks close enough: no stall
+  CHECK_FALSE(g.r.alive(0));
+  CHECK_FALSE(g.r.alive(1));
+  g.take();
+  g.join(1, 2, ep(1), 1300ms);  // only its JoinAck: no Gone of the old computenode 0
+  g.r.tick(g.at(1400ms));
+  g.join(0, 2, ep(0), 1500ms);
+  REQUIRE(g.msg(ep(1), Type::Forward, 1, 0, 2, 7, "done", 1550ms));
+  auto out = g.take();
+  REQUIRE(out.size() == 1);
+  CHECK(out[0].to == ep(0));
+  CHECK(out[0].type() == Type::Deliver);
+  // A member that falls silent and then speaks again without joining (a stalled host) is
+  // alive again, and told who is gone meanwhile.
+  for (int t = 1600; t <= 2800; t += 200) {
+    g.heartbeat(0, 2, std::chrono::milliseconds(t));
+    g.r.tick(g.at(std::chrono::milliseconds(t)));
+  }
+  CHECK_FALSE(g.r.alive(1));
+  g.take();
+  g.heartbeat(1, 2, 2850ms);
+  CHECK(g.r.alive(1));
+}
+
 TEST_CASE("relay: at seq 0 a dead member of an earlier run does not release the barrier early", "[relay]") {
   // The race: the computenodes of a new run start one by one; computenode 0 arrives at
   // barrier 0 before computenode 1's Join reaches the relay, while the relay still holds
