@@ -1065,7 +1065,8 @@ if plt is not None:
                  ("dhnsw_query", "d-HNSW query")]
         S2 = {r: dict(S[r]) for r in RS}
         for prov, x in results.get("image_query", {}).items():
-            names.append((f"iq_{prov}", f"shine query\n({prov})"))
+            names.append((f"iq_{prov}", f"shine query\n({prov})" if "," not in prov
+                          else f"shine query\n(cxl, {x.get('wire')})"))
             for r in RS:
                 S2[r][f"iq_{prov}"] = ({"median": x["summary"][r]["qps"]["median"], "vs_r1": x["summary"][r]["qps"]["vs_r1"]}
                                       if r in x["summary"] else None)
@@ -1079,7 +1080,7 @@ if plt is not None:
         ax.axhline(1.0, color="k", lw=0.6)
         ax.axhline(0.7, color="C3", lw=0.6, ls="--")
         ax.set_xticks(range(len(names)))
-        ax.set_xticklabels([n for _, n in names], fontsize=8)
+        ax.set_xticklabels([n for _, n in names], fontsize=7, rotation=30, ha="right")
         ax.set_ylabel("throughput relative to R=1 (labels: per second)")
         ax.set_ylim(0, max(1.3, max((S2[r].get(n) or {}).get("vs_r1") or 0 for r in RS for n, _ in names) * 1.3))
         ax.set_title(f"{SET}, {a.provider} + {a.wire} (unless named), median of {a.rounds}", fontsize=9)
