@@ -47,6 +47,11 @@ class VerbsCluster final : public ControlledCluster, public std::enable_shared_f
     for (auto& b : nonce_) b = static_cast<uint8_t>(rd());
     connect_all([this](const ControlClient&) { return std::vector<char>(nonce_.begin(), nonce_.end()); });
     for (uint16_t i = 0; i < num_peers(); ++i) {
+      if (!alive(i)) {  // a copy already dead when we joined (replica sets): never connected
+        ports_.push_back(0);
+        hosts_.emplace_back();
+        continue;
+      }
       verbs::ListenAddress la{};
       const auto& fa = peer(i).fabric_addr;
       if (fa.size() == sizeof la) std::memcpy(&la, fa.data(), sizeof la);
@@ -75,18 +80,21 @@ class VerbsCluster final : public ControlledCluster, public std::enable_shared_f
   const std::string& device_description() const { return description_; }
 
  private:
-  // The device that routes to memnode 0 (rdma_cm picks it from the IP route); every queue pair
-  // and registration of this process lives in one protection domain on it. The probe id keeps
-  // rdma_cm's hold on the device for the cluster's lifetime.
+  // The device that routes to the first live memnode (rdma_cm picks it from the IP route);
+  // every queue pair and registration of this process lives in one protection domain on it. The
+  // probe id keeps rdma_cm's hold on the device for the cluster's lifetime.
   void open_device() {
+    uint16_t via = 0;
+    while (via < num_peers() && !alive(via)) ++via;
+    if (via == num_peers()) throw FabricError("--provider verbs: no memnode is reachable");
     rdma_cm_id* id = nullptr;
     if (rdma_create_id(nullptr, &id, nullptr, RDMA_PS_TCP) != 0) verbs::fail_errno("rdma_create_id");
     probe_ = verbs::CmId(id);
-    sockaddr_storage dst = verbs::resolve(hosts_[0], ports_[0], node_name(0));
+    sockaddr_storage dst = verbs::resolve(hosts_[via], ports_[via], node_name(via));
     if (rdma_resolve_addr(id, nullptr, reinterpret_cast<sockaddr*>(&dst), kConnectTimeoutMs) != 0)
-      verbs::fail_errno(node_name(0) + ": rdma_resolve_addr (" + hosts_[0] + " is not reachable through an RDMA "
+      verbs::fail_errno(node_name(via) + ": rdma_resolve_addr (" + hosts_[via] + " is not reachable through an RDMA "
                         "device: is the memnode's --listen the IP of a RoCE/IPoIB interface?)");
-    if (id->verbs == nullptr) throw FabricError(node_name(0) + ": rdma_cm resolved no RDMA device");
+    if (id->verbs == nullptr) throw FabricError(node_name(via) + ": rdma_cm resolved no RDMA device");
     limits_ = verbs::query_device(id->verbs);
     if (!limits_.atomics)
       throw FabricError("--provider verbs: device " + limits_.name + " does not execute atomics (atomic_cap NONE)");
