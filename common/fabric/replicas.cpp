@@ -244,9 +244,10 @@ bool ReplicatedEndpoint::first_stage(uint32_t i, std::vector<Op>& out) {
     return o;
   };
   switch (p.op.kind) {
-    case OpKind::Read:
+    case OpKind::Read: {
+      const unsigned home = home_copy(p.op.remote.offset(), r);
       for (unsigned k = 0; k < r; ++k) {  // the address's copy, else the next live one not tried yet
-        const unsigned c = static_cast<unsigned>((home_copy(p.op.remote.offset(), r) + k) % r);
+        const unsigned c = (home + k) % r;
         if ((p.tried >> c & 1) || !c_.copy_alive(l, c)) continue;
         p.tried |= 1u << c;
         p.waiting = 1;
@@ -254,6 +255,7 @@ bool ReplicatedEndpoint::first_stage(uint32_t i, std::vector<Op>& out) {
         return true;
       }
       return false;
+    }
     case OpKind::Write:
       for (unsigned c = 0; c < r; ++c)
         if (c_.copy_alive(l, c)) {

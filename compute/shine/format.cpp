@@ -71,9 +71,9 @@ GraphParams format_or_attach(fabric::Cluster& c, fabric::Endpoint& ep, const Gra
       h.elem_type = static_cast<uint8_t>(ElemType::F32);
       h.dim = wanted->dim;
       h.memnode_count = static_cast<uint16_t>(n);
-      h.mode_words[shine_word::kBump] = (h.data_offset + 63) / 64 * 64;
+      h.mode_words[shine_word::kBump] = ids.buckets > 0 ? ids.offset + (ids.bytes_per_memnode() + 63) / 64 * 64
+                                                        : (h.data_offset + 63) / 64 * 64;
       if (ids.buckets > 0) {
-        h.mode_words[shine_word::kBump] = ids.offset + (ids.bytes_per_memnode() + 63) / 64 * 64;
         if (h.mode_words[shine_word::kBump] >= h.region_size)
           throw FabricError("memnode " + std::to_string(i) + " (" + c.memnodes()[i].address + "): its share of an id " +
                             "index for " + std::to_string(wanted->id_capacity) + " ids (" +
