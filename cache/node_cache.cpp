@@ -144,14 +144,15 @@ class Mapping {
   std::size_t bytes_ = 0;
 };
 
-struct EntryHeader {  // 32 bytes
+struct EntryHeader {  // 40 bytes
   uint64_t meta;
   uint64_t key;
   uint64_t next;  // tagged link to the next entry of the chain
-  uint32_t label;
+  uint64_t label;
   uint32_t level;  // the node's level (the replay's admission needs it for hits too)
+  uint32_t unused;
 };
-static_assert(sizeof(EntryHeader) == 32);
+static_assert(sizeof(EntryHeader) == 40);
 
 struct Bucket {  // 16 bytes
   uint64_t head;
@@ -306,7 +307,7 @@ struct NodeCache::Impl {
 
   // Lock-free search. Returns the entry index (and its validated meta) or kNone.
   template <bool kCopy>
-  uint32_t find(uint64_t key, uint64_t h, float* vec, uint32_t* label, uint64_t* meta_out, unsigned* level = nullptr) {
+  uint32_t find(uint64_t key, uint64_t h, float* vec, uint64_t* label, uint64_t* meta_out, unsigned* level = nullptr) {
     Bucket& b = bucket_of(h);
     for (unsigned attempt = 0; attempt < kMaxRestarts; ++attempt) {
       uint64_t link = aref<uint64_t>(b.head).load(std::memory_order_acquire);
@@ -326,10 +327,11 @@ struct NodeCache::Impl {
         }
         const uint64_t k = aref<uint64_t>(e.key).load(std::memory_order_acquire);
         if (k == key) {
-          uint32_t lab = 0, lev = 0;
+          uint64_t lab = 0;
+          uint32_t lev = 0;
           if constexpr (kCopy) {
             copy_out(idx, vec);
-            lab = aref<uint32_t>(e.label).load(std::memory_order_acquire);
+            lab = aref<uint64_t>(e.label).load(std::memory_order_acquire);
             lev = aref<uint32_t>(e.level).load(std::memory_order_acquire);
           }
           const uint64_t m2 = aref<uint64_t>(e.meta).load(std::memory_order_relaxed);
@@ -499,7 +501,7 @@ NodeCache::~NodeCache() = default;
 uint64_t NodeCache::capacity_entries() const { return impl_->cap; }
 uint32_t NodeCache::dim() const { return impl_->dim; }
 
-bool NodeCache::lookup(RemotePtr key, float* vec, uint32_t* label, unsigned* level) {
+bool NodeCache::lookup(RemotePtr key, float* vec, uint64_t* label, unsigned* level) {
   Impl& im = *impl_;
   Stripe& s = im.stripe();
   if (im.cap == 0) {
@@ -518,7 +520,7 @@ bool NodeCache::lookup(RemotePtr key, float* vec, uint32_t* label, unsigned* lev
   return true;
 }
 
-bool NodeCache::admit(RemotePtr key, unsigned level, const float* vec, uint32_t label) {
+bool NodeCache::admit(RemotePtr key, unsigned level, const float* vec, uint64_t label) {
   Impl& im = *impl_;
   if (im.cap == 0) return false;
   Stripe& s = im.stripe();
@@ -541,7 +543,7 @@ bool NodeCache::admit(RemotePtr key, unsigned level, const float* vec, uint32_t 
   EntryHeader& e = im.headers[idx];
   aref<uint64_t>(e.key).store(k, std::memory_order_release);
   if (im.dim != 0) im.copy_in(idx, vec);
-  aref<uint32_t>(e.label).store(label, std::memory_order_release);
+  aref<uint64_t>(e.label).store(label, std::memory_order_release);
   aref<uint32_t>(e.level).store(level, std::memory_order_release);
 
   Bucket& b = im.bucket_of(h);

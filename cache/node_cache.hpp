@@ -52,12 +52,12 @@ class NodeCache {
   /// Lock-free lookup. On a hit copies the vector (dim floats) to `vec`, the label to
   /// `label` and (when not null) the node's level to `level`, and returns true. Never
   /// returns another key's vector.
-  bool lookup(RemotePtr key, float* vec, uint32_t* label, unsigned* level = nullptr);
+  bool lookup(RemotePtr key, float* vec, uint64_t* label, unsigned* level = nullptr);
 
   /// Offers a node just read from remote memory. Level > 0: always admitted; level 0: with
   /// probability admit_probability. Evicts through the cooling table when full. Returns
   /// true when the node is now cached (also when it already was).
-  bool admit(RemotePtr key, unsigned level, const float* vec, uint32_t label);
+  bool admit(RemotePtr key, unsigned level, const float* vec, uint64_t label);
 
   /// Counters summed over all threads (approximate while other threads run).
   NodeCacheStats stats() const;

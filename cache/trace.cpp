@@ -289,7 +289,7 @@ CspResult replay(const std::vector<TraceFile>& files) {
     ++c.next;
 
     const RemotePtr key = RemotePtr::from_raw(rec.key);
-    uint32_t label = 0;
+    uint64_t label = 0;
     const bool hit = cache.lookup(key, out.data(), &label);
     if (!hit) cache.admit(key, rec.level, dummy.data(), 0);
     if ((rec.flags & TraceRecord::kMeasured) != 0) {

@@ -64,6 +64,9 @@ inline constexpr size_t kIdCeiling = 9;
 /// The id index (compute/shine/id_index.hpp), when the index has one: its offset on every
 /// memnode and its bucket count (0: no id index). Written once, when formatting.
 inline constexpr size_t kIdTable = 10, kIdBuckets = 11;
+/// Memnode 0: deleted nodes (tombstones) in the graph, raised by FETCH_ADD after each delete.
+/// Queries read it with the entry point: while it is 0, no node a cache holds can be deleted.
+inline constexpr size_t kDeleted = 12;
 /// kFormat values: the region is being formatted by one computenode, then ready. While
 /// formatting, the high 32 bits hold the formatter's computenode id + 1 (0: not said), so a
 /// waiter can tell from memnode 0's presence table that the formatter left.

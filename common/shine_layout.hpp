@@ -2,7 +2,7 @@
 // SHINE node layout in remote memory (DESIGN.md "Remote memory", SHINE paper Figure 2).
 // One fixed-size record per node, sized by the node's top level:
 //
-//   [u64 header: magic | level | lock bit][u32 label][u32 pad][d x f32 vector][pad to 8]
+//   [u64 header: magic | generation | level | deleted, lock bits][u64 label][d x f32 vector][pad to 8]
 //   level 0:        [u32 count][u32 pad][2M x RemotePtr]
 //   each level 1..L: [u32 count][u32 pad][ M x RemotePtr]
 //
@@ -18,26 +18,35 @@
 
 namespace dmhnsw::shine {
 
-/// Node header word: bits 48..63 magic, bits 8..15 level, bit 0 lock.
+/// Node header word: bits 48..63 magic, bits 16..47 the record's generation (bumped when a
+/// deleted node's record is reused for another vector), bits 8..15 level, bit 1 deleted (a
+/// tombstone: the node still guides searches but is never returned), bit 0 lock.
 struct NodeHeader {
   static constexpr uint64_t kMagic = 0x5E1E;
-  static constexpr uint64_t kLockBit = 1;
-  static constexpr uint64_t make(unsigned level, bool locked = false) {
-    return (kMagic << 48) | (uint64_t{level & 0xff} << 8) | (locked ? kLockBit : 0);
+  static constexpr uint64_t kLockBit = 1, kDeletedBit = 2;
+  static constexpr uint64_t make(unsigned level, bool locked = false, bool deleted = false, uint32_t generation = 0) {
+    return (kMagic << 48) | (uint64_t{generation} << 16) | (uint64_t{level & 0xff} << 8) | (deleted ? kDeletedBit : 0) |
+           (locked ? kLockBit : 0);
   }
-  static constexpr bool valid(uint64_t h) { return (h >> 48) == kMagic && (h & 0x0000'ffff'ffff'00feull) == 0; }
+  static constexpr bool valid(uint64_t h) { return (h >> 48) == kMagic && (h & 0xfcull) == 0; }
   static constexpr unsigned level(uint64_t h) { return static_cast<unsigned>((h >> 8) & 0xff); }
   static constexpr bool locked(uint64_t h) { return (h & kLockBit) != 0; }
+  static constexpr bool deleted(uint64_t h) { return (h & kDeletedBit) != 0; }
+  static constexpr uint32_t generation(uint64_t h) { return static_cast<uint32_t>(h >> 16); }
+  static constexpr uint64_t unlocked(uint64_t h) { return h & ~kLockBit; }
 };
-static_assert(NodeHeader::valid(NodeHeader::make(3)) && NodeHeader::valid(NodeHeader::make(3, true)));
-static_assert(NodeHeader::level(NodeHeader::make(7, true)) == 7);
-static_assert(!NodeHeader::valid(0) && !NodeHeader::valid(NodeHeader::make(1) | 0x10000));
+static_assert(NodeHeader::valid(NodeHeader::make(3)) && NodeHeader::valid(NodeHeader::make(3, true, true, 0xffffffff)));
+static_assert(NodeHeader::level(NodeHeader::make(7, true, true, 9)) == 7);
+static_assert(NodeHeader::generation(NodeHeader::make(7, true, true, 0xfedcba98)) == 0xfedcba98);
+static_assert(NodeHeader::deleted(NodeHeader::make(1, false, true)) && !NodeHeader::deleted(NodeHeader::make(1, true)));
+static_assert(!NodeHeader::valid(0) && !NodeHeader::valid(NodeHeader::make(1) | 0x10));
+// Records written before deletes existed (lock bit only, generation 0) read the same.
+static_assert(NodeHeader::make(5, true) == ((uint64_t{0x5E1E} << 48) | (5u << 8) | 1));
 
 /// The fixed front of every node record.
 struct NodeFront {
   uint64_t header;
-  uint32_t label;
-  uint32_t reserved;
+  uint64_t label;  // the application's id (records from before 64-bit ids held 32 bits and a zero word)
   // float vector[d] follows
 };
 static_assert(sizeof(NodeFront) == 16 && offsetof(NodeFront, label) == 8);

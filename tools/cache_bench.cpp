@@ -60,7 +60,7 @@ volatile float g_sink;
 // ns per lookup over `order` (hits or misses), repeated until `budget` seconds passed.
 double time_lookups(NodeCache& c, const std::vector<uint64_t>& order, double budget, uint64_t& hits_out) {
   std::vector<float> out(c.dim() + 1);
-  uint32_t label = 0;
+  uint64_t label = 0;
   float sink = 0;
   uint64_t ops = 0, hits = 0;
   const double c0 = thread_cpu_seconds();
@@ -138,7 +138,7 @@ void bench_threads(uint32_t dim, uint64_t entries, uint64_t keys, double p, doub
   for (unsigned t = 0; t < threads; ++t) {
     pool.emplace_back([&, t] {
       std::vector<float> out(dim), vec(dim, 2.0f);
-      uint32_t label = 0;
+      uint64_t label = 0;
       Lcg rng{t * 977 + 1};
       uint64_t ops = 0;
       while (!stop.load(std::memory_order_relaxed)) {

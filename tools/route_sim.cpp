@@ -77,7 +77,7 @@ SimResult simulate(const std::vector<Accesses>& acc, const std::vector<uint32_t>
   sc.capacity_bytes = cfg.capacity_bytes * K;
   cache::NodeCache shared(sc);
   std::vector<float> vec(cfg.dim, 0.0f);  // the vectors' values do not matter to the policy
-  uint32_t label = 0;
+  uint64_t label = 0;
   SimResult r;
   r.load.assign(K, 0);
   for (size_t j = 0; j < stream.size(); ++j) {

@@ -30,7 +30,7 @@ namespace {
 struct Job {
   LiveQuery op;
   bool insert = false;
-  uint32_t label = 0;  // insert
+  uint64_t label = 0;  // insert
 };
 
 /// The jobs of one request: done() of each counts down; wait() rethrows the first failure.

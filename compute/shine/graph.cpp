@@ -112,12 +112,15 @@ Task<void> Worker::write(RemotePtr dst, const void* src, size_t len, OpContext& 
   fail(co_await s_.io(std::span<Op>(&op, 1), true, &ctx.io));
 }
 
-Task<std::pair<RemotePtr, unsigned>> Worker::read_entry(OpContext& ctx) {
-  Buffer b = s_.endpoint().alloc(16);
-  Op op = Op::read(word_ptr(shine_word::kEntryPoint), b.data(), 16);
+Task<Worker::Entry> Worker::read_entry(OpContext& ctx) {
+  // The entry point, its level and the tombstone count in one READ (words 1 .. 12).
+  static_assert(shine_word::kMaxLevel == shine_word::kEntryPoint + 1 && shine_word::kDeleted > shine_word::kMaxLevel);
+  constexpr size_t kWords = shine_word::kDeleted - shine_word::kEntryPoint + 1;
+  Buffer b = s_.endpoint().alloc(8 * kWords);
+  Op op = Op::read(word_ptr(shine_word::kEntryPoint), b.data(), 8 * kWords);
   fail(co_await s_.io(std::span<Op>(&op, 1), true, &ctx.io));
-  uint64_t w[2];
-  std::memcpy(w, b.data(), 16);
+  uint64_t w[kWords];
+  std::memcpy(w, b.data(), sizeof w);
   const RemotePtr ep = RemotePtr::from_raw(w[0]);
   // Searches start there and inserts link into it: it must be a node's place in a data area
   // (as every neighbour pointer followed), its level one a node can have.
@@ -126,7 +129,7 @@ Task<std::pair<RemotePtr, unsigned>> Worker::read_entry(OpContext& ctx) {
                       std::to_string(mode_word_offset(shine_word::kEntryPoint)) + " names memnode " +
                       std::to_string(ep.node()) + " offset " + std::to_string(ep.offset()) + " level " +
                       std::to_string(w[1]) + ": not a node of this index (a corrupted region header?)");
-  co_return std::pair{ep, static_cast<unsigned>(w[1])};
+  co_return Entry{ep, static_cast<unsigned>(w[1]), w[kWords - 1]};
 }
 
 Task<std::vector<Neighbor>> Worker::read_vectors(const std::vector<RemotePtr>& nodes, const float* q,
@@ -161,11 +164,11 @@ Task<std::vector<Neighbor>> Worker::read_vectors(const std::vector<RemotePtr>& n
     thread_local std::vector<float> tmp;
     tmp.resize(L.dim());
     for (RemotePtr p : nodes) {
-      uint32_t label = 0;
+      uint64_t label = 0;
       unsigned level = 0;
       if (ctx.node_cache->lookup(p, tmp.data(), &label, &level)) {
         ++ctx.search.visited;
-        out.push_back({g_.distance()(q, tmp.data()), p, label});
+        out.push_back({g_.distance()(q, tmp.data()), p, label, false, true});
         note_access(ctx, p, level, true);
       } else {
         remote.push_back(p);
@@ -191,7 +194,7 @@ Task<std::vector<Neighbor>> Worker::read_vectors(const std::vector<RemotePtr>& n
     }
     const float* v = reinterpret_cast<const float*>(p + NodeLayout::vector_offset());
     ++ctx.search.visited;
-    out.push_back({g_.distance()(q, v), remote[i], f.label});
+    out.push_back({g_.distance()(q, v), remote[i], f.label, NodeHeader::deleted(f.header)});
     if (cache != nullptr) cache->add(remote[i], v, L.dim(), NodeHeader::level(f.header), f.label);
     if (ctx.node_cache != nullptr) {
       unsigned level = NodeHeader::level(f.header);
@@ -244,9 +247,12 @@ Task<std::vector<Neighbor>> Worker::search_layer(const float* q, std::vector<Nei
   ctx.visited.clear();
   std::priority_queue<Neighbor, std::vector<Neighbor>, ByDistGreater> cand;  // nearest first
   std::priority_queue<Neighbor, std::vector<Neighbor>, ByDistLess> top;      // farthest first
+  // Deleted nodes are expanded like the others (they keep the graph connected, as in hnswlib)
+  // but never enter the results.
   for (const auto& e : eps) {
     if (!ctx.visited.insert(e.node)) continue;
     cand.push(e);
+    if (e.deleted) continue;
     top.push(e);
     if (top.size() > ef) top.pop();
   }
@@ -265,6 +271,7 @@ Task<std::vector<Neighbor>> Worker::search_layer(const float* q, std::vector<Nei
     for (const auto& n : got) {
       if (top.size() < ef || n.dist < bound) {
         cand.push(n);
+        if (n.deleted) continue;
         top.push(n);
         if (top.size() > ef) top.pop();
         bound = top.top().dist;
@@ -310,12 +317,15 @@ namespace {
 constexpr auto kLockWaitLimit = std::chrono::seconds(10);
 }  // namespace
 
-Task<void> Worker::lock_node(RemotePtr n, unsigned level, OpContext& ctx) {
-  const uint64_t unlocked = NodeHeader::make(level, false), locked = NodeHeader::make(level, true);
+Task<uint64_t> Worker::lock_node(RemotePtr n, unsigned level, OpContext& ctx) {
+  // The usual header first (live, first generation); a failed COMPARE_SWAP returns the header
+  // there is, which the next attempt expects when it is unlocked.
+  uint64_t expect = NodeHeader::make(level);
   const auto deadline = std::chrono::steady_clock::now() + kLockWaitLimit;
   for (;;) {
-    uint64_t old = co_await atomic(Op::compare_swap(n, unlocked, locked, nullptr), ctx);
-    if (old == unlocked) co_return;
+    uint64_t old = co_await atomic(Op::compare_swap(n, expect, expect | NodeHeader::kLockBit, nullptr), ctx);
+    if (old == expect) co_return expect | NodeHeader::kLockBit;
+    if (!NodeHeader::locked(old)) expect = old;
     if (!NodeHeader::valid(old) || NodeHeader::level(old) != level)
       throw FabricError("node at memnode " + std::to_string(n.node()) + " offset " + std::to_string(n.offset()) +
                         " has a corrupt header while locking it");
@@ -339,8 +349,7 @@ Task<void> Worker::lock_entry(OpContext& ctx) {
   }
 }
 
-Task<void> Worker::unlock_node(RemotePtr n, unsigned level, OpContext& ctx) {
-  const uint64_t unlocked = NodeHeader::make(level, false), locked = NodeHeader::make(level, true);
+Task<void> Worker::unlock_node(RemotePtr n, uint64_t locked, uint64_t unlocked, OpContext& ctx) {
   const uint64_t old = co_await atomic(Op::compare_swap(n, locked, unlocked, nullptr), ctx);
   if (old != locked)
     throw FabricError("the node at memnode " + std::to_string(n.node()) + " offset " + std::to_string(n.offset()) +
@@ -372,7 +381,7 @@ Task<void> Worker::link(RemotePtr n, RemotePtr me, float d_me, unsigned level, O
   const std::optional<VecEntry> self = cache.find(n);
   if (!self) co_return;  // only nodes whose vector we read get linked
   const unsigned n_level = self->level;
-  co_await lock_node(n, n_level, ctx);
+  const uint64_t held = co_await lock_node(n, n_level, ctx);
   std::vector<RemotePtr> list = co_await read_list(n, level, ctx);
   const uint32_t cap = L.capacity(level);
   std::vector<RemotePtr> next;
@@ -396,12 +405,13 @@ Task<void> Worker::link(RemotePtr n, RemotePtr me, float d_me, unsigned level, O
     for (const auto& c : select_heuristic(cands, cap, cache)) next.push_back(c.node);
   }
   co_await write_list(n, level, next, ctx);
-  co_await unlock_node(n, n_level, ctx);
+  co_await unlock_node(n, held, NodeHeader::unlocked(held), ctx);
 }
 
-Task<void> Worker::insert(const float* v, uint32_t label, OpContext& ctx) {
+Task<bool> Worker::insert(const float* v, uint64_t label, OpContext& ctx, bool upsert) {
+  if (upsert && !ids_)
+    throw std::invalid_argument("upsert: this shine index has no id index (build it with --id-capacity N)");
   const auto& L = g_.layout();
-  const auto& P = g_.params();
   // 1. Level, memnode, allocation by FETCH_ADD on that memnode's bump pointer.
   double u = std::uniform_real_distribution<double>(0.0, 1.0)(rng_);
   unsigned level = std::min<unsigned>(kMaxLevel, static_cast<unsigned>(-std::log(std::max(u, 1e-300)) * level_mult_));
@@ -420,40 +430,58 @@ Task<void> Worker::insert(const float* v, uint32_t label, OpContext& ctx) {
 
   // 2. The whole record, lists empty, written before anyone can reach it.
   std::vector<char> rec(L.node_bytes(level), 0);
-  NodeFront front{NodeHeader::make(level), label, 0};
+  NodeFront front{NodeHeader::make(level), label};
   std::memcpy(rec.data(), &front, sizeof front);
   std::memcpy(rec.data() + NodeLayout::vector_offset(), v, 4ull * L.dim());
   co_await write(me, rec.data(), rec.size(), ctx);
+  RemotePtr replaced;  // upsert: the node that held the id, deleted once this one is linked
   if (ids_) {
     // The id first: a node is linked only under an id that is its own. A refused record stays
     // unlinked (its bytes are not reused).
-    const auto r = co_await ids_->insert(label, me, false, &ctx.io);
-    if (r.what == IdIndex::Put::Present)
-      throw std::invalid_argument("id " + std::to_string(label) + " is already in the index (the node at memnode " +
-                                  std::to_string(r.old.node()) + " offset " + std::to_string(r.old.offset()) + ")");
+    auto r = co_await ids_->insert(label, me, upsert, &ctx.io);
+    if (r.what == IdIndex::Put::Present) {
+      // A delete that stopped between marking the node and removing its id leaves an entry
+      // that holds no live node: it is taken over.
+      uint64_t h = 0;
+      co_await read_words(r.old, &h, 1, ctx);
+      if (!NodeHeader::deleted(h))
+        throw std::invalid_argument("id " + std::to_string(label) + " is already in the index (the node at memnode " +
+                                    std::to_string(r.old.node()) + " offset " + std::to_string(r.old.offset()) + ")");
+      r = co_await ids_->insert(label, me, true, &ctx.io);
+    }
+    if (r.what == IdIndex::Put::Replaced) replaced = r.old;
   }
+  bool was_replaced = false;
+  co_await link_new(me, v, level, label, ctx);
+  if (!replaced.is_null()) was_replaced = co_await tombstone(replaced, ctx);
+  co_await atomic(Op::fetch_add(word_ptr(shine_word::kNodeCount), 1, nullptr), ctx);
+  co_return was_replaced;
+}
+
+Task<void> Worker::link_new(RemotePtr me, const float* v, unsigned level, uint64_t label, OpContext& ctx) {
+  const auto& L = g_.layout();
+  const auto& P = g_.params();
 
   VecCache cache;
   cache.shared = shared_;
   cache.add(me, v, L.dim(), level, label);
-  std::pair<RemotePtr, unsigned> entry = co_await read_entry(ctx);
-  RemotePtr ep = entry.first;
-  unsigned max_level = entry.second;
+  const Entry entry = co_await read_entry(ctx);
+  RemotePtr ep = entry.node;
+  unsigned max_level = entry.level;
   // As in hnswlib, a node that raises the top level is inserted under the entry-point lock,
   // so the upper levels grow one node at a time and stay connected.
   bool hold_entry = false;
   if (ep.is_null() || level > max_level) {
     co_await lock_entry(ctx);
-    std::pair<RemotePtr, unsigned> again = co_await read_entry(ctx);
-    if (again.first.is_null()) {
+    const Entry again = co_await read_entry(ctx);
+    if (again.node.is_null()) {
       std::array<uint64_t, 2> w{me.raw(), level};
       co_await write(word_ptr(shine_word::kEntryPoint), w.data(), 16, ctx);
       co_await unlock_entry(ctx);
-      co_await atomic(Op::fetch_add(word_ptr(shine_word::kNodeCount), 1, nullptr), ctx);
       co_return;
     }
-    ep = again.first;
-    max_level = again.second;
+    ep = again.node;
+    max_level = again.level;
     hold_entry = level > max_level;
     if (!hold_entry) co_await unlock_entry(ctx);
   }
@@ -472,7 +500,7 @@ Task<void> Worker::insert(const float* v, uint32_t label, OpContext& ctx) {
     std::vector<Neighbor> sel = select_heuristic(w, P.m, cache);
     // My own list, under my lock: a concurrent inserter that reached me through an upper
     // level may already have linked itself here; its link is kept (pruned if over capacity).
-    co_await lock_node(me, level, ctx);
+    const uint64_t held = co_await lock_node(me, level, ctx);
     std::vector<RemotePtr> mine = co_await read_list(me, static_cast<unsigned>(l), ctx);
     std::vector<RemotePtr> next;
     for (const auto& n : sel) next.push_back(n.node);
@@ -480,7 +508,7 @@ Task<void> Worker::insert(const float* v, uint32_t label, OpContext& ctx) {
       if (std::find(next.begin(), next.end(), p) == next.end() && next.size() < L.capacity(static_cast<unsigned>(l)))
         next.push_back(p);
     co_await write_list(me, static_cast<unsigned>(l), next, ctx);
-    co_await unlock_node(me, level, ctx);
+    co_await unlock_node(me, held, NodeHeader::unlocked(held), ctx);
     for (const auto& n : sel) co_await link(n.node, me, n.dist, static_cast<unsigned>(l), ctx, cache);
     if (!w.empty()) eps = w;
   }
@@ -491,13 +519,75 @@ Task<void> Worker::insert(const float* v, uint32_t label, OpContext& ctx) {
     co_await write(word_ptr(shine_word::kEntryPoint), w.data(), 16, ctx);
     co_await unlock_entry(ctx);
   }
-  co_await atomic(Op::fetch_add(word_ptr(shine_word::kNodeCount), 1, nullptr), ctx);
+}
+
+Task<void> Worker::read_words(RemotePtr at, uint64_t* out, size_t n, OpContext& ctx) {
+  Buffer b = s_.endpoint().alloc(8 * n);
+  Op op = Op::read(at, b.data(), 8 * n);
+  fail(co_await s_.io(std::span<Op>(&op, 1), true, &ctx.io));
+  std::memcpy(out, b.data(), 8 * n);
+}
+
+Task<bool> Worker::tombstone(RemotePtr n, OpContext& ctx) {
+  uint64_t h = 0;
+  co_await read_words(n, &h, 1, ctx);
+  if (!NodeHeader::valid(h))
+    throw FabricError("the node at memnode " + std::to_string(n.node()) + " offset " + std::to_string(n.offset()) +
+                      " has a corrupt header (word " + std::to_string(h) + ") while deleting it");
+  if (NodeHeader::deleted(h)) co_return false;
+  const uint64_t held = co_await lock_node(n, NodeHeader::level(h), ctx);
+  const bool fresh = !NodeHeader::deleted(held);
+  co_await unlock_node(n, held, NodeHeader::unlocked(held) | NodeHeader::kDeletedBit, ctx);
+  if (fresh) co_await atomic(Op::fetch_add(word_ptr(shine_word::kDeleted), 1, nullptr), ctx);
+  co_return fresh;
+}
+
+Task<bool> Worker::remove(uint64_t id, OpContext& ctx) {
+  if (!ids_) throw std::invalid_argument("delete: this shine index has no id index (build it with --id-capacity N)");
+  const RemotePtr n = co_await ids_->find(id, &ctx.io);
+  if (n.is_null()) co_return false;
+  if (!g_.plausible(n))
+    throw FabricError("the id index maps id " + std::to_string(id) + " to memnode " + std::to_string(n.node()) +
+                      " offset " + std::to_string(n.offset()) + ", not a node of this index (a corrupted id index?)");
+  // Marked first, then unmapped: a delete that stops in between leaves a deleted node under its
+  // id, which inserts take over and deletes finish; never a live node that no id names.
+  const bool marked = co_await tombstone(n, ctx);
+  co_await ids_->erase(id, n, &ctx.io);
+  co_return marked;
+}
+
+Task<void> Worker::drop_stale(std::vector<Neighbor>& w, uint32_t k, OpContext& ctx) {
+  for (;;) {
+    std::vector<size_t> idx;
+    for (size_t i = 0; i < w.size() && i < k; ++i)
+      if (w[i].cached) idx.push_back(i);
+    if (idx.empty()) co_return;
+    Buffer b = s_.endpoint().alloc(sizeof(NodeFront) * idx.size());
+    std::vector<Op> ops;
+    ops.reserve(idx.size());
+    for (size_t j = 0; j < idx.size(); ++j) ops.push_back(Op::read(w[idx[j]].node, b.data() + j * sizeof(NodeFront), sizeof(NodeFront)));
+    fail(co_await s_.io(ops, true, &ctx.io));
+    size_t dropped = 0;
+    for (size_t j = 0; j < idx.size(); ++j) {
+      NodeFront f;
+      std::memcpy(&f, b.data() + j * sizeof f, sizeof f);
+      Neighbor& n = w[idx[j]];
+      n.cached = false;
+      if (!NodeHeader::valid(f.header) || NodeHeader::deleted(f.header) || f.label != n.label) {
+        n.deleted = true;
+        ++dropped;
+      }
+    }
+    if (dropped == 0) co_return;
+    ctx.search.stale += dropped;
+    w.erase(std::remove_if(w.begin(), w.end(), [](const Neighbor& n) { return n.deleted; }), w.end());
+  }
 }
 
 Task<std::vector<Neighbor>> Worker::search(const float* q, uint32_t k, uint32_t ef, OpContext& ctx) {
-  std::pair<RemotePtr, unsigned> entry = co_await read_entry(ctx);
-  RemotePtr ep = entry.first;
-  unsigned max_level = entry.second;
+  const Entry entry = co_await read_entry(ctx);
+  RemotePtr ep = entry.node;
+  unsigned max_level = entry.level;
   if (ep.is_null()) co_return std::vector<Neighbor>{};
   std::vector<RemotePtr> start{ep};
   std::vector<Neighbor> first = co_await read_vectors(start, q, ctx, nullptr);
@@ -506,6 +596,9 @@ Task<std::vector<Neighbor>> Worker::search(const float* q, uint32_t k, uint32_t 
   for (unsigned l = max_level; l > 0; --l) cur = co_await greedy(q, cur, l, ctx, nullptr);
   std::vector<Neighbor> eps{cur};
   std::vector<Neighbor> w = co_await search_layer(q, std::move(eps), std::max(ef, k), 0, ctx, nullptr);
+  // A node cache's entries do not see deletes: while the index has any, the results it gave
+  // are checked against the index.
+  if (entry.deleted > 0) co_await drop_stale(w, k, ctx);
   if (w.size() > k) w.resize(k);
   co_return w;
 }

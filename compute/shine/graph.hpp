@@ -49,17 +49,20 @@ struct RegionBounds {
   uint64_t size = 0;
 };
 
-/// One search result: distance, node, label.
+/// One search result: distance, node, label; `deleted`: a tombstone (guides, is never returned).
 struct Neighbor {
   float dist;
   RemotePtr node;
-  uint32_t label;
+  uint64_t label;
+  bool deleted = false;
+  bool cached = false;  // from a node cache: deleted may be out of date
 };
 
 struct SearchStats {
   uint64_t visited = 0;   // distinct nodes whose vector was read
   uint64_t hops = 0;      // candidates expanded (neighbour lists read)
   uint64_t skipped = 0;   // invalid pointers or headers met (concurrent writers)
+  uint64_t stale = 0;     // results a cache held that the index had deleted meanwhile (dropped)
 };
 
 /// Formats the memnodes for a shine index (the first computenode to arrive does it), or
@@ -136,9 +139,15 @@ class Worker {
   /// `shared` (optional) is the process-wide vector cache used by inserts.
   Worker(const Graph& g, Scheduler& s, uint64_t seed, VectorCache* shared = nullptr);
 
-  /// Inserts one vector (label = its id in the base set). With an id index, an id already in
-  /// it is refused (std::invalid_argument naming it) before the node is linked.
-  Task<void> insert(const float* v, uint32_t label, OpContext& ctx);
+  /// Inserts one vector under id `label`. With an id index, an id already in it is refused
+  /// (std::invalid_argument naming it) before the node is linked, unless `upsert`: then the new
+  /// node takes the id over once it is linked and the old one is deleted; returns true when an
+  /// old node was replaced.
+  Task<bool> insert(const float* v, uint64_t label, OpContext& ctx, bool upsert = false);
+  /// Deletes the node holding `id` (the id index's): it is marked deleted (keeps guiding
+  /// searches, is never returned) and its id removed. Returns false when the id is not in the
+  /// index. Throws std::invalid_argument when the index has no id index.
+  Task<bool> remove(uint64_t id, OpContext& ctx);
   /// k nearest neighbours with efSearch `ef` (Algorithm 1; upper levels with ef = 1).
   Task<std::vector<Neighbor>> search(const float* q, uint32_t k, uint32_t ef, OpContext& ctx);
 
@@ -148,7 +157,7 @@ class Worker {
     struct Local {
       std::vector<float> v;
       unsigned level;
-      uint32_t label;
+      uint64_t label;
     };
     VectorCache* shared = nullptr;
     std::unordered_map<uint64_t, Local> local;  // what the shared cache had no room for
@@ -160,7 +169,7 @@ class Worker {
       if (it == local.end()) return std::nullopt;
       return VecEntry{it->second.v.data(), it->second.level, it->second.label};
     }
-    VecEntry add(RemotePtr p, const float* v, size_t dim, unsigned level, uint32_t label) {
+    VecEntry add(RemotePtr p, const float* v, size_t dim, unsigned level, uint64_t label) {
       if (shared != nullptr)
         if (auto e = shared->insert(p, v, level, label)) return *e;
       const Local& l = local.emplace(p.raw(), Local{std::vector<float>(v, v + dim), level, label}).first->second;
@@ -168,7 +177,20 @@ class Worker {
     }
   };
 
-  Task<std::pair<RemotePtr, unsigned>> read_entry(OpContext& ctx);
+  /// Steps 2-4 of an insert: the new node `me` (written, not yet reachable) linked in.
+  Task<void> link_new(RemotePtr me, const float* v, unsigned level, uint64_t label, OpContext& ctx);
+  Task<void> read_words(RemotePtr at, uint64_t* out, size_t n, OpContext& ctx);
+  struct Entry {
+    RemotePtr node;
+    unsigned level = 0;
+    uint64_t deleted = 0;  // shine_word::kDeleted
+  };
+  Task<Entry> read_entry(OpContext& ctx);
+  /// Drops from `w` (nearest first) the results a cache held that are deleted now, reading the
+  /// fronts of the first k in one doorbell (again for the next ones while some were dropped).
+  Task<void> drop_stale(std::vector<Neighbor>& w, uint32_t k, OpContext& ctx);
+  /// Marks `n` deleted under its lock; false when it already was.
+  Task<bool> tombstone(RemotePtr n, OpContext& ctx);
   /// Reads the vector parts of `nodes`; returns (node, distance to q, label) of the valid ones
   /// and, with a cache, keeps their vectors.
   Task<std::vector<Neighbor>> read_vectors(const std::vector<RemotePtr>& nodes, const float* q, OpContext& ctx,
@@ -182,11 +204,15 @@ class Worker {
   Task<void> write_list(RemotePtr n, unsigned level, const std::vector<RemotePtr>& list, OpContext& ctx);
   Task<uint64_t> atomic(fabric::Op op, OpContext& ctx);
   Task<void> write(RemotePtr dst, const void* src, size_t len, OpContext& ctx);
-  Task<void> lock_node(RemotePtr n, unsigned level, OpContext& ctx);
+  /// Takes n's lock (COMPARE_SWAP from whatever unlocked header it has); returns the header
+  /// with the lock bit, which unlock_node gets back.
+  Task<uint64_t> lock_node(RemotePtr n, unsigned level, OpContext& ctx);
   Task<void> lock_entry(OpContext& ctx);
   // Releases are COMPARE_SWAPs, never WRITEs: a WRITE is not atomic against another queue
   // pair's atomics (docs/architecture.md, "Words that atomics touch").
-  Task<void> unlock_node(RemotePtr n, unsigned level, OpContext& ctx);
+  /// Releases n's lock taken as `locked`, writing `unlocked` (the same header without the lock
+  /// bit, or with changes such as the deleted bit).
+  Task<void> unlock_node(RemotePtr n, uint64_t locked, uint64_t unlocked, OpContext& ctx);
   Task<void> unlock_entry(OpContext& ctx);
   void fail(const fabric::Completion& c) const;
 

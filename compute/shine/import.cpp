@@ -168,8 +168,6 @@ uint64_t HnswlibFile::list_offset(uint64_t i, unsigned level) const {
 
 void HnswlibFile::check_lists(uint64_t i) {
   const uint64_t label_at = element_offset(i) + label_offset_;
-  if (u64_at(label_at) > std::numeric_limits<uint32_t>::max())
-    fail(label_at, "element " + str(i) + " has label " + str(u64_at(label_at)) + ": shine keeps 32-bit labels");
   for (unsigned l = 0; l <= levels_[i]; ++l) {
     const uint64_t off = list_offset(i, l);
     const uint32_t head = u32_at(off);
@@ -195,8 +193,8 @@ void HnswlibFile::check_lists(uint64_t i) {
   }
 }
 
-uint32_t HnswlibFile::label(uint64_t i) const {
-  return static_cast<uint32_t>(u64_at(element_offset(i) + label_offset_));
+uint64_t HnswlibFile::label(uint64_t i) const {
+  return u64_at(element_offset(i) + label_offset_);
 }
 
 const float* HnswlibFile::vector(uint64_t i) const {
@@ -302,7 +300,7 @@ Placement place(const fabric::Cluster& c, const std::vector<RegionHeader>& hs, c
 void fill_record(char* r, const HnswlibFile& f, const NodeLayout& L, const Placement& p, uint32_t i) {
   const unsigned level = f.level(i);
   std::memset(r, 0, round64(L.node_bytes(level)));
-  const NodeFront front{NodeHeader::make(level), f.label(i), 0};
+  const NodeFront front{NodeHeader::make(level), f.label(i)};
   std::memcpy(r, &front, sizeof front);
   std::memcpy(r + NodeLayout::vector_offset(), f.vector(i), 4ull * f.dim());
   for (unsigned l = 0; l <= level; ++l) {

@@ -43,7 +43,7 @@ class HnswlibFile {
   uint32_t entry() const { return entry_; }
 
   unsigned level(uint64_t i) const { return levels_[i]; }
-  uint32_t label(uint64_t i) const;
+  uint64_t label(uint64_t i) const;
   /// The element's vector: dim() floats, 4-byte aligned inside the mapping.
   const float* vector(uint64_t i) const;
   /// Neighbour count and ids (unaligned u32s, read with neighbour()) of i's list at `level`.

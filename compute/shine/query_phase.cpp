@@ -287,7 +287,7 @@ void QuerySession::answer(PhaseRun& run, std::vector<PerQuery>& out) {
         uint32_t hits = 0;
         for (const auto& r : res)
           for (uint32_t j = 0; j < o_.k; ++j)
-            if (static_cast<uint32_t>(gt[j]) == r.label) {
+            if (gt[j] >= 0 && static_cast<uint64_t>(gt[j]) == r.label) {
               ++hits;
               break;
             }

@@ -28,7 +28,7 @@ VectorCache::VectorCache(uint64_t max_bytes, uint32_t dim) : dim_(dim), stride_(
   }
   mask_ = cells - 1;
   const size_t vec_bytes = align_up(capacity_ * stride_ * sizeof(float), 4096);
-  const size_t label_bytes = align_up(capacity_ * sizeof(uint32_t), 4096);
+  const size_t label_bytes = align_up(capacity_ * sizeof(uint64_t), 4096);
   const size_t level_bytes = align_up(capacity_, 4096);
   const size_t cell_bytes = align_up(cells * sizeof(uint64_t), 4096);
   map_bytes_ = vec_bytes + label_bytes + level_bytes + 2 * cell_bytes;
@@ -41,7 +41,7 @@ VectorCache::VectorCache(uint64_t max_bytes, uint32_t dim) : dim_(dim), stride_(
   }
   char* p = static_cast<char*>(map_);
   vecs_ = reinterpret_cast<float*>(p);
-  labels_ = reinterpret_cast<uint32_t*>(p + vec_bytes);
+  labels_ = reinterpret_cast<uint64_t*>(p + vec_bytes);
   levels_ = reinterpret_cast<uint8_t*>(p + vec_bytes + label_bytes);
   // Zero-filled memory is a valid array of empty atomics on every platform we build for.
   keys_ = reinterpret_cast<std::atomic<uint64_t>*>(p + vec_bytes + label_bytes + level_bytes);
@@ -70,7 +70,7 @@ std::optional<VecEntry> VectorCache::find(RemotePtr p) const {
   }
 }
 
-std::optional<VecEntry> VectorCache::insert(RemotePtr p, const float* v, unsigned level, uint32_t label) {
+std::optional<VecEntry> VectorCache::insert(RemotePtr p, const float* v, unsigned level, uint64_t label) {
   if (auto e = find(p)) return e;
   const uint64_t key = p.raw();
   if (key == 0 || next_.load(std::memory_order_relaxed) >= capacity_) return std::nullopt;

@@ -19,7 +19,7 @@ namespace dmhnsw::shine {
 struct VecEntry {
   const float* v = nullptr;
   unsigned level = 0;
-  uint32_t label = 0;
+  uint64_t label = 0;
 };
 
 class VectorCache {
@@ -34,7 +34,7 @@ class VectorCache {
   std::optional<VecEntry> find(RemotePtr p) const;
   /// Caches p's vector; returns a view of it (this copy or one another thread cached first),
   /// or nullopt when the cache is full. Thread-safe.
-  std::optional<VecEntry> insert(RemotePtr p, const float* v, unsigned level, uint32_t label);
+  std::optional<VecEntry> insert(RemotePtr p, const float* v, unsigned level, uint64_t label);
   /// Starts loading p's table cell, so that a find(p) soon after does not wait for memory.
   void prefetch(RemotePtr p) const {
     if (capacity_ != 0) __builtin_prefetch(&keys_[home(p.raw())]);
@@ -57,7 +57,7 @@ class VectorCache {
   size_t map_bytes_ = 0;
   void* map_ = nullptr;  // one anonymous mapping holding everything below
   float* vecs_ = nullptr;
-  uint32_t* labels_ = nullptr;
+  uint64_t* labels_ = nullptr;
   uint8_t* levels_ = nullptr;
   std::atomic<uint64_t>* keys_ = nullptr;   // RemotePtr::raw(); 0 = empty (no node lives at 0:0)
   std::atomic<uint64_t>* slots_ = nullptr;  // slot + 1 once the vector is in; 0 = being written

@@ -39,7 +39,7 @@ void worker(NodeCache& cache, unsigned t, uint64_t key_space, Totals& tot) {
     // Half the accesses go to a small hot set (hits and cooling hits), the rest everywhere.
     const uint64_t k = 1 + ((r & 1) != 0 ? (r >> 1) % 24 : (r >> 1) % key_space);
     const RemotePtr key = key_ptr(k);
-    uint32_t label = 0;
+    uint64_t label = 0;
     ++lookups;
     if (cache.lookup(key, out.data(), &label)) {
       ++hits;
@@ -87,7 +87,7 @@ void stress(uint64_t entries, uint32_t dim, double p, uint64_t key_space, unsign
   CHECK(tot.not_cached == 0);  // an upper-level admission always finds an entry
   // Every key still cached returns its own vector.
   std::vector<float> out(dim);
-  uint32_t label = 0;
+  uint64_t label = 0;
   uint64_t cached = 0;
   for (uint64_t k = 1; k <= key_space; ++k) {
     if (!cache.lookup(key_ptr(k), out.data(), &label)) continue;

@@ -17,7 +17,7 @@ namespace {
 
 bool has(NodeCache& c, uint64_t k) {
   std::vector<float> v(c.dim() + 1);
-  uint32_t label = 0;
+  uint64_t label = 0;
   return c.lookup(key_ptr(k), v.data(), &label);
 }
 
@@ -35,7 +35,7 @@ TEST_CASE("NodeCache: a hit after admit returns the key's vector and label", "[c
     CHECK(c.capacity_entries() == 100);
     CHECK(c.dim() == dim);
     std::vector<float> out(dim, -1.0f);
-    uint32_t label = 0;
+    uint64_t label = 0;
     CHECK_FALSE(c.lookup(key_ptr(5), out.data(), &label));
     for (uint64_t k = 1; k <= 50; ++k) {
       const auto v = key_vector(k, dim);
@@ -231,7 +231,7 @@ TEST_CASE("NodeCache: a hit also returns the node's level", "[cache]") {
     REQUIRE(c.admit(key_ptr(level), level, v.data(), level));
   }
   std::vector<float> out(8);
-  uint32_t label = 0;
+  uint64_t label = 0;
   for (unsigned level : {1u, 2u, 7u}) {
     unsigned got = 99;
     REQUIRE(c.lookup(key_ptr(level), out.data(), &label, &got));

@@ -30,9 +30,8 @@ constexpr uint64_t kNodesAt = 8 << 20;  // node records (16-byte fronts) from he
 /// A node record at `slot` of memnode `node` whose label word holds `id`.
 RemotePtr make_node(LocalCluster& l, uint16_t node, uint64_t slot, uint64_t id) {
   const RemotePtr p(node, kNodesAt + 16 * slot);
-  const NodeFront f{NodeHeader::make(0), 0, 0};
+  const NodeFront f{NodeHeader::make(0), id};
   std::memcpy(l.region(node) + p.offset(), &f, sizeof f);
-  std::memcpy(l.region(node) + p.offset() + offsetof(NodeFront, label), &id, 8);
   return p;
 }
 

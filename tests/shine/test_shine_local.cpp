@@ -262,3 +262,93 @@ TEST_CASE("shine: with an id index, every inserted id finds its node and a dupli
   format_or_attach(*plain, *ep2, &q);
   CHECK_THROWS_WITH(format_or_attach(*plain, *ep2, &p), Catch::Contains("no id index") && Catch::Contains("--id-capacity"));
 }
+
+TEST_CASE("shine: deleted ids are never returned, upserted ids answer with their new vector, a node cache included",
+          "[shine][id_index][delete]") {
+  constexpr size_t kN = 400, kD = 16;
+  auto c = make_cluster(2, 32u << 20);
+  auto ep = c->make_endpoint(16u << 20);
+  GraphParams p;
+  p.dim = kD;
+  p.m = 8;
+  p.ef_construction = 48;
+  p.id_capacity = 2 * kN;
+  GraphParams got = format_or_attach(*c, *ep, &p);
+  c->refresh_headers();
+  Graph g(*c, got);
+  Scheduler s(*ep);
+  Worker w(g, s, 5);
+  OpContext ctx;
+  auto data = gaussian_data(kN, kD, 21);
+  auto fresh = gaussian_data(kN, kD, 22);  // the upserts' new vectors
+  std::vector<uint64_t> ids;               // sparse 63-bit ids
+  for (uint64_t i = 0; i < kN; ++i) ids.push_back(((i + 1) * 0x9E3779B97F4A7C15ull) >> 1);
+  for (size_t i = 0; i < kN; ++i) compute::run_sync(s, w.insert(&data[i * kD], ids[i], ctx));
+
+  // A node cache that holds every vector before the deletes (admission 1).
+  cache::NodeCacheConfig cc;
+  cc.dim = kD;
+  cc.capacity_bytes = 4 * kN * cache::NodeCache::entry_bytes(kD);
+  cc.admit_probability = 1.0;
+  cache::NodeCache nc(cc);
+  OpContext cached;
+  cached.node_cache = &nc;
+  for (size_t i = 0; i < kN; ++i) compute::run_sync(s, w.search(&data[i * kD], 10, 64, cached));
+  REQUIRE(nc.stats().entries > kN / 2);
+
+  // Delete 30 %, upsert 10 % (ids 0 mod 10 get fresh vectors), one id twice.
+  std::set<uint64_t> gone;
+  for (size_t i = 0; i < kN; ++i)
+    if (i % 10 == 3 || i % 10 == 5 || i % 10 == 7) {
+      bool removed = false;
+      REQUIRE_NOTHROW(removed = compute::run_sync(s, w.remove(ids[i], ctx)));
+      CHECK(removed);
+      gone.insert(ids[i]);
+    }
+  const bool again = compute::run_sync(s, w.remove(ids[3], ctx));
+  CHECK_FALSE(again);  // already deleted: reported, not an error
+  const bool unknown = compute::run_sync(s, w.remove(12345, ctx));
+  CHECK_FALSE(unknown);
+  for (size_t i = 0; i < kN; i += 10) {
+    bool replaced = false;
+    REQUIRE_NOTHROW(replaced = compute::run_sync(s, w.insert(&fresh[i * kD], ids[i], ctx, true)));
+    CHECK(replaced);
+  }
+  // An upsert of a deleted id inserts it again; a plain insert of a deleted id is accepted.
+  const bool back = compute::run_sync(s, w.insert(&fresh[3 * kD], ids[3], ctx, true));
+  CHECK_FALSE(back);
+  gone.erase(ids[3]);
+  REQUIRE_NOTHROW(compute::run_sync(s, w.insert(&fresh[5 * kD], ids[5], ctx)));
+  gone.erase(ids[5]);
+  uint64_t tombstones = 0;
+  std::memcpy(&tombstones, c->region(0) + mode_word_offset(shine_word::kDeleted), 8);
+  CHECK(tombstones == 3 * kN / 10 + kN / 10);
+
+  auto vector_of = [&](size_t i) -> const float* {
+    if (i % 10 == 0 || i == 3 || i == 5) return &fresh[i * kD];
+    return &data[i * kD];
+  };
+  for (OpContext* x : {&ctx, &cached}) {
+    INFO((x == &cached ? "with the node cache" : "without a cache"));
+    size_t returned_gone = 0, stale = 0, self = 0, live = 0;
+    for (size_t i = 0; i < kN; ++i) {
+      // Every old vector as a query: a deleted id or an upserted id's old vector never comes back.
+      for (const auto& r : compute::run_sync(s, w.search(&data[i * kD], 10, 64, *x))) {
+        returned_gone += gone.count(r.label);
+        const size_t j = static_cast<size_t>(std::find(ids.begin(), ids.end(), r.label) - ids.begin());
+        REQUIRE(j < kN);
+        const float* v = vector_of(j);
+        const float want = g.distance()(&data[i * kD], v);
+        stale += std::abs(r.dist - want) > 1e-3f * std::max(1.0f, want);
+      }
+      if (gone.count(ids[i])) continue;
+      ++live;
+      const auto r = compute::run_sync(s, w.search(vector_of(i), 1, 64, *x));
+      self += !r.empty() && r[0].label == ids[i];
+    }
+    CHECK(returned_gone == 0);
+    CHECK(stale == 0);
+    CHECK(self >= live - 2);
+  }
+  CHECK(cached.search.stale > 0);  // the cache held deleted nodes; the checks dropped them
+}
