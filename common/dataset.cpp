@@ -8,11 +8,13 @@
 #include <algorithm>
 #include <bit>
 #include <cctype>
+#include <charconv>
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <type_traits>
 
 namespace dmhnsw {
@@ -452,5 +454,32 @@ template FloatMatrix load_matrix<float>(const std::string&, const LoadOptions&);
 template U8Matrix load_matrix<std::uint8_t>(const std::string&, const LoadOptions&);
 template I8Matrix load_matrix<std::int8_t>(const std::string&, const LoadOptions&);
 template IdMatrix load_matrix<std::int32_t>(const std::string&, const LoadOptions&);
+
+std::vector<std::uint64_t> load_id_list(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw std::runtime_error(path + ": cannot open: " + errno_text());
+  std::vector<std::uint64_t> ids;
+  std::string line;
+  std::uint64_t offset = 0, number = 0;
+  while (std::getline(in, line)) {
+    ++number;
+    const std::uint64_t at = offset;
+    offset += line.size() + 1;
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    const auto first = line.find_first_not_of(" \t");
+    if (first == std::string::npos || line[first] == '#') continue;
+    const auto last = line.find_last_not_of(" \t");
+    const std::string_view text(line.data() + first, last - first + 1);
+    std::uint64_t v = 0;
+    const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+    if (ec != std::errc{} || end != text.data() + text.size() || v > (std::uint64_t{1} << 63) - 1)
+      throw FormatError(path, at + first,
+                        "line " + std::to_string(number) + ": '" + std::string(text.substr(0, 40)) +
+                            "' is not an id (a decimal number 0 .. 9223372036854775807)");
+    ids.push_back(v);
+  }
+  if (in.bad()) throw std::runtime_error(path + ": read error: " + errno_text());
+  return ids;
+}
 
 }  // namespace dmhnsw

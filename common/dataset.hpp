@@ -212,6 +212,11 @@ FloatMatrix load_vectors_as_float(const std::string& path, const LoadOptions& op
 /// Ids from .ivecs or .ibin (the ids part; distances are ignored). Ids must be >= 0.
 IdMatrix load_ids(const std::string& path, const LoadOptions& options = {});
 
+/// An application's ids, one per line as a decimal number 0 .. 2^63 - 1 (a row of --data per
+/// line; blank lines and lines starting with # are skipped). Errors name the file, line and
+/// byte offset.
+std::vector<std::uint64_t> load_id_list(const std::string& path);
+
 /// Ground truth: ids (ivecs/ibin) and, for an .ibin that carries them, the distances.
 struct GroundTruth {
   IdMatrix ids;

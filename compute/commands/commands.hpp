@@ -50,7 +50,7 @@ class IndexCommands {
   void add(CLI::App& app);
   /// The `--read-mode` flag of build and insert (registered after every subcommand's own flags).
   void add_read_mode(std::string& read_mode);
-  bool selected() const { return *build_ || *insert_ || *rebuild_; }
+  bool selected() const { return *build_ || *insert_ || *upsert_ || *delete_ || *rebuild_; }
   bool wants_report() const { return !report_.empty(); }
   int run(RunEnv& env, shine::ReadMode rm);
 
@@ -58,8 +58,10 @@ class IndexCommands {
   int run_rebuild(RunEnv& env);
   int run_dhnsw(RunEnv& env);
   int run_shine(RunEnv& env, shine::ReadMode rm);
-  CLI::App *build_ = nullptr, *insert_ = nullptr, *rebuild_ = nullptr;
+  CLI::App *build_ = nullptr, *insert_ = nullptr, *upsert_ = nullptr, *delete_ = nullptr, *rebuild_ = nullptr;
   shine::BuildOptions bo_;
+  shine::DeleteOptions del_;
+  std::string ids_file_;
   std::string build_cache_ = "2GiB", metric_ = "l2", report_, store_dir_, partition_metric_ = "l2", share_;
   dhnsw::OnlineBuildOptions dbo_;
   dhnsw::InsertOptions dio_;

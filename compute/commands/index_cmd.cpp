@@ -2,6 +2,7 @@
 // shine::run_build; dhnsw through its online build, in-place inserts and epoch rebuild.
 #include <cstdio>
 
+#include "common/dataset.hpp"
 #include "common/units.hpp"
 #include "compute/commands/commands.hpp"
 #include "compute/store.hpp"
@@ -14,8 +15,20 @@ void IndexCommands::add(CLI::App& app) {
                                        "i % num-cns == cn-id)");
   insert_ = app.add_subcommand("insert", "insert rows [--begin, --end) of --data into an existing index "
                                          "(this computenode's share of them), while others may query");
-  for (auto* sc : {build_, insert_}) {
-    sc->add_option("--data", bo_.data, "base vectors (.fvecs .bvecs .fbin .u8bin .i8bin); labels are row ids")->required();
+  upsert_ = app.add_subcommand("upsert", "shine: rows [--begin, --end) of --data under the ids of --ids: an id the "
+                                         "index holds gets the row's vector (its old one is deleted once the new one "
+                                         "is linked), a new id is inserted");
+  delete_ = app.add_subcommand("delete", "shine: delete the ids of --ids (this computenode's share of them); an id "
+                                         "not in the index is reported, not an error");
+  delete_->add_option("--ids", ids_file_, "ids, one decimal number per line")->required();
+  delete_->add_option("--threads", del_.threads, "worker threads (each with its own endpoint)")->capture_default_str();
+  delete_->add_option("--coroutines", del_.coroutines, "deletes in flight per thread")->capture_default_str();
+  delete_->add_option("--report", report_, "write the delete report (JSON) here (computenode 0, merged)");
+  for (auto* sc : {build_, insert_, upsert_}) {
+    sc->add_option("--data", bo_.data, "base vectors (.fvecs .bvecs .fbin .u8bin .i8bin); labels are row ids "
+                                       "unless --ids")->required();
+    sc->add_option("--ids", ids_file_, "shine: the rows' ids, one decimal number (0 .. 2^63-1) per line, row i's on "
+                                       "line i (needs an id index)");
     sc->add_option("--max-elements", bo_.max_elements, "use only the first N rows (0 = all)")->capture_default_str();
     sc->add_option("--threads", bo_.threads, "worker threads (each with its own endpoint)")->capture_default_str();
     sc->add_option("--coroutines", bo_.coroutines, "inserts in flight per thread")->capture_default_str();
@@ -58,8 +71,11 @@ void IndexCommands::add(CLI::App& app) {
                       "dhnsw: a group lock word unchanged this long is taken over (its holder is presumed dead)")
       ->capture_default_str()
       ->check(CLI::Range(10u, 600000u));
-  insert_->add_option("--begin", bo_.begin, "first row to insert")->capture_default_str();
-  insert_->add_option("--end", bo_.end, "one past the last row (0 = all)")->capture_default_str();
+  upsert_->get_option("--ids")->required();
+  for (auto* sc : {insert_, upsert_}) {
+    sc->add_option("--begin", bo_.begin, "first row to insert")->capture_default_str();
+    sc->add_option("--end", bo_.end, "one past the last row (0 = all)")->capture_default_str();
+  }
 
   rebuild_ = app.add_subcommand("rebuild", "dhnsw: an online rebuild now (paper section 4.5): re-partition "
                                            "and rebuild into a shadow area while others insert and query, publish "
@@ -72,7 +88,7 @@ void IndexCommands::add(CLI::App& app) {
 }
 
 void IndexCommands::add_read_mode(std::string& read_mode) {
-  for (auto* sc : {build_, insert_})
+  for (auto* sc : {build_, insert_, upsert_})
     sc->add_option("--read-mode", read_mode, "batch: a candidate's neighbours in one doorbell; per-read: one READ each")
         ->capture_default_str()
         ->check(CLI::IsMember({"batch", "per-read"}));
@@ -80,7 +96,19 @@ void IndexCommands::add_read_mode(std::string& read_mode) {
 
 int IndexCommands::run(RunEnv& env, shine::ReadMode rm) {
   if (*rebuild_) return run_rebuild(env);
-  if (env.flags.mode == "dhnsw") return run_dhnsw(env);
+  if (env.flags.mode == "dhnsw") {
+    if (*upsert_ || *delete_ || !ids_file_.empty())
+      throw std::invalid_argument(std::string(*delete_ ? "delete" : *upsert_ ? "upsert" : "--ids") +
+                                  ": --mode dhnsw has no deletes, upserts or chosen ids yet (issue 29); --mode shine has");
+    return run_dhnsw(env);
+  }
+  if (*delete_) {
+    del_.ids = load_id_list(ids_file_);
+    auto r = shine::run_delete(env.rc, del_);
+    if (env.flags.cn_id == 0) shine::print_delete(r);
+    env.write_report(report_, r);
+    return 0;
+  }
   return run_shine(env, rm);
 }
 
@@ -157,7 +185,14 @@ int IndexCommands::run_shine(RunEnv& env, shine::ReadMode rm) {
   bo_.params.metric = parse_metric(metric_);
   bo_.mode = rm;
   bo_.format = static_cast<bool>(*build_);
+  bo_.upsert = static_cast<bool>(*upsert_);
   bo_.cache_bytes = parse_bytes(build_cache_, "--build-cache");
+  if (!ids_file_.empty()) {
+    bo_.ids = load_id_list(ids_file_);
+    // A build under chosen ids needs an id index: sized for twice the rows unless asked.
+    if (*build_ && build_->get_option("--id-capacity")->count() == 0)
+      bo_.params.id_capacity = std::max<uint64_t>(1024, 2 * bo_.ids.size());
+  }
   auto r = shine::run_build(env.rc, bo_);
   if (env.flags.cn_id == 0) shine::print_build(r);
   env.write_report(report_, r);

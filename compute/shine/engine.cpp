@@ -39,6 +39,7 @@ struct ShareStats {
   std::vector<uint64_t> per_memnode;  // nodes allocated on each memnode
   fabric::Counters counters;
   double seconds = 0;
+  uint64_t replaced = 0;  // upserts whose id the index held
 };
 
 /// Inserts rows `mine` of `data` with T threads x C coroutines. A watcher stops the share at
@@ -52,11 +53,12 @@ ShareStats insert_share(const RunContext& rc, const BuildOptions& o, Graph& g, c
   std::atomic<bool> stop{false};
   std::mutex mu;
   ShareStats st;
+  std::atomic<uint64_t> replaced{0};
   st.per_memnode.assign(c.memnodes().size(), 0);
   auto t0 = Clock::now();
   ProgressOptions po;
   po.enabled = o.progress;
-  std::string what = o.format ? "shine build" : "shine insert";
+  std::string what = o.format ? "shine build" : o.upsert ? "shine upsert" : "shine insert";
   if (rc.num_cns > 1) what += " (computenode " + std::to_string(rc.cn_id) + ")";
   Progress inserted(what, mine.size(), "vectors", po);  // counts this computenode's inserts
   std::thread watcher;
@@ -88,7 +90,8 @@ ShareStats insert_share(const RunContext& rc, const BuildOptions& o, Graph& g, c
           size_t i = next.fetch_add(1);
           if (i >= mine.size()) co_return;
           uint32_t row = mine[i];
-          co_await w.insert(data.row(row), row, ctx);
+          const bool was = co_await w.insert(data.row(row), o.ids.empty() ? row : o.ids[row], ctx, o.upsert);
+          if (was) replaced.fetch_add(1);
           inserted.add();
         }
       };
@@ -117,6 +120,7 @@ ShareStats insert_share(const RunContext& rc, const BuildOptions& o, Graph& g, c
                               std::to_string(inserted.done()) + " of this computenode's " + std::to_string(mine.size()) +
                               " rows");
   st.seconds = secs_since(t0);
+  st.replaced = replaced.load();
   return st;
 }
 
@@ -124,7 +128,7 @@ ShareStats insert_share(const RunContext& rc, const BuildOptions& o, Graph& g, c
 void merge_build(fabric::Cluster& c, fabric::Endpoint& control, const std::vector<std::string>& texts, json& report) {
   json per_cn = json::array();
   double max_secs = 0;
-  uint64_t bytes_written = 0, ops = 0, doorbells = 0, inserted_all = 0;
+  uint64_t bytes_written = 0, ops = 0, doorbells = 0, inserted_all = 0, replaced_all = 0;
   std::vector<uint64_t> nodes_on(c.memnodes().size(), 0);
   for (auto& text : texts) {
     json j = json::parse(text);
@@ -135,6 +139,7 @@ void merge_build(fabric::Cluster& c, fabric::Endpoint& control, const std::vecto
     ops += j["ops"].get<uint64_t>();
     doorbells += j["doorbells"].get<uint64_t>();
     inserted_all += j["inserted"].get<uint64_t>();
+    replaced_all += j.value("replaced", uint64_t{0});
     per_cn.push_back(j);
   }
   // Nodes per memnode: the bump pointers tell the bytes used; node count from memnode 0.
@@ -150,6 +155,7 @@ void merge_build(fabric::Cluster& c, fabric::Endpoint& control, const std::vecto
   control.read(RemotePtr(0, mode_word_offset(shine_word::kNodeCount)), &nodes, 8);
   report["seconds"] = max_secs;
   report["inserted"] = inserted_all;
+  report["replaced"] = replaced_all;
   report["inserts_per_s"] = static_cast<double>(inserted_all) / std::max(max_secs, 1e-9);
   report["remote_bytes"] = bytes_written;
   report["ops"] = ops;
@@ -183,20 +189,28 @@ json run_build(const RunContext& rc, const BuildOptions& o) {
   std::vector<uint32_t> mine;
   for (size_t i = o.begin + rc.cn_id; i < end; i += rc.num_cns) mine.push_back(static_cast<uint32_t>(i));
 
-  compute::Board board(c, *control, rc.cn_id, rc.num_cns, o.format ? "build" : "insert", rc.departed_at_connect);
+  if ((!o.ids.empty() || o.upsert) && p.ids.buckets == 0)
+    throw std::invalid_argument(std::string(o.upsert ? "upsert" : "--ids") +
+                                ": this shine index has no id index (build it with --id-capacity N)");
+  if (!o.ids.empty() && o.ids.size() < end)
+    throw std::invalid_argument("--ids has " + std::to_string(o.ids.size()) + " ids; rows [" + std::to_string(o.begin) +
+                                ", " + std::to_string(end) + ") of --data " + o.data + " need " + std::to_string(end));
+  compute::Board board(c, *control, rc.cn_id, rc.num_cns, o.format ? "build" : o.upsert ? "upsert" : "insert",
+                       rc.departed_at_connect);
   if (o.format) board.barrier();  // everyone formatted/attached before anyone inserts
-  if (!mine.empty()) raise_id_ceiling(*control, uint64_t{mine.back()} + 1);  // labels are row ids
+  if (!mine.empty() && o.ids.empty()) raise_id_ceiling(*control, uint64_t{mine.back()} + 1);  // labels are row ids
 
   VectorCache vcache(o.cache_bytes, p.dim);
   const ShareStats st = insert_share(rc, o, g, p, board, data, mine, vcache);
-  json mine_j = {{"cn_id", rc.cn_id}, {"inserted", mine.size()}, {"seconds", st.seconds},
+  json mine_j = {{"cn_id", rc.cn_id}, {"inserted", mine.size()}, {"replaced", st.replaced}, {"seconds", st.seconds},
                  {"inserts_per_s", static_cast<double>(mine.size()) / st.seconds}, {"io", io_json(st.io)},
                  {"doorbells", st.counters.doorbells}, {"ops", st.counters.total_ops()},
                  {"nodes_visited", st.ss.visited}, {"lists_read", st.ss.hops}, {"nodes_per_memnode", st.per_memnode},
                  {"vector_cache", {{"entries", vcache.entries()}, {"bytes", vcache.bytes()}}}};
   uint64_t gen = board.barrier();
   board.publish(gen, mine_j.dump());
-  json report = {{"mode", "shine"}, {"kind", o.format ? "build" : "insert"}, {"provider", rc.provider}, {"data", o.data},
+  json report = {{"mode", "shine"}, {"kind", o.format ? "build" : o.upsert ? "upsert" : "insert"},
+                 {"provider", rc.provider}, {"data", o.data},
                  {"n", end - o.begin}, {"dim", p.dim}, {"m", p.m}, {"ef_construction", p.ef_construction},
                  {"metric", std::string(to_string(p.metric))}, {"num_cns", rc.num_cns}, {"threads", o.threads},
                  {"coroutines", o.coroutines}, {"memnodes", c.memnodes().size()}};
@@ -208,13 +222,115 @@ json run_build(const RunContext& rc, const BuildOptions& o) {
   return report;
 }
 
+// ================================================================== delete
+json run_delete(const RunContext& rc, const DeleteOptions& o) {
+  fabric::Cluster& c = *rc.cluster;
+  auto control = c.make_endpoint(16u << 20);
+  const GraphParams p = format_or_attach(c, *control, nullptr, rc.cn_id);
+  if (p.ids.buckets == 0)
+    throw std::invalid_argument("delete: this shine index has no id index (build it with --id-capacity N)");
+  Graph g(c, p);
+  std::vector<uint64_t> mine;
+  for (size_t i = rc.cn_id; i < o.ids.size(); i += rc.num_cns) mine.push_back(o.ids[i]);
+  compute::Board board(c, *control, rc.cn_id, rc.num_cns, "delete", rc.departed_at_connect);
+  std::atomic<size_t> next{0};
+  std::atomic<bool> stop{false};
+  std::mutex mu;
+  std::vector<uint64_t> absent;
+  IoStats io;
+  ProgressOptions po;
+  po.enabled = o.progress;
+  Progress done("shine delete", mine.size(), "ids", po);
+  const auto t0 = Clock::now();
+  parallel(c, o.threads, stop, [&](uint32_t t, fabric::Endpoint& ep) {
+    compute::Scheduler s(ep);
+    Worker w(g, s, p.seed * 7919 + rc.cn_id * 1009 + t);
+    std::vector<OpContext> ctxs(o.coroutines);
+    std::vector<uint64_t> my_absent;
+    auto loop = [&](OpContext& ctx) -> compute::Task<void> {
+      for (;;) {
+        if (stop.load()) co_return;
+        const size_t i = next.fetch_add(1);
+        if (i >= mine.size()) co_return;
+        const bool removed = co_await w.remove(mine[i], ctx);
+        if (!removed) my_absent.push_back(mine[i]);
+        done.add();
+      }
+    };
+    for (auto& ctx : ctxs) s.spawn(loop(ctx));
+    s.run();
+    std::lock_guard g(mu);
+    absent.insert(absent.end(), my_absent.begin(), my_absent.end());
+    for (auto& x : ctxs) io += x.io;
+  });
+  done.finish();
+  const double secs = secs_since(t0);
+  std::sort(absent.begin(), absent.end());
+  constexpr size_t kListed = 1000;  // the report lists this many absent ids (the count is exact)
+  json mine_j = {{"cn_id", rc.cn_id}, {"requested", mine.size()}, {"deleted", mine.size() - absent.size()},
+                 {"not_found", absent.size()},
+                 {"not_found_ids", std::vector<uint64_t>(absent.begin(), absent.begin() + std::min(absent.size(), kListed))},
+                 {"seconds", secs}, {"deletes_per_s", static_cast<double>(mine.size()) / std::max(secs, 1e-9)},
+                 {"io", io_json(io)}};
+  const uint64_t gen = board.barrier();
+  board.publish(gen, mine_j.dump());
+  json report = {{"mode", "shine"}, {"kind", "delete"}, {"provider", rc.provider}, {"num_cns", rc.num_cns},
+                 {"threads", o.threads}, {"coroutines", o.coroutines}};
+  if (rc.cn_id != 0) {
+    report["cn"] = mine_j;
+    return report;
+  }
+  uint64_t requested = 0, deleted = 0, not_found = 0;
+  double max_secs = 0;
+  json listed = json::array(), per_cn = json::array();
+  for (const auto& text : board.gather(gen)) {
+    json j = json::parse(text);
+    requested += j["requested"].get<uint64_t>();
+    deleted += j["deleted"].get<uint64_t>();
+    not_found += j["not_found"].get<uint64_t>();
+    max_secs = std::max(max_secs, j["seconds"].get<double>());
+    for (auto& id : j["not_found_ids"])
+      if (listed.size() < kListed) listed.push_back(id);
+    per_cn.push_back(j);
+  }
+  uint64_t tombstones = 0, nodes = 0;
+  control->read(RemotePtr(0, mode_word_offset(shine_word::kDeleted)), &tombstones, 8);
+  control->read(RemotePtr(0, mode_word_offset(shine_word::kNodeCount)), &nodes, 8);
+  report.update({{"requested", requested}, {"deleted", deleted}, {"not_found", not_found}, {"not_found_ids", listed},
+                 {"seconds", max_secs}, {"deletes_per_s", static_cast<double>(requested) / std::max(max_secs, 1e-9)},
+                 {"index_nodes", nodes}, {"index_deleted", tombstones}, {"per_cn", per_cn}});
+  return report;
+}
+
 // ================================================================== printing
+void print_delete(const json& r) {
+  if (!r.contains("deleted")) return;
+  std::printf("shine delete: %llu of %llu ids deleted, %llu not in the index, %.2f s (%.0f deletes/s); the index has "
+              "%llu nodes, %llu of them deleted\n",
+              static_cast<unsigned long long>(r["deleted"].get<uint64_t>()),
+              static_cast<unsigned long long>(r["requested"].get<uint64_t>()),
+              static_cast<unsigned long long>(r["not_found"].get<uint64_t>()), r["seconds"].get<double>(),
+              r["deletes_per_s"].get<double>(), static_cast<unsigned long long>(r["index_nodes"].get<uint64_t>()),
+              static_cast<unsigned long long>(r["index_deleted"].get<uint64_t>()));
+  if (r["not_found"].get<uint64_t>() > 0) {
+    std::printf("  not in the index:");
+    size_t shown = 0;  // the report lists up to 1,000
+    for (auto& id : r["not_found_ids"])
+      if (shown++ < 20) std::printf(" %llu", static_cast<unsigned long long>(id.get<uint64_t>()));
+    if (r["not_found"].get<uint64_t>() > 20) std::printf(" ... (%llu in all)", static_cast<unsigned long long>(r["not_found"].get<uint64_t>()));
+    std::printf("\n");
+  }
+}
+
 void print_build(const json& r) {
   if (!r.contains("inserted")) return;
   std::printf("shine build: %llu vectors (dim %u, M %u, efC %u) by %u computenode(s) x %u threads x %u coroutines\n",
               static_cast<unsigned long long>(r["inserted"].get<uint64_t>()), r["dim"].get<unsigned>(),
               r["m"].get<unsigned>(), r["ef_construction"].get<unsigned>(), r["num_cns"].get<unsigned>(),
               r["threads"].get<unsigned>(), r["coroutines"].get<unsigned>());
+  if (r.value("replaced", uint64_t{0}) > 0)
+    std::printf("  %llu of them replaced an id's vector (its old node is deleted)\n",
+                static_cast<unsigned long long>(r["replaced"].get<uint64_t>()));
   std::printf("  %.2f s, %.0f inserts/s, %.1f MiB moved, %llu ops in %llu doorbells, %llu nodes in the index\n",
               r["seconds"].get<double>(), r["inserts_per_s"].get<double>(),
               static_cast<double>(r["remote_bytes"].get<uint64_t>()) / (1 << 20),

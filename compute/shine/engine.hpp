@@ -26,6 +26,16 @@ struct BuildOptions {
   bool format = true;        // false: the index must exist (insert into it)
   uint64_t cache_bytes = 2ull << 30;  // process-wide cache of vectors read while inserting
   bool progress = true;
+  /// The rows' ids (row i gets ids[i]; needs an id index); empty: a row's id is its number.
+  std::vector<uint64_t> ids;
+  bool upsert = false;  // an id the index holds gets the row's vector (its old node is deleted)
+};
+
+struct DeleteOptions {
+  std::vector<uint64_t> ids;  // computenode i of K deletes ids[j] for j % K == i
+  uint32_t threads = 2;
+  uint32_t coroutines = 4;
+  bool progress = true;
 };
 
 struct QueryOptions {
@@ -55,6 +65,10 @@ struct QueryOptions {
 
 /// Inserts this computenode's share; returns the build report (merged on computenode 0).
 nlohmann::json run_build(const RunContext& rc, const BuildOptions& o);
+/// Deletes this computenode's share of the ids; returns the report (merged on computenode 0):
+/// counts, and the ids that were not in the index (not an error).
+nlohmann::json run_delete(const RunContext& rc, const DeleteOptions& o);
+void print_delete(const nlohmann::json& r);
 /// Runs the workload; returns the query report (merged on computenode 0).
 nlohmann::json run_query(const RunContext& rc, const QueryOptions& o);
 /// A short human table of a report on stdout.
