@@ -19,6 +19,8 @@ struct IndexInfo {
   std::string mode, metric, provider;
   uint32_t dim = 0, memnodes = 0, computenode = 0;
   uint64_t count = 0, epoch = 0;
+  uint64_t deleted = 0;     // shine: tombstones in the graph (not in count)
+  bool ids = false;         // shine: the index has an id index
   uint32_t partitions = 0;  // dhnsw: sub-HNSWs (the largest probe); shine: 0
 };
 
@@ -36,8 +38,12 @@ class Backend {
                       float* distances) = 0;
   /// Inserts n vectors under `ids` (checked by the service: >= 0, distinct within the request);
   /// every one is in the index when this returns. Throws BadRequest for an id the mode cannot
-  /// take (naming it).
-  virtual void insert(const float* x, const int64_t* ids, size_t n) = 0;
+  /// take or the index holds (naming it), before any is inserted. With `upsert`, an id the index
+  /// holds gets the new vector instead; returns how many did.
+  virtual uint64_t insert(const float* x, const int64_t* ids, size_t n, bool upsert) = 0;
+  /// Deletes the vectors of `ids` (checked: >= 0, distinct); found[i] = 1 when ids[i] was in the
+  /// index and is deleted now. Throws BadRequest when the index cannot delete.
+  virtual void remove(const int64_t* ids, size_t n, uint8_t* found) = 0;
 };
 
 /// What every backend counts into the registry (the remote operations of its queries and
@@ -45,7 +51,7 @@ class Backend {
 struct BackendMetrics {
   explicit BackendMetrics(Registry& r, const std::string& mode);
   Counter &reads, &writes, &atomics, &doorbells, &bytes;
-  Counter &queries, &inserted;
+  Counter &queries, &inserted, &deleted, &replaced;
   Counter &cache_lookups, &cache_hits;  // shine: the node cache; dhnsw: the sub-HNSW cache
   Histogram& batch_queries;             // dhnsw: queries per pipeline batch
   Gauge &epoch, &vectors;

@@ -93,7 +93,12 @@ class DhnswBackend final : public Backend {
     return i;
   }
 
-  void insert(const float* x, const int64_t* ids, size_t n) override {
+  void remove(const int64_t*, size_t, uint8_t*) override {
+    throw BadRequest("ids: a dhnsw index has no deletes yet (issue 29); a shine index has");
+  }
+
+  uint64_t insert(const float* x, const int64_t* ids, size_t n, bool upsert) override {
+    if (upsert) throw BadRequest("upsert: a dhnsw index has no upserts yet (issue 29); a shine index has");
     std::lock_guard g(insert_mu_);
     if (!inserter_) {
       insert_ep_ = rc_.cluster->make_endpoint(64u << 20);
@@ -114,6 +119,7 @@ class DhnswBackend final : public Backend {
     m_.writes.add(a.writes - before.writes);
     m_.doorbells.add(a.doorbells - before.doorbells);
     m_.bytes.add(a.bytes_written - before.bytes_written + a.bytes_fetched - before.bytes_fetched);
+    return 0;
   }
 
   void search(const float* queries, size_t n, uint32_t k, uint32_t ef, uint32_t probe, int64_t* ids,

@@ -27,6 +27,20 @@ std::optional<std::string> check_vectors(const std::string& bytes, uint32_t dim,
   return std::nullopt;
 }
 
+// Ids >= 0, each once.
+std::optional<std::string> check_ids(const google::protobuf::RepeatedField<int64_t>& ids) {
+  std::unordered_map<int64_t, int> seen;
+  for (int i = 0; i < ids.size(); ++i) {
+    const int64_t id = ids.Get(i);
+    if (id < 0) return "ids: element " + std::to_string(i) + " is " + std::to_string(id) + ", want >= 0";
+    auto [it, fresh] = seen.emplace(id, i);
+    if (!fresh)
+      return "ids: id " + std::to_string(id) + " appears twice (elements " + std::to_string(it->second) + " and " +
+             std::to_string(i) + ")";
+  }
+  return std::nullopt;
+}
+
 }  // namespace
 
 std::optional<std::string> check_search(const v1::SearchRequest& r, const RequestLimits& l, size_t& n) {
@@ -44,16 +58,14 @@ std::optional<std::string> check_insert(const v1::InsertRequest& r, const Reques
   if (auto why = check_vectors(r.vectors(), r.dim(), l, n)) return why;
   if (static_cast<size_t>(r.ids_size()) != n)
     return "ids: " + std::to_string(r.ids_size()) + " ids for " + std::to_string(n) + " vectors";
-  std::unordered_map<int64_t, int> seen;
-  for (int i = 0; i < r.ids_size(); ++i) {
-    const int64_t id = r.ids(i);
-    if (id < 0) return "ids: element " + std::to_string(i) + " is " + std::to_string(id) + ", want >= 0";
-    auto [it, fresh] = seen.emplace(id, i);
-    if (!fresh)
-      return "ids: id " + std::to_string(id) + " appears twice (elements " + std::to_string(it->second) + " and " +
-             std::to_string(i) + ")";
-  }
-  return std::nullopt;
+  return check_ids(r.ids());
+}
+
+std::optional<std::string> check_delete(const v1::DeleteRequest& r, const RequestLimits& l) {
+  if (r.ids_size() == 0) return std::string("ids: empty, want 1 .. ") + std::to_string(l.max_batch) + " ids";
+  if (static_cast<uint64_t>(r.ids_size()) > l.max_batch)
+    return "ids: " + std::to_string(r.ids_size()) + " ids, at most " + std::to_string(l.max_batch) + " per request";
+  return check_ids(r.ids());
 }
 
 }  // namespace dmhnsw::serve

@@ -25,5 +25,7 @@ inline constexpr uint32_t kMaxEfSearch = 100000;
 std::optional<std::string> check_search(const v1::SearchRequest& r, const RequestLimits& l, size_t& n);
 /// An insert: n rows of finite floats with n distinct ids >= 0.
 std::optional<std::string> check_insert(const v1::InsertRequest& r, const RequestLimits& l, size_t& n);
+/// A delete: 1 .. max_batch distinct ids >= 0.
+std::optional<std::string> check_delete(const v1::DeleteRequest& r, const RequestLimits& l);
 
 }  // namespace dmhnsw::serve

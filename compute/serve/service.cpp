@@ -78,7 +78,7 @@ Status answered(F&& f) {
 class Service final : public pb::Search::Service {
  public:
   Service(Backend& b, const ServeOptions& o, Registry& r)
-      : b_(b), o_(o), info_(b.info()), r_(r), search_m_(r, "Search"), insert_m_(r, "Insert"), info_m_(r, "Info"),
+      : b_(b), o_(o), info_(b.info()), r_(r), search_m_(r, "Search"), insert_m_(r, "Insert"), delete_m_(r, "Delete"), info_m_(r, "Info"),
         inflight_(r.gauge("dmhnsw_requests_in_flight", "gRPC calls being answered")) {}
 
   Status Search(ServerContext* ctx, const pb::SearchRequest* req, pb::SearchResponse* resp) override {
@@ -86,6 +86,9 @@ class Service final : public pb::Search::Service {
   }
   Status Insert(ServerContext* ctx, const pb::InsertRequest* req, pb::InsertResponse* resp) override {
     return counted(insert_m_, [&] { return insert(ctx, req, resp); });
+  }
+  Status Delete(ServerContext* ctx, const pb::DeleteRequest* req, pb::DeleteResponse* resp) override {
+    return counted(delete_m_, [&] { return remove(ctx, req, resp); });
   }
   Status Info(ServerContext* ctx, const pb::InfoRequest* req, pb::InfoResponse* resp) override {
     return counted(info_m_, [&] { return info(ctx, req, resp); });
@@ -134,8 +137,28 @@ class Service final : public pb::Search::Service {
     if (auto why = check_insert(*req, limits(), n)) return bad(*why);
     std::vector<float> x(n * info_.dim);
     std::memcpy(x.data(), req->vectors().data(), x.size() * sizeof(float));
-    if (Status s = answered([&] { b_.insert(x.data(), req->ids().data(), n); }); !s.ok()) return s;
+    uint64_t replaced = 0;
+    if (Status s = answered([&] { replaced = b_.insert(x.data(), req->ids().data(), n, req->upsert()); }); !s.ok())
+      return s;
     resp->set_inserted(static_cast<uint32_t>(n));
+    resp->set_replaced(static_cast<uint32_t>(replaced));
+    return Status::OK;
+  }
+
+  Status remove(ServerContext* ctx, const pb::DeleteRequest* req, pb::DeleteResponse* resp) {
+    if (auto s = authorize(ctx); !s.ok()) return s;
+    if (auto why = check_delete(*req, limits())) return bad(*why);
+    const size_t n = static_cast<size_t>(req->ids_size());
+    std::vector<uint8_t> found(n, 0);
+    if (Status s = answered([&] { b_.remove(req->ids().data(), n, found.data()); }); !s.ok()) return s;
+    uint32_t deleted = 0;
+    for (size_t i = 0; i < n; ++i) {
+      if (found[i] != 0)
+        ++deleted;
+      else
+        resp->add_not_found(req->ids(static_cast<int>(i)));
+    }
+    resp->set_deleted(deleted);
     return Status::OK;
   }
 
@@ -157,6 +180,8 @@ class Service final : public pb::Search::Service {
     resp->set_max_k(o_.max_k);
     resp->set_max_batch(o_.max_batch);
     resp->set_computenode(i.computenode);
+    resp->set_deleted(i.deleted);
+    resp->set_ids(i.ids);
     return Status::OK;
   }
 
@@ -179,7 +204,7 @@ class Service final : public pb::Search::Service {
   const ServeOptions& o_;
   IndexInfo info_;
   Registry& r_;
-  MethodMetrics search_m_, insert_m_, info_m_;
+  MethodMetrics search_m_, insert_m_, delete_m_, info_m_;
   Gauge& inflight_;
 };
 
@@ -212,6 +237,8 @@ BackendMetrics::BackendMetrics(Registry& r, const std::string& mode)
       bytes(r.counter("dmhnsw_remote_bytes_total", "bytes read or written remotely", {{"mode", mode}})),
       queries(r.counter("dmhnsw_queries_total", "query vectors answered", {{"mode", mode}})),
       inserted(r.counter("dmhnsw_inserted_vectors_total", "vectors inserted and acknowledged", {{"mode", mode}})),
+      deleted(r.counter("dmhnsw_deleted_vectors_total", "vectors deleted and acknowledged", {{"mode", mode}})),
+      replaced(r.counter("dmhnsw_replaced_vectors_total", "upserts that replaced an id's vector", {{"mode", mode}})),
       cache_lookups(r.counter("dmhnsw_cache_lookups_total",
                               "lookups in the node cache (shine) or the sub-HNSW cache (dhnsw)",
                               {{"cache", mode == "shine" ? "node" : "sub_hnsw"}})),

@@ -26,11 +26,14 @@
 namespace dmhnsw::serve {
 namespace {
 
-/// A search (a LiveQuery, from this computenode's callers or routed here) or an insert.
+/// A search (a LiveQuery, from this computenode's callers or routed here), an insert, an
+/// upsert or a delete.
 struct Job {
+  enum class Kind : uint8_t { Search, Insert, Upsert, Delete };
   LiveQuery op;
-  bool insert = false;
-  uint64_t label = 0;  // insert
+  Kind kind = Kind::Search;
+  uint64_t label = 0;         // the id of an insert, upsert or delete
+  uint8_t* outcome = nullptr;  // upsert: 1 when it replaced a vector; delete: 1 when the id was there
 };
 
 /// The jobs of one request: done() of each counts down; wait() rethrows the first failure.
@@ -75,7 +78,7 @@ class ShineBackend final : public Backend {
     for (uint32_t t = 0; t < o_.threads; ++t) threads_.emplace_back([this, t] { work(t); });
     if (o_.route.policy != "none" && rc.num_cns > 1) {
       LiveRouter::Hooks h;
-      h.run_here = [this](LiveQuery q) { enqueue(Job{std::move(q), false, 0}); };
+      h.run_here = [this](LiveQuery q) { enqueue(Job{std::move(q)}); };
       h.queue_len = [this] {
         std::lock_guard g(mu_);
         return static_cast<uint64_t>(queue_.size());
@@ -103,7 +106,11 @@ class ShineBackend final : public Backend {
     i.memnodes = static_cast<uint32_t>(rc_.cluster->memnodes().size());
     i.computenode = rc_.cn_id;
     std::lock_guard g(control_mu_);
-    control_->read(RemotePtr(0, mode_word_offset(shine_word::kNodeCount)), &i.count, 8);
+    uint64_t nodes = 0;
+    control_->read(RemotePtr(0, mode_word_offset(shine_word::kNodeCount)), &nodes, 8);
+    control_->read(RemotePtr(0, mode_word_offset(shine_word::kDeleted)), &i.deleted, 8);
+    i.count = nodes - std::min(nodes, i.deleted);
+    i.ids = p_.ids.buckets > 0;
     m_.vectors.set(static_cast<double>(i.count));
     return i;
   }
@@ -118,37 +125,73 @@ class ShineBackend final : public Backend {
     if (router_) {
       router_->route(qs);
     } else {
-      for (LiveQuery& q : qs) enqueue(Job{std::move(q), false, 0});
+      for (LiveQuery& q : qs) enqueue(Job{std::move(q)});
     }
     latch.wait();
   }
 
-  void insert(const float* x, const int64_t* ids, size_t n) override {
-    for (size_t i = 0; i < n; ++i)
-      if (ids[i] < 0 || ids[i] > std::numeric_limits<uint32_t>::max())
-        throw BadRequest("ids: element " + std::to_string(i) + " is " + std::to_string(ids[i]) +
-                         "; a shine index labels vectors with 32-bit ids (0 .. 4294967295)");
-    // The graph has no id index: new ids must lie above every id the index holds (the ceiling
-    // builds, imports and earlier inserts raised); claiming the range is one COMPARE_SWAP.
-    const auto [lo, hi] = std::minmax_element(ids, ids + n);
-    uint64_t ceiling = 0;
-    bool claimed;
-    {
-      std::lock_guard g(control_mu_);
-      claimed = shine::claim_ids(*control_, static_cast<uint64_t>(*lo), static_cast<uint64_t>(*hi) + 1, ceiling);
+  uint64_t insert(const float* x, const int64_t* ids, size_t n, bool upsert) override {
+    if (p_.ids.buckets == 0) {
+      if (upsert) throw BadRequest("upsert: this shine index has no id index (build it with --id-capacity N or --ids FILE)");
+      // No id index: new ids must lie above every id the index holds (the ceiling builds,
+      // imports and earlier inserts raised); claiming the range is one COMPARE_SWAP.
+      const auto [lo, hi] = std::minmax_element(ids, ids + n);
+      uint64_t ceiling = 0;
+      bool claimed;
+      {
+        std::lock_guard g(control_mu_);
+        claimed = shine::claim_ids(*control_, static_cast<uint64_t>(*lo), static_cast<uint64_t>(*hi) + 1, ceiling);
+      }
+      if (!claimed)
+        throw BadRequest("ids: id " + std::to_string(*lo) + " is below " + std::to_string(ceiling) +
+                         ", one past the largest id this shine index may hold: it has no id index, so new ids must be "
+                         "at least " + std::to_string(ceiling) + " (build it with --id-capacity N for any ids)");
+    } else if (!upsert) {
+      refuse_present(ids, n);
     }
-    if (!claimed)
-      throw BadRequest("ids: id " + std::to_string(*lo) + " is below " + std::to_string(ceiling) +
-                       ", one past the largest id this shine index may hold: its graph has no id index, so new "
-                       "ids must be at least " + std::to_string(ceiling));
-    RequestLatch latch(n);
-    for (size_t i = 0; i < n; ++i)
-      enqueue(Job{LiveQuery{x + i * p_.dim, 0, 0, nullptr, nullptr, latch.callback()}, true,
-                  static_cast<uint32_t>(ids[i])});
-    latch.wait();
+    std::vector<uint8_t> replaced(n, 0);
+    run_jobs(n, upsert ? Job::Kind::Upsert : Job::Kind::Insert, x, ids, replaced.data());
+    return static_cast<uint64_t>(std::count(replaced.begin(), replaced.end(), uint8_t{1}));
+  }
+
+  void remove(const int64_t* ids, size_t n, uint8_t* found) override {
+    if (p_.ids.buckets == 0)
+      throw BadRequest("ids: this shine index has no id index to delete by (build it with --id-capacity N or --ids FILE)");
+    run_jobs(n, Job::Kind::Delete, nullptr, ids, found);
   }
 
  private:
+  /// One job per id; returns when every one is done (rethrows the first failure).
+  void run_jobs(size_t n, Job::Kind kind, const float* x, const int64_t* ids, uint8_t* outcome) {
+    RequestLatch latch(n);
+    for (size_t i = 0; i < n; ++i)
+      enqueue(Job{LiveQuery{x == nullptr ? nullptr : x + i * p_.dim, 0, 0, nullptr, nullptr, latch.callback()}, kind,
+                  static_cast<uint64_t>(ids[i]), outcome + i});
+    latch.wait();
+  }
+
+  /// Nothing half applied: an insert whose ids the index already holds is refused before any is
+  /// inserted (lookups take no lock, so they overlap; an id inserted meanwhile by another caller
+  /// is still refused by its own insert).
+  void refuse_present(const int64_t* ids, size_t n) {
+    std::vector<RemotePtr> at(n);
+    {
+      std::lock_guard g(control_mu_);
+      compute::Scheduler s(*control_);
+      shine::IdIndex x(p_.ids, s, p_.seed);
+      auto find = [&](size_t i) -> compute::Task<void> { at[i] = co_await x.find(static_cast<uint64_t>(ids[i])); };
+      constexpr size_t kInFlight = 64;
+      for (size_t i = 0; i < n; i += kInFlight) {
+        for (size_t j = i; j < std::min(n, i + kInFlight); ++j) s.spawn(find(j));
+        s.run();
+      }
+    }
+    for (size_t i = 0; i < n; ++i)
+      if (!at[i].is_null())
+        throw BadRequest("ids: id " + std::to_string(ids[i]) + " (element " + std::to_string(i) +
+                         ") is already in the index; insert with upsert to replace its vector");
+  }
+
   /// Hands a job to the workers; after shutdown began it fails at once (nobody would run it).
   void enqueue(Job j) {
     {
@@ -200,7 +243,7 @@ class ShineBackend final : public Backend {
       std::vector<compute::IoStats> before(jobs.size());
       for (size_t j = 0; j < jobs.size(); ++j) {
         before[j] = ctxs[j].io;
-        ctxs[j].node_cache = jobs[j].insert ? nullptr : ncache_.get();
+        ctxs[j].node_cache = jobs[j].kind == Job::Kind::Search ? ncache_.get() : nullptr;
         s.spawn(one(w, jobs[j], ctxs[j], finished[j]));
       }
       try {
@@ -239,9 +282,15 @@ class ShineBackend final : public Backend {
     std::exception_ptr err;
     const LiveQuery& q = j.op;
     try {
-      if (j.insert) {
-        co_await w.insert(q.q, j.label, ctx);
+      if (j.kind == Job::Kind::Insert || j.kind == Job::Kind::Upsert) {
+        const bool was = co_await w.insert(q.q, j.label, ctx, j.kind == Job::Kind::Upsert);
+        *j.outcome = was ? 1 : 0;
         m_.inserted.add();
+        if (was) m_.replaced.add();
+      } else if (j.kind == Job::Kind::Delete) {
+        const bool was = co_await w.remove(j.label, ctx);
+        *j.outcome = was ? 1 : 0;
+        if (was) m_.deleted.add();
       } else {
         std::vector<shine::Neighbor> res = co_await w.search(q.q, q.k, q.ef, ctx);
         for (uint32_t i = 0; i < q.k; ++i) {
@@ -250,6 +299,8 @@ class ShineBackend final : public Backend {
         }
         m_.queries.add();
       }
+    } catch (const std::invalid_argument& e) {  // an id the index holds (inserted since the request's check)
+      err = std::make_exception_ptr(BadRequest(std::string("ids: ") + e.what()));
     } catch (...) {
       err = std::current_exception();
     }

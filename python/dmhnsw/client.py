@@ -10,7 +10,7 @@ import numpy as np
 import numpy.typing as npt
 
 from . import _convert
-from .errors import DmhnswError, from_rpc_error
+from .errors import DmhnswError, InvalidArgument, from_rpc_error
 
 try:
     from ._proto import dmhnsw_pb2, dmhnsw_pb2_grpc
@@ -58,6 +58,10 @@ class Info:
     """Most queries (search) or vectors (insert) per request."""
     computenode: int
     """Id of the computenode answering."""
+    deleted: int = 0
+    """shine: deleted vectors whose records still guide searches (not in ``count``)."""
+    ids: bool = False
+    """shine: the index has an id index (any ids, :meth:`Client.delete`, upserts)."""
 
     @classmethod
     def from_proto(cls, message: Any) -> "Info":
@@ -150,8 +154,9 @@ class Client:
 
         Args:
             vectors: an n x dim array (a 1-D array is one vector), sent as float32.
-            ids: n distinct integer ids, none already in the index (a plain int for one
-                vector).
+            ids: n distinct integer ids 0 .. 2**63 - 1, none already in the index (a plain int
+                for one vector). If one is, the request is refused naming it and nothing is
+                inserted.
             timeout: deadline of this call in seconds (default: the client's).
 
         Returns:
@@ -167,6 +172,65 @@ class Client:
             return 0
         response = self._call(self._stub.Insert, request, timeout)
         return int(response.inserted)
+
+    def upsert(
+        self,
+        vectors: npt.ArrayLike,
+        ids: Any,
+        *,
+        timeout: Optional[float] = None,
+    ) -> int:
+        """Inserts vectors under the given ids, replacing the vector of an id the index holds.
+
+        Once this returns, a search never sees an id's old vector (shine; the index needs an id
+        index, :attr:`Info.ids`).
+
+        Args:
+            vectors: an n x dim array (a 1-D array is one vector), sent as float32.
+            ids: n distinct integer ids 0 .. 2**63 - 1 (a plain int for one vector).
+            timeout: deadline of this call in seconds (default: the client's).
+
+        Returns:
+            How many of the ids were in the index (their vectors replaced); the others were
+            inserted. With n == 0 no call is made and 0 is returned.
+
+        Raises:
+            InvalidArgument: a malformed request, or an index without deletes.
+            Unauthenticated, Unavailable, DmhnswError: see :mod:`dmhnsw.errors`.
+        """
+        request, n = self._insert_request(vectors, ids)
+        if n == 0:
+            return 0
+        request.upsert = True
+        response = self._call(self._stub.Insert, request, timeout)
+        return int(response.replaced)
+
+    def delete(self, ids: Any, *, timeout: Optional[float] = None) -> np.ndarray:
+        """Deletes the vectors of the given ids; a search never returns them once this returns.
+
+        Args:
+            ids: distinct integer ids (a plain int for one).
+            timeout: deadline of this call in seconds (default: the client's).
+
+        Returns:
+            The ids that were not in the index (int64 array, in the order given; empty when
+            every id was deleted). An unknown id is not an error.
+
+        Raises:
+            InvalidArgument: a malformed request, or an index without deletes.
+            Unauthenticated, Unavailable, DmhnswError: see :mod:`dmhnsw.errors`.
+        """
+        try:
+            count = int(np.asarray(ids).size)
+        except (ValueError, TypeError) as exc:
+            raise InvalidArgument(f"ids: not an integer array: {exc}") from None
+        id_array = _convert.as_ids(ids, count)
+        if id_array.size == 0:
+            return np.zeros(0, dtype=np.int64)
+        request = dmhnsw_pb2.DeleteRequest()
+        request.ids.extend(id_array.tolist())
+        response = self._call(self._stub.Delete, request, timeout)
+        return np.asarray(response.not_found, dtype=np.int64)
 
     def info(self, *, timeout: Optional[float] = None) -> Info:
         """What the service serves: mode, dim, metric, count, limits (see :class:`Info`)."""

@@ -12,8 +12,12 @@
 #include <mutex>
 #include <cstring>
 #include <limits>
+#include <random>
 #include <regex>
+#include <thread>
+#include <unordered_map>
 
+#include "common/dataset.hpp"
 #include "common/workload.hpp"
 #include "dmhnsw.grpc.pb.h"
 #include "proc.hpp"
@@ -32,10 +36,10 @@ struct Server {
   std::unique_ptr<Proc> proc;
   std::string address;
   Server(const TempDir& dir, const std::string& mode, const std::string& mns, std::vector<std::string> extra,
-         uint32_t cn_id = 0, uint32_t num_cns = 1) {
+         uint32_t cn_id = 0, uint32_t num_cns = 1, const std::string& provider = "tcp") {
     std::vector<std::string> rest{"serve", "--listen", "127.0.0.1:0"};
     rest.insert(rest.end(), extra.begin(), extra.end());
-    proc = std::make_unique<Proc>(computenode_args(mode, "tcp", mns, cn_id, num_cns, rest),
+    proc = std::make_unique<Proc>(computenode_args(mode, provider, mns, cn_id, num_cns, rest),
                                   dir.file("serve-" + mode + std::to_string(cn_id) + ".log"),
                                   std::vector<std::string>{kToken});
     REQUIRE(wait_for_output(*proc, "serving " + mode + " on", seconds(120)));
@@ -68,6 +72,11 @@ struct Client {
     grpc::ClientContext c;
     prepare(c);
     return stub->Insert(&c, r, &out);
+  }
+  grpc::Status remove(const pb::DeleteRequest& r, pb::DeleteResponse& out) const {
+    grpc::ClientContext c;
+    prepare(c);
+    return stub->Delete(&c, r, &out);
   }
   grpc::Status info(pb::InfoResponse& out) const {
     grpc::ClientContext c;
@@ -192,11 +201,6 @@ void check_inserts(const Client& cl, const Workload& wl, const std::string& mode
   auto twice = ids;
   twice[5] = twice[2];
   refused(insert_request(x.data(), n, dim, twice), "an id twice");
-  if (mode == "shine") {
-    auto wide = ids;
-    wide[0] = int64_t{1} << 33;
-    refused(insert_request(x.data(), n, dim, wide), "a 34-bit id");
-  }
 
   pb::InsertResponse ins;
   auto s = cl.insert(insert_request(x.data(), n, dim, ids), ins);
@@ -411,4 +415,196 @@ TEST_CASE("serve: shine routes live queries to the serving computenode whose par
         2 * 400);
   s0.proc->signal(SIGTERM);
   CHECK(s0.proc->wait(seconds(20)) == 0);
+}
+
+namespace {
+
+/// One search the querier made: when it was sent, the rows it asked for, what came back.
+struct Asked {
+  steady_clock::time_point sent;
+  std::vector<size_t> rows;
+  std::vector<int64_t> ids;
+  std::vector<float> dist;
+};
+
+}  // namespace
+
+TEST_CASE("serve: shine deletes, upserts and inserts under any 63-bit ids while a querier runs (shm, tcp, cxl)",
+          "[integration][serve][delete]") {
+  SmallData d(100, 2000);
+  const FloatMatrix base = load_vectors_as_float(d.base);
+  const size_t n = base.n(), dim = base.d();
+  std::mt19937_64 rng(29);
+  std::vector<int64_t> ids(n);  // sparse, in no order
+  for (auto& id : ids) id = static_cast<int64_t>(rng() >> 1);
+  for (std::string provider : {"shm", "tcp", "cxl"}) {
+    DYNAMIC_SECTION(provider) {
+      TempDir dir;
+      {
+        std::ofstream f(dir.file("ids.txt"));
+        for (int64_t id : ids) f << id << "\n";
+      }
+      Memnode m0(dir, 0, provider, "127.0.0.1:0", {}, {}, {kToken}), m1(dir, 1, provider, "127.0.0.1:0", {}, {}, {kToken});
+      const std::string mns = m0.address + "," + m1.address;
+      auto b = run(computenode_args("shine", provider, mns, 0, 1,
+                                    {"build", "--data", d.base, "--ids", dir.file("ids.txt"), "--m", "8",
+                                     "--ef-construction", "60"}),
+                   dir, "build", seconds(300), {kToken});
+      INFO(b.output);
+      REQUIRE(b.code == 0);
+      // A node cache that admits every node: its entries go stale as ids are deleted and upserted.
+      Server srv(dir, "shine", mns, {"--cache", "4MiB", "--admit-probability", "1", "--ef-search", "64"}, 0, 1, provider);
+      Client cl(srv.address);
+      pb::InfoResponse info;
+      REQUIRE(cl.info(info).ok());
+      CHECK(info.ids());
+      CHECK(info.count() == n);
+
+      // The vector each row's id has now (upserts change it), and when each change returned.
+      std::vector<std::vector<float>> now(n);
+      for (size_t i = 0; i < n; ++i) now[i].assign(base.row(i), base.row(i) + dim);
+      std::mutex mu;
+      std::vector<steady_clock::time_point> deleted_at(n, steady_clock::time_point::max()),
+          upserted_at(n, steady_clock::time_point::max());
+      std::vector<Asked> asked;
+      std::atomic<bool> stop{false};
+      std::thread querier([&] {
+        Client qc(srv.address);
+        std::mt19937_64 r(7);
+        while (!stop.load()) {
+          Asked a;
+          std::vector<float> q;
+          for (int j = 0; j < 16; ++j) {
+            a.rows.push_back(r() % n);
+            q.insert(q.end(), base.row(a.rows.back()), base.row(a.rows.back()) + dim);
+          }
+          pb::SearchResponse resp;
+          a.sent = steady_clock::now();
+          if (!qc.search(request(q.data(), a.rows.size(), static_cast<uint32_t>(dim), 10), resp).ok()) continue;
+          a.ids.assign(resp.ids().begin(), resp.ids().end());
+          a.dist.assign(resp.distances().begin(), resp.distances().end());
+          asked.push_back(std::move(a));
+        }
+      });
+
+      // Delete 30 % (rows 3, 5, 7 mod 10), with two ids the index never held in the first batch.
+      std::vector<size_t> del;
+      for (size_t i = 0; i < n; ++i)
+        if (i % 10 == 3 || i % 10 == 5 || i % 10 == 7) del.push_back(i);
+      for (size_t at = 0; at < del.size(); at += 100) {
+        pb::DeleteRequest r;
+        const size_t end = std::min(del.size(), at + 100);
+        for (size_t j = at; j < end; ++j) r.add_ids(ids[del[j]]);
+        if (at == 0) r.add_ids(17), r.add_ids(int64_t{1} << 62);
+        pb::DeleteResponse resp;
+        auto s = cl.remove(r, resp);
+        REQUIRE(s.error_message() == "");
+        CHECK(resp.deleted() == end - at);
+        if (at == 0) CHECK((resp.not_found_size() == 2 && resp.not_found(0) == 17 && resp.not_found(1) == int64_t{1} << 62));
+        const auto t = steady_clock::now();
+        for (size_t j = at; j < end; ++j) deleted_at[del[j]] = t;
+      }
+      // Upsert 10 % (rows 0 mod 10) with new vectors.
+      for (size_t at = 0; at < n; at += 500) {
+        std::vector<float> x;
+        std::vector<int64_t> u;
+        std::vector<size_t> rows;
+        for (size_t i = at; i < std::min(n, at + 500); i += 10) {
+          std::vector<float> v(base.row(i), base.row(i) + dim);
+          for (size_t c = 0; c < dim; c += 3) v[c] += 0.8f;
+          x.insert(x.end(), v.begin(), v.end());
+          u.push_back(ids[i]);
+          rows.push_back(i);
+          now[i] = v;
+        }
+        auto r = insert_request(x.data(), u.size(), static_cast<uint32_t>(dim), u);
+        r.set_upsert(true);
+        pb::InsertResponse resp;
+        auto s = cl.insert(r, resp);
+        REQUIRE(s.error_message() == "");
+        CHECK(resp.replaced() == u.size());
+        const auto t = steady_clock::now();
+        for (size_t i : rows) upserted_at[i] = t;
+      }
+      // New vectors under new ids (some next to deleted ones); one id the index holds refuses the
+      // whole request, naming it, and inserts nothing.
+      std::vector<float> fresh;
+      std::vector<int64_t> fresh_ids;
+      for (size_t j = 0; j < 200; ++j) {
+        const size_t i = del[j];
+        for (size_t c = 0; c < dim; ++c) fresh.push_back(base.row(i)[c] + (c % 2 == 0 ? 0.5f : -0.5f));
+        fresh_ids.push_back(static_cast<int64_t>(rng() >> 1));
+      }
+      auto dup = fresh_ids;
+      dup[100] = ids[1];
+      pb::InsertResponse ins;
+      auto s = cl.insert(insert_request(fresh.data(), 200, static_cast<uint32_t>(dim), dup), ins);
+      CHECK(s.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
+      CHECK_THAT(s.error_message(), Catch::StartsWith("ids: id " + std::to_string(ids[1])));
+      s = cl.insert(insert_request(fresh.data(), 200, static_cast<uint32_t>(dim), fresh_ids), ins);
+      REQUIRE(s.error_message() == "");
+      CHECK(ins.inserted() == 200);
+      std::this_thread::sleep_for(milliseconds(300));  // the querier sees the end state too
+      stop.store(true);
+      querier.join();
+
+      // No search sent after a delete returned had the id; none sent after an upsert returned
+      // had the id's old vector (its distance is the new vector's).
+      const auto l2 = [&](const float* a, const float* b2) {
+        float s2 = 0;
+        for (size_t c = 0; c < dim; ++c) s2 += (a[c] - b2[c]) * (a[c] - b2[c]);
+        return s2;
+      };
+      std::unordered_map<int64_t, size_t> row_of;
+      for (size_t i = 0; i < n; ++i) row_of[ids[i]] = i;
+      size_t after_delete = 0, deleted_seen = 0, after_upsert = 0, stale = 0;
+      for (const Asked& a : asked)
+        for (size_t qi = 0; qi < a.rows.size(); ++qi)
+          for (size_t j = 0; j < 10; ++j) {
+            const int64_t id = a.ids[qi * 10 + j];
+            auto it = row_of.find(id);
+            if (it == row_of.end()) continue;  // -1 or a fresh id
+            const size_t i = it->second;
+            if (deleted_at[i] < a.sent) {
+              ++after_delete;
+              ++deleted_seen;
+            } else if (upserted_at[i] < a.sent) {
+              ++after_upsert;
+              const float want = l2(base.row(a.rows[qi]), now[i].data());
+              stale += std::abs(a.dist[qi * 10 + j] - want) > 1e-3f * std::max(1.0f, want);
+            }
+          }
+      INFO(asked.size() << " searches by the querier");
+      CHECK(asked.size() > 20);
+      CHECK(deleted_seen == 0);
+      CHECK(stale == 0);
+      CHECK(after_upsert > 0);
+      (void)after_delete;
+
+      // Every live id is found by its own vector.
+      std::vector<float> q;
+      std::vector<int64_t> want;
+      for (size_t i = 0; i < n; ++i)
+        if (deleted_at[i] == steady_clock::time_point::max()) {
+          q.insert(q.end(), now[i].begin(), now[i].end());
+          want.push_back(ids[i]);
+        }
+      q.insert(q.end(), fresh.begin(), fresh.end());
+      want.insert(want.end(), fresh_ids.begin(), fresh_ids.end());
+      size_t found = 0;
+      for (size_t at = 0; at < want.size(); at += 500) {
+        const size_t m = std::min(want.size(), at + 500) - at;
+        pb::SearchResponse resp;
+        REQUIRE(cl.search(request(q.data() + at * dim, m, static_cast<uint32_t>(dim), 1), resp).ok());
+        for (size_t j = 0; j < m; ++j) found += resp.ids(static_cast<int>(j)) == want[at + j];
+      }
+      INFO(found << " of " << want.size() << " live ids found by their own vector");
+      CHECK(found >= want.size() * 99 / 100);
+      REQUIRE(cl.info(info).ok());
+      CHECK(info.count() == n - del.size() + 200);
+      CHECK(info.deleted() == del.size() + n / 10);
+      srv.proc->signal(SIGTERM);
+      CHECK(srv.proc->wait(seconds(20)) == 0);
+    }
+  }
 }
