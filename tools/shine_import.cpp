@@ -55,6 +55,11 @@ int main(int argc, char** argv) {
   app.add_option("--token-file", token_file, "file holding the cluster token (else the DMHNSW_TOKEN variable)");
   app.add_option("--cn-id", cn_id, "computenode id to connect as (no other computenode with this id may be connected)")
       ->capture_default_str();
+  app.add_option("--id-capacity", io.id_capacity,
+                 "an id index for this many ids in the memnodes' regions, so that the index takes any ids, deletes "
+                 "and upserts (-1: twice the elements; 0: none, new ids must then lie above every label)")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{-1}, int64_t{1} << 40));
   app.add_option("--chunk", chunk, "bytes of node records per WRITE")->capture_default_str();
   app.add_option("--writes-per-doorbell", io.writes_per_doorbell, "WRITEs posted with one doorbell")
       ->capture_default_str()

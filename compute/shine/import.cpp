@@ -7,6 +7,7 @@
 #include <cstring>
 #include <limits>
 #include <stdexcept>
+#include <unordered_map>
 
 #include "common/progress.hpp"
 #include "common/region.hpp"
@@ -131,6 +132,7 @@ HnswlibFile::HnswlibFile(const std::string& path, uint32_t expect_dim)
                    str(level0_end) + ", the file has " + str(size) + " bytes");
   upper_bytes_per_level_ = kListHeaderBytes + kIdBytes * m;
   levels_.resize(count_);
+  deleted_.assign(count_, 0);
   upper_.resize(count_);
   uint64_t at = level0_end;
   int top = -1;
@@ -168,15 +170,20 @@ uint64_t HnswlibFile::list_offset(uint64_t i, unsigned level) const {
 
 void HnswlibFile::check_lists(uint64_t i) {
   const uint64_t label_at = element_offset(i) + label_offset_;
+  if (u64_at(label_at) > (uint64_t{1} << 63) - 1)
+    fail(label_at, "element " + str(i) + " has label " + str(u64_at(label_at)) + ": ids are 0 .. 2^63 - 1 (int64 in the "
+                   "service)");
   for (unsigned l = 0; l <= levels_[i]; ++l) {
     const uint64_t off = list_offset(i, l);
     const uint32_t head = u32_at(off);
     const uint32_t count = head & 0xffff, cap = l == 0 ? 2 * m_ : m_;
     const uint32_t flags = head >> 16;
-    if (l == 0 && (flags & kDeleteMark) != 0)
-      fail(off + 2, "element " + str(i) + " (label " + str(u64_at(label_at)) + ") is marked deleted: shine has no "
-                    "deleted elements; save the index without them (or unmark them) and import again");
-    if (flags != 0) fail(off + 2, "element " + str(i) + ": unknown flags " + str(flags) + " in its level-" + str(l) + " list");
+    if (l == 0 && (flags & kDeleteMark) != 0) {
+      deleted_[i] = 1;
+      ++deleted_count_;
+    }
+    const uint32_t known = l == 0 ? kDeleteMark : 0;
+    if ((flags & ~known) != 0) fail(off + 2, "element " + str(i) + ": unknown flags " + str(flags) + " in its level-" + str(l) + " list");
     if (count > cap)
       fail(off, "element " + str(i) + " has " + str(count) + " links at level " + str(l) + ", the capacity is " + str(cap));
     for (uint32_t j = 0; j < count; ++j) {
@@ -260,7 +267,8 @@ struct Placement {
   std::vector<std::vector<uint32_t>> elems;  // per memnode, in address order
 };
 
-Placement place(const fabric::Cluster& c, const std::vector<RegionHeader>& hs, const HnswlibFile& f, const NodeLayout& L) {
+Placement place(const fabric::Cluster& c, const std::vector<RegionHeader>& hs, const HnswlibFile& f, const NodeLayout& L,
+                uint64_t first) {
   const size_t n = hs.size();
   Placement p;
   p.addr.resize(f.count());
@@ -270,7 +278,7 @@ Placement place(const fabric::Cluster& c, const std::vector<RegionHeader>& hs, c
   std::vector<uint64_t> room(n);
   uint64_t total = 0, total_room = 0;
   for (size_t j = 0; j < n; ++j) {
-    p.start[j] = round64(hs[j].data_offset);  // where format_or_attach puts the bump pointer
+    p.start[j] = first;  // where format_or_attach puts the bump pointer
     room[j] = hs[j].region_size > p.start[j] ? hs[j].region_size - p.start[j] : 0;
     total_room += room[j];
   }
@@ -296,11 +304,45 @@ Placement place(const fabric::Cluster& c, const std::vector<RegionHeader>& hs, c
   return p;
 }
 
+/// The id index's words on each memnode: every live element's label -> its record, placed as
+/// IdIndex::insert would (the emptier of its two buckets). A label twice is refused naming both.
+std::vector<std::vector<uint64_t>> fill_id_table(const IdTable& t, const HnswlibFile& f, const Placement& p) {
+  std::vector<std::vector<uint64_t>> words(t.memnodes, std::vector<uint64_t>(t.bytes_per_memnode() / 8, 0));
+  auto word = [&](uint64_t bucket, unsigned pos) -> uint64_t& {
+    return words[bucket % t.memnodes][(bucket / t.memnodes) * IdSlot::kPerBucket + pos];
+  };
+  auto used = [&](uint64_t bucket) {
+    unsigned u = 0;
+    for (unsigned s = 1; s < IdSlot::kPerBucket; ++s) u += word(bucket, s) != 0;
+    return u;
+  };
+  std::unordered_map<uint64_t, uint64_t> seen;
+  seen.reserve(f.count());
+  for (uint64_t i = 0; i < f.count(); ++i) {
+    if (f.deleted(i)) continue;
+    const uint64_t label = f.label(i);
+    if (auto [it, fresh] = seen.emplace(label, i); !fresh)
+      throw std::invalid_argument(f.path() + ": elements " + str(it->second) + " and " + str(i) + " both have label " +
+                                  str(label) + ": an id index maps each id to one node");
+    const IdHash h = hash_id(label, t);
+    const uint64_t b = used(h.bucket[1]) < used(h.bucket[0]) ? h.bucket[1] : h.bucket[0];
+    const RemotePtr at = RemotePtr::from_raw(p.addr[i]);
+    if (!IdSlot::fits(at)) throw FabricError("the record of element " + str(i) + " lies beyond what an id slot can name");
+    unsigned s = 1;
+    while (s < IdSlot::kPerBucket && word(b, s) != 0) ++s;
+    if (s == IdSlot::kPerBucket)
+      throw FabricError("the id index for " + str(f.count()) + " ids has both buckets of label " + str(label) +
+                        " full: import with a larger --id-capacity");
+    word(b, s) = IdSlot::make(h.fingerprint, at);
+  }
+  return words;
+}
+
 /// Fills one node record (zeroed, rounded to 64 bytes) at `r`.
 void fill_record(char* r, const HnswlibFile& f, const NodeLayout& L, const Placement& p, uint32_t i) {
   const unsigned level = f.level(i);
   std::memset(r, 0, round64(L.node_bytes(level)));
-  const NodeFront front{NodeHeader::make(level), f.label(i)};
+  const NodeFront front{NodeHeader::make(level, false, f.deleted(i)), f.label(i)};
   std::memcpy(r, &front, sizeof front);
   std::memcpy(r + NodeLayout::vector_offset(), f.vector(i), 4ull * f.dim());
   for (unsigned l = 0; l <= level; ++l) {
@@ -323,7 +365,22 @@ json import_hnswlib(fabric::Cluster& c, const HnswlibFile& f, const ImportOption
   auto ep = c.make_endpoint(2 * per_bell * cls + (8u << 20));
 
   const std::vector<RegionHeader> hs = check_empty(c, *ep);
-  const Placement p = place(c, hs, f, L);
+  // The id index (as format_or_attach places it: at one offset on every memnode, records after it).
+  const uint64_t id_capacity = o.id_capacity < 0 ? std::max<uint64_t>(1024, 2 * (f.count() - f.deleted_count()))
+                                                 : static_cast<uint64_t>(o.id_capacity);
+  uint64_t first = 0;
+  for (const auto& h : hs) first = std::max(first, round64(h.data_offset));
+  IdTable table;
+  if (id_capacity > 0) {
+    table = IdTable::sized_for(id_capacity, static_cast<uint16_t>(n), first);
+    first += round64(table.bytes_per_memnode());
+  } else {
+    for (const auto& h : hs)
+      if (round64(h.data_offset) != first)
+        throw FabricError("the memnodes' data areas start at different offsets; import with an id index");
+  }
+  const Placement p = place(c, hs, f, L, first);
+  const auto table_words = id_capacity > 0 ? fill_id_table(table, f, p) : std::vector<std::vector<uint64_t>>{};
 
   // Format exactly as `computenode build` does, then take every memnode's records at once
   // with one FETCH_ADD on its bump pointer (the allocation protocol of inserts).
@@ -333,7 +390,20 @@ json import_hnswlib(fabric::Cluster& c, const HnswlibFile& f, const ImportOption
   want.ef_construction = f.ef_construction();
   want.metric = o.metric;
   want.seed = o.seed;
-  format_or_attach(c, *ep, &want);
+  want.id_capacity = id_capacity;
+  const GraphParams got = format_or_attach(c, *ep, &want);
+  if (got.ids.buckets != table.buckets || (table.buckets > 0 && got.ids.offset != table.offset))
+    throw FabricError("the id index was placed at offset " + str(got.ids.offset) + " with " + str(got.ids.buckets) +
+                      " buckets, the import computed offset " + str(table.offset) + " with " + str(table.buckets));
+  // The id index's buckets, before any record (nothing reads them until the entry point is set).
+  for (size_t j = 0; j < table_words.size(); ++j) {
+    const auto& words = table_words[j];
+    const uint64_t bytes = 8 * words.size();
+    for (uint64_t at = 0; at < bytes; at += chunk) {
+      const uint64_t len = std::min(chunk, bytes - at);
+      ep->write(RemotePtr(static_cast<uint16_t>(j), table.offset + at), reinterpret_cast<const char*>(words.data()) + at, len);
+    }
+  }
   for (size_t j = 0; j < n; ++j) {
     if (p.used[j] == 0) continue;
     const uint64_t at = ep->fetch_add(RemotePtr(static_cast<uint16_t>(j), mode_word_offset(shine_word::kBump)), p.used[j]);
@@ -395,6 +465,7 @@ json import_hnswlib(fabric::Cluster& c, const HnswlibFile& f, const ImportOption
     for (uint64_t i = 0; i < f.count(); ++i) top = std::max<uint64_t>(top, f.label(i));
     raise_id_ceiling(*ep, top + 1);
     ep->fetch_add(RemotePtr(0, mode_word_offset(shine_word::kNodeCount)), f.count());
+    if (f.deleted_count() > 0) ep->fetch_add(RemotePtr(0, mode_word_offset(shine_word::kDeleted)), f.deleted_count());
     Buffer w = ep->alloc(16);
     const uint64_t words[2] = {p.addr[f.entry()], static_cast<uint64_t>(f.max_level())};
     std::memcpy(w.data(), words, 16);

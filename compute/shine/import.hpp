@@ -44,6 +44,9 @@ class HnswlibFile {
 
   unsigned level(uint64_t i) const { return levels_[i]; }
   uint64_t label(uint64_t i) const;
+  /// hnswlib marked the element deleted (markDelete): imported as a deleted node.
+  bool deleted(uint64_t i) const { return deleted_[i] != 0; }
+  uint64_t deleted_count() const { return deleted_count_; }
   /// The element's vector: dim() floats, 4-byte aligned inside the mapping.
   const float* vector(uint64_t i) const;
   /// Neighbour count and ids (unaligned u32s, read with neighbour()) of i's list at `level`.
@@ -63,13 +66,17 @@ class HnswlibFile {
   uint64_t upper_bytes_per_level_ = 0;  // 4 + maxM_ * 4: one upper-level list
   uint32_t dim_ = 0, m_ = 0, ef_construction_ = 0, entry_ = 0;
   int max_level_ = -1;
-  std::vector<uint8_t> levels_;
+  std::vector<uint8_t> levels_, deleted_;
+  uint64_t deleted_count_ = 0;
   std::vector<uint64_t> upper_;  // file offset of element i's first upper-level list
 };
 
 struct ImportOptions {
   Metric metric = Metric::L2;  // hnswlib's file does not record its space
   uint64_t seed = 100;         // stored for later `computenode insert` runs (their level draws)
+  /// An id index for this many ids (labels), so that the index takes any ids, deletes and
+  /// upserts; -1: twice the elements (at least 1,024); 0: none.
+  int64_t id_capacity = -1;
   uint64_t chunk_bytes = 4u << 20;  // one WRITE: consecutive node records of one memnode
   uint32_t writes_per_doorbell = 8;
   bool progress = true;

@@ -142,7 +142,12 @@ TEST_CASE("hnswlib import: truncated and inconsistent files are refused naming t
          std::to_string(list3), "capacity is " + std::to_string(2 * fx.m));
   expect("neighbour", [&](auto& b) { put<uint16_t>(b, list3, 1), put<uint32_t>(b, list3 + 4, fx.n + 7); },
          std::to_string(list3 + 4), "neighbour id " + std::to_string(fx.n + 7));
-  expect("deleted", [&](auto& b) { b[list3 + 2] = 1; }, std::to_string(list3 + 2), "marked deleted");
+  expect("flags", [&](auto& b) { b[list3 + 2] = 2; }, std::to_string(list3 + 2), "unknown flags 2");
+  // hnswlib's delete mark is kept: the element is imported as a deleted node.
+  const std::string marked = fx.variant("deleted", [&](auto& b) { b[list3 + 2] = 1; });
+  CHECK(HnswlibFile(marked).deleted(3));
+  CHECK(HnswlibFile(marked).deleted_count() == 1);
+  CHECK_FALSE(HnswlibFile(marked).deleted(4));
   // The first element's upper-level size: not a whole number of lists.
   expect("upper-size", [&](auto& b) { put<uint32_t>(b, level0_end, 5); }, std::to_string(level0_end), "upper-level");
   // Labels are 64-bit ids, as in hnswlib: one beyond 32 bits is kept as it is.
@@ -235,4 +240,70 @@ TEST_CASE("hnswlib import: memnodes too small are refused before anything is wri
   const uint64_t mib = std::stoull(msg.substr(at + 21));
   auto big = make_cluster(2, mib << 20);
   CHECK(import_hnswlib(*big, f, o)["nodes"] == fx.n);
+}
+
+TEST_CASE("hnswlib import: labels go into an id index, hnswlib's deleted elements come in deleted", "[shine][import]") {
+  Fixture fx(1200, 16);
+  for (size_t i = 0; i < fx.n; i += 7) fx.index->markDelete(i);
+  fx.index->saveIndex(fx.good);
+  HnswlibFile f(fx.good);
+  REQUIRE(f.deleted_count() == (fx.n + 6) / 7);
+  auto c = make_cluster(2, 8u << 20);
+  ImportOptions o;
+  o.progress = false;
+  import_hnswlib(*c, f, o);  // id index: twice the live elements
+  auto ep = c->make_endpoint(16u << 20);
+  GraphParams p = format_or_attach(*c, *ep, nullptr);
+  REQUIRE(p.ids.buckets > 0);
+  uint64_t deleted = 0;
+  ep->read(RemotePtr(0, mode_word_offset(shine_word::kDeleted)), &deleted, 8);
+  CHECK(deleted == f.deleted_count());
+  Graph g(*c, p);
+  compute::Scheduler s(*ep);
+  Worker w(g, s, 5);
+  OpContext ctx;
+  IdIndex ids(p.ids, s, 3);
+  size_t mapped = 0, absent = 0;
+  for (size_t i = 0; i < fx.n; ++i) {
+    const RemotePtr n = compute::run_sync(s, ids.find(i));
+    if (i % 7 == 0) {
+      absent += n.is_null();
+    } else if (!n.is_null()) {
+      NodeFront front{};
+      ep->read(n, &front, sizeof front);
+      mapped += front.label == i && !NodeHeader::deleted(front.header);
+    }
+  }
+  CHECK(mapped == fx.n - f.deleted_count());
+  CHECK(absent == f.deleted_count());
+  // Searches never return a deleted element and agree with hnswlib's (which skips them too).
+  size_t same = 0, returned_deleted = 0;
+  fx.index->setEf(40);
+  for (size_t q = 0; q < 100; ++q) {
+    const float* v = &fx.base[q * fx.d];
+    auto mine = compute::run_sync(s, w.search(v, 10, 40, ctx));
+    auto theirs = fx.index->searchKnn(v, 10);
+    std::set<uint64_t> a, b;
+    for (auto& x : mine) {
+      a.insert(x.label);
+      returned_deleted += x.label % 7 == 0;
+    }
+    for (; !theirs.empty(); theirs.pop()) b.insert(theirs.top().second);
+    same += a == b;
+  }
+  CHECK(returned_deleted == 0);
+  CHECK(same >= 95);
+  // The imported index takes deletes by label, and the id of a deleted element again.
+  const bool gone = compute::run_sync(s, w.remove(1, ctx));
+  CHECK(gone);
+  REQUIRE_NOTHROW(compute::run_sync(s, w.insert(&fx.base[0], 0, ctx)));
+  auto res = compute::run_sync(s, w.search(&fx.base[0], 1, 40, ctx));
+  REQUIRE(res.size() == 1);
+  CHECK(res[0].label == 0);
+  // No id index asked for: none.
+  auto plain = make_cluster(2, 8u << 20);
+  o.id_capacity = 0;
+  import_hnswlib(*plain, f, o);
+  auto ep2 = plain->make_endpoint(1u << 20);
+  CHECK(format_or_attach(*plain, *ep2, nullptr).ids.buckets == 0);
 }
