@@ -26,7 +26,7 @@ inserted into, queried by 1 and by 2 computenodes (node caches, adaptive routing
 csp-report, shine-route-sim, fabric-bench, `computenode serve` with serve-bench (closed and
 open loop), hnswlib-bench; then 2 fresh memnodes with a d-HNSW index built online, queried by 2
 and by 1 computenodes, inserted into, queried with --mix, rebuilt; dhnsw-build; and
-shine-import into a fresh memnode. Every process it starts is stopped (SIGTERM, then SIGKILL)
+shine-import into a fresh memnode, upserted into and deleted from by id. Every process it starts is stopped (SIGTERM, then SIGKILL)
 whatever happens. Exit 0: every path documented; 1: undocumented paths (listed) or a report
 that could not be made or read; 2: usage.
 """
@@ -151,9 +151,9 @@ def classify(r: dict) -> str | None:
     }
     if tool in by_tool:
         return by_tool[tool]
-    if mode == "shine" and kind == "insert":
-        return "shine-build"  # one section for build and insert
-    if mode == "shine" and kind in ("build", "query", "import"):
+    if mode == "shine" and kind in ("insert", "upsert"):
+        return "shine-build"  # one section for build, insert and upsert
+    if mode == "shine" and kind in ("build", "query", "import", "delete"):
         return "shine-" + kind
     if mode == "dhnsw" and kind in ("query", "mixed"):
         return "dhnsw-" + kind
@@ -402,6 +402,12 @@ def make_reports(r: Runner) -> list[str]:
     mn, single = r.memnodes("import", 1)
     r.run("shine-import", ["shine-import", "--hnswlib", "hnswlib.bin", "--metric", "l2", "--data", "base.fvecs",
                            "--provider", "shm", "--memnodes", mn, "--report", "shine-import.json"])
+    # the imported index has an id index: upsert and delete by label (two ids it never held)
+    (w / "ids.txt").write_text("".join(f"{i}\n" for i in list(range(0, 200, 2)) + [7_000_000, 2**62]))
+    r.run("shine-upsert", ["computenode", "--mode", "shine", "--provider", "shm", "--memnodes", mn, "upsert", "--data",
+                           "q.fvecs", "--ids", "ids.txt", "--threads", "1", "--report", "shine-upsert.json"])
+    r.run("shine-delete", ["computenode", "--mode", "shine", "--provider", "shm", "--memnodes", mn, "delete", "--ids",
+                           "ids.txt", "--threads", "1", "--report", "shine-delete.json"])
     r.stop(single)
 
     # ---- a replica set whose copy 1 starts joining (memnode --rejoin); `rejoin` fills it
@@ -428,7 +434,7 @@ def make_reports(r: Runner) -> list[str]:
             "fabric-bench.json", "serve-bench.json", "serve-bench-open.json", "hnswlib-bench.json",
             "dhnsw-build.json", "dhnsw-build-skipped.json.cn1", "dhnsw-query2.json", "dhnsw-query2.json.cn1",
             "dhnsw-insert.json", "dhnsw-query.json", "dhnsw-mixed.json", "dhnsw-rebuild.json",
-            "dhnsw-build-tool.json", "shine-import.json", "rejoin.json"]
+            "dhnsw-build-tool.json", "shine-import.json", "shine-upsert.json", "shine-delete.json", "rejoin.json"]
     missing = [f for f in want if not (w / f).exists()]
     if missing:
         raise RuntimeError("reports not written: " + ", ".join(missing))
