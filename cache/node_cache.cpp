@@ -149,8 +149,8 @@ struct EntryHeader {  // 40 bytes
   uint64_t key;
   uint64_t next;  // tagged link to the next entry of the chain
   uint64_t label;
-  uint32_t level;  // the node's level (the replay's admission needs it for hits too)
-  uint32_t unused;
+  uint32_t level;       // the node's level (the replay's admission needs it for hits too)
+  uint32_t generation;  // of the record when it was read (a reused record has another)
 };
 static_assert(sizeof(EntryHeader) == 40);
 
@@ -214,6 +214,7 @@ struct NodeCache::Impl {
   std::mutex free_mu;
   std::vector<uint32_t> free_list;  // released without being linked (lost admission races)
   std::atomic<uint32_t> free_count{0};
+  std::atomic<uint64_t> log_applied{0};  // NodeCache::applied()
 
   // Per-thread counters and RNGs. Threads get stripes in the order they first use this cache
   // (the first one stripe 0, RNG seeded with cfg.seed + 0), so a single-threaded user such as
@@ -307,7 +308,8 @@ struct NodeCache::Impl {
 
   // Lock-free search. Returns the entry index (and its validated meta) or kNone.
   template <bool kCopy>
-  uint32_t find(uint64_t key, uint64_t h, float* vec, uint64_t* label, uint64_t* meta_out, unsigned* level = nullptr) {
+  uint32_t find(uint64_t key, uint64_t h, float* vec, uint64_t* label, uint64_t* meta_out, unsigned* level = nullptr,
+                uint32_t* generation = nullptr) {
     Bucket& b = bucket_of(h);
     for (unsigned attempt = 0; attempt < kMaxRestarts; ++attempt) {
       uint64_t link = aref<uint64_t>(b.head).load(std::memory_order_acquire);
@@ -328,11 +330,12 @@ struct NodeCache::Impl {
         const uint64_t k = aref<uint64_t>(e.key).load(std::memory_order_acquire);
         if (k == key) {
           uint64_t lab = 0;
-          uint32_t lev = 0;
+          uint32_t lev = 0, gen = 0;
           if constexpr (kCopy) {
             copy_out(idx, vec);
             lab = aref<uint64_t>(e.label).load(std::memory_order_acquire);
             lev = aref<uint32_t>(e.level).load(std::memory_order_acquire);
+            gen = aref<uint32_t>(e.generation).load(std::memory_order_acquire);
           }
           const uint64_t m2 = aref<uint64_t>(e.meta).load(std::memory_order_relaxed);
           if (meta_tag(m2) != meta_tag(m1)) {
@@ -342,6 +345,7 @@ struct NodeCache::Impl {
           if constexpr (kCopy) {
             if (label != nullptr) *label = lab;
             if (level != nullptr) *level = lev;
+            if (generation != nullptr) *generation = gen;
           }
           if (meta_out != nullptr) *meta_out = m2;
           return idx;
@@ -483,6 +487,40 @@ struct NodeCache::Impl {
     return kNone;
   }
 
+  // Takes `key`'s entry out (a record reused since it was read). False when it is not cached or
+  // another thread is evicting it.
+  bool erase_key(uint64_t key, uint64_t h, Stripe& s) {
+    for (unsigned attempt = 0; attempt < kMaxRestarts; ++attempt) {
+      uint64_t m = 0;
+      const uint32_t idx = find<false>(key, h, nullptr, nullptr, &m);
+      if (idx == kNone) return false;
+      aref<uint64_t> am(headers[idx].meta);
+      if (meta_state(m) == kHot) {
+        if (!am.compare_exchange_strong(m, make_meta(meta_tag(m), kEvicting), std::memory_order_acq_rel,
+                                        std::memory_order_relaxed))
+          continue;
+      } else if (meta_state(m) == kCooling) {
+        CoolingFifo& f = fifo_of(h);
+        SpinGuard g(f.lock);
+        if (!am.compare_exchange_strong(m, make_meta(meta_tag(m), kEvicting), std::memory_order_acq_rel,
+                                        std::memory_order_relaxed))
+          continue;
+        for (uint32_t i = 0; i < f.count; ++i)
+          if (f.idx[i] == idx) {
+            for (uint32_t j = i + 1; j < f.count; ++j) f.idx[j - 1] = f.idx[j];
+            --f.count;
+            break;
+          }
+      } else {
+        return false;
+      }
+      evict(idx, s);
+      release_entry(idx);
+      return true;
+    }
+    return false;
+  }
+
   void release_entry(uint32_t idx) {
     std::lock_guard<std::mutex> g(free_mu);
     free_list.push_back(idx);
@@ -501,7 +539,7 @@ NodeCache::~NodeCache() = default;
 uint64_t NodeCache::capacity_entries() const { return impl_->cap; }
 uint32_t NodeCache::dim() const { return impl_->dim; }
 
-bool NodeCache::lookup(RemotePtr key, float* vec, uint64_t* label, unsigned* level) {
+bool NodeCache::lookup(RemotePtr key, float* vec, uint64_t* label, unsigned* level, uint32_t* generation) {
   Impl& im = *impl_;
   Stripe& s = im.stripe();
   if (im.cap == 0) {
@@ -510,7 +548,7 @@ bool NodeCache::lookup(RemotePtr key, float* vec, uint64_t* label, unsigned* lev
   }
   const uint64_t h = mix64(key.raw());
   uint64_t m = 0;
-  const uint32_t idx = im.find<true>(key.raw(), h, vec, label, &m, level);
+  const uint32_t idx = im.find<true>(key.raw(), h, vec, label, &m, level, generation);
   if (idx == kNone) {
     bump(s.misses);
     return false;
@@ -520,13 +558,16 @@ bool NodeCache::lookup(RemotePtr key, float* vec, uint64_t* label, unsigned* lev
   return true;
 }
 
-bool NodeCache::admit(RemotePtr key, unsigned level, const float* vec, uint64_t label) {
+bool NodeCache::admit(RemotePtr key, unsigned level, const float* vec, uint64_t label, uint32_t generation) {
   Impl& im = *impl_;
   if (im.cap == 0) return false;
   Stripe& s = im.stripe();
   const uint64_t k = key.raw();
   const uint64_t h = mix64(k);
-  if (im.find<false>(k, h, nullptr, nullptr, nullptr) != kNone) return true;
+  if (const uint32_t have = im.find<false>(k, h, nullptr, nullptr, nullptr); have != kNone) {
+    if (aref<uint32_t>(im.headers[have].generation).load(std::memory_order_acquire) == generation) return true;
+    im.erase_key(k, h, s);  // the record was reused: its old vector goes
+  }
   if (level == 0 && im.cfg.admit_probability < 1.0) {
     const double u = static_cast<double>(s.next_random() >> 11) * 0x1.0p-53;
     if (!(u < im.cfg.admit_probability)) {
@@ -545,6 +586,7 @@ bool NodeCache::admit(RemotePtr key, unsigned level, const float* vec, uint64_t 
   if (im.dim != 0) im.copy_in(idx, vec);
   aref<uint64_t>(e.label).store(label, std::memory_order_release);
   aref<uint32_t>(e.level).store(level, std::memory_order_release);
+  aref<uint32_t>(e.generation).store(generation, std::memory_order_release);
 
   Bucket& b = im.bucket_of(h);
   bool duplicate = false;
@@ -572,6 +614,31 @@ bool NodeCache::admit(RemotePtr key, unsigned level, const float* vec, uint64_t 
   }
   bump(s.admissions);
   return true;
+}
+
+void NodeCache::clear() {
+  Impl& im = *impl_;
+  const uint64_t used = std::min<uint64_t>(im.cap, im.next_unused.load(std::memory_order_acquire));
+  for (uint64_t i = 0; i < used; ++i) {
+    const uint64_t m = aref<uint64_t>(im.headers[i].meta).load(std::memory_order_acquire);
+    if (meta_state(m) != kHot && meta_state(m) != kCooling) continue;
+    const uint64_t k = aref<uint64_t>(im.headers[i].key).load(std::memory_order_acquire);
+    im.erase_key(k, mix64(k), im.stripe());
+  }
+}
+
+bool NodeCache::erase(RemotePtr key) {
+  Impl& im = *impl_;
+  if (im.cap == 0) return false;
+  return im.erase_key(key.raw(), mix64(key.raw()), im.stripe());
+}
+
+uint64_t NodeCache::applied() const { return impl_->log_applied.load(std::memory_order_acquire); }
+
+void NodeCache::set_applied(uint64_t position) {
+  uint64_t cur = impl_->log_applied.load(std::memory_order_relaxed);
+  while (cur < position && !impl_->log_applied.compare_exchange_weak(cur, position, std::memory_order_acq_rel)) {
+  }
 }
 
 NodeCacheStats NodeCache::stats() const {

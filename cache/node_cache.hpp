@@ -50,14 +50,25 @@ class NodeCache {
   uint32_t dim() const;
 
   /// Lock-free lookup. On a hit copies the vector (dim floats) to `vec`, the label to
-  /// `label` and (when not null) the node's level to `level`, and returns true. Never
-  /// returns another key's vector.
-  bool lookup(RemotePtr key, float* vec, uint64_t* label, unsigned* level = nullptr);
+  /// `label` and (when not null) the node's level to `level` and the record's generation to
+  /// `generation`, and returns true. Never returns another key's vector.
+  bool lookup(RemotePtr key, float* vec, uint64_t* label, unsigned* level = nullptr, uint32_t* generation = nullptr);
 
   /// Offers a node just read from remote memory. Level > 0: always admitted; level 0: with
   /// probability admit_probability. Evicts through the cooling table when full. Returns
   /// true when the node is now cached (also when it already was).
-  bool admit(RemotePtr key, unsigned level, const float* vec, uint64_t label);
+  bool admit(RemotePtr key, unsigned level, const float* vec, uint64_t label, uint32_t generation = 0);
+
+  /// Takes `key` out of the cache (its record was reused for another vector); true when it was
+  /// there. Thread-safe. admit() of a key with another generation than the cached one does
+  /// the same first.
+  bool erase(RemotePtr key);
+  /// Takes every entry out (an owner that lost track of which records changed).
+  void clear();
+  /// How far the owner has applied an external log of such changes (0 at first); set_applied
+  /// only moves it forward. Thread-safe.
+  uint64_t applied() const;
+  void set_applied(uint64_t position);
 
   /// Counters summed over all threads (approximate while other threads run).
   NodeCacheStats stats() const;

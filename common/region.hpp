@@ -67,6 +67,15 @@ inline constexpr size_t kIdTable = 10, kIdBuckets = 11;
 /// Memnode 0: deleted nodes (tombstones) in the graph, raised by FETCH_ADD after each delete.
 /// Queries read it with the entry point: while it is 0, no node a cache holds can be deleted.
 inline constexpr size_t kDeleted = 12;
+/// Every memnode: region offset and capacity (slots) of its stack of deleted records kept for
+/// reuse (compute/shine/free_list.hpp; capacity 0: none). Written once, when formatting.
+inline constexpr size_t kFreeList = 13, kFreeCap = 14;
+/// Memnode 0: deleted records reused by inserts (FETCH_ADD per reuse); the graph's deleted
+/// nodes are kDeleted - kReused.
+inline constexpr size_t kReused = 15;
+/// Every memnode (memnode 0's is used): region offset and entries of the reuse log, a ring of
+/// 16-byte entries [reuse number + 1, record] that node caches read to drop reused records.
+inline constexpr size_t kReuseLog = 16, kReuseLogCap = 17;
 /// kFormat values: the region is being formatted by one computenode, then ready. While
 /// formatting, the high 32 bits hold the formatter's computenode id + 1 (0: not said), so a
 /// waiter can tell from memnode 0's presence table that the formatter left.

@@ -108,7 +108,10 @@ class ShineBackend final : public Backend {
     std::lock_guard g(control_mu_);
     uint64_t nodes = 0;
     control_->read(RemotePtr(0, mode_word_offset(shine_word::kNodeCount)), &nodes, 8);
-    control_->read(RemotePtr(0, mode_word_offset(shine_word::kDeleted)), &i.deleted, 8);
+    uint64_t deleted = 0, reused = 0;  // deleted ever, and records of those reused
+    control_->read(RemotePtr(0, mode_word_offset(shine_word::kDeleted)), &deleted, 8);
+    control_->read(RemotePtr(0, mode_word_offset(shine_word::kReused)), &reused, 8);
+    i.deleted = deleted - std::min(deleted, reused);
     i.count = nodes - std::min(nodes, i.deleted);
     i.ids = p_.ids.buckets > 0;
     m_.vectors.set(static_cast<double>(i.count));

@@ -47,7 +47,7 @@ struct ShareStats {
 /// would only fail later).
 ShareStats insert_share(const RunContext& rc, const BuildOptions& o, Graph& g, const GraphParams& p,
                         compute::Board& board, const FloatMatrix& data, const std::vector<uint32_t>& mine,
-                        VectorCache& vcache) {
+                        VectorCache* vcache) {
   fabric::Cluster& c = *rc.cluster;
   std::atomic<size_t> next{0};
   std::atomic<bool> stop{false};
@@ -81,7 +81,7 @@ ShareStats insert_share(const RunContext& rc, const BuildOptions& o, Graph& g, c
   try {
     parallel(c, o.threads, stop, [&](uint32_t t, fabric::Endpoint& ep) {
       compute::Scheduler s(ep);
-      Worker w(g, s, p.seed * 1000003 + rc.cn_id * 1009 + t, &vcache);
+      Worker w(g, s, p.seed * 1000003 + rc.cn_id * 1009 + t, vcache);
       std::vector<OpContext> ctxs(o.coroutines);
       for (auto& x : ctxs) x.mode = o.mode;
       auto loop = [&](OpContext& ctx) -> compute::Task<void> {
@@ -200,8 +200,14 @@ json run_build(const RunContext& rc, const BuildOptions& o) {
   if (o.format) board.barrier();  // everyone formatted/attached before anyone inserts
   if (!mine.empty() && o.ids.empty()) raise_id_ceiling(*control, uint64_t{mine.back()} + 1);  // labels are row ids
 
-  VectorCache vcache(o.cache_bytes, p.dim);
-  const ShareStats st = insert_share(rc, o, g, p, board, data, mine, vcache);
+  // A vector read once never changes, unless its record is reused after a delete (by anyone,
+  // while this run goes on): into an index that has deleted nodes to reuse, each insert keeps
+  // only what it read itself.
+  uint64_t deleted = 0;
+  control->read(RemotePtr(0, mode_word_offset(shine_word::kDeleted)), &deleted, 8);
+  const bool shared_cache = p.free.capacity == 0 || deleted == 0;
+  VectorCache vcache(shared_cache ? o.cache_bytes : 0, p.dim);
+  const ShareStats st = insert_share(rc, o, g, p, board, data, mine, shared_cache ? &vcache : nullptr);
   json mine_j = {{"cn_id", rc.cn_id}, {"inserted", mine.size()}, {"replaced", st.replaced}, {"seconds", st.seconds},
                  {"inserts_per_s", static_cast<double>(mine.size()) / st.seconds}, {"io", io_json(st.io)},
                  {"doorbells", st.counters.doorbells}, {"ops", st.counters.total_ops()},
@@ -293,8 +299,10 @@ json run_delete(const RunContext& rc, const DeleteOptions& o) {
       if (listed.size() < kListed) listed.push_back(id);
     per_cn.push_back(j);
   }
-  uint64_t tombstones = 0, nodes = 0;
+  uint64_t tombstones = 0, reused = 0, nodes = 0;
   control->read(RemotePtr(0, mode_word_offset(shine_word::kDeleted)), &tombstones, 8);
+  control->read(RemotePtr(0, mode_word_offset(shine_word::kReused)), &reused, 8);
+  tombstones -= std::min(tombstones, reused);
   control->read(RemotePtr(0, mode_word_offset(shine_word::kNodeCount)), &nodes, 8);
   report.update({{"requested", requested}, {"deleted", deleted}, {"not_found", not_found}, {"not_found_ids", listed},
                  {"seconds", max_secs}, {"deletes_per_s", static_cast<double>(requested) / std::max(max_secs, 1e-9)},

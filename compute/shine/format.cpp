@@ -39,6 +39,18 @@ bool claim_ids(fabric::Endpoint& ep, uint64_t lo, uint64_t hi, uint64_t& ceiling
   return false;
 }
 
+IndexAreas plan_areas(uint64_t id_capacity, uint16_t memnodes, uint64_t first) {
+  IndexAreas a;
+  a.records = first;
+  if (id_capacity == 0) return a;
+  a.ids = IdTable::sized_for(id_capacity, memnodes, first);
+  a.free = FreeTable::sized_for(id_capacity, memnodes, first + (a.ids.bytes_per_memnode() + 63) / 64 * 64);
+  a.reuse_log.offset = a.free.offset + a.free.bytes_per_memnode();
+  a.reuse_log.capacity = ReuseLog::kDefaultEntries;
+  a.records = a.reuse_log.offset + a.reuse_log.bytes();
+  return a;
+}
+
 GraphParams format_or_attach(fabric::Cluster& c, fabric::Endpoint& ep, const GraphParams* wanted, int64_t self) {
   const auto n = c.memnodes().size();
   auto read_header = [&](uint16_t i) {
@@ -56,12 +68,13 @@ GraphParams format_or_attach(fabric::Cluster& c, fabric::Endpoint& ep, const Gra
       ep.compare_swap(word_ptr(shine_word::kFormat), 0, shine_word::formatting_by(self)) == 0) {
     // We format: every memnode gets mode, dimension, metric and a bump pointer at its data
     // area, after the id index's share when there is one (at one offset on every memnode).
-    IdTable ids;
+    IndexAreas areas;
     if (wanted->id_capacity > 0) {
       uint64_t at = 0;
       for (uint16_t i = 0; i < n; ++i) at = std::max(at, (read_header(i).data_offset + 63) / 64 * 64);
-      ids = IdTable::sized_for(wanted->id_capacity, static_cast<uint16_t>(n), at);
+      areas = plan_areas(wanted->id_capacity, static_cast<uint16_t>(n), at);
     }
+    const IdTable& ids = areas.ids;
     for (uint16_t i = 0; i < n; ++i) {
       RegionHeader h = read_header(i);
       if (h.mode != static_cast<uint8_t>(Mode::None))
@@ -71,16 +84,19 @@ GraphParams format_or_attach(fabric::Cluster& c, fabric::Endpoint& ep, const Gra
       h.elem_type = static_cast<uint8_t>(ElemType::F32);
       h.dim = wanted->dim;
       h.memnode_count = static_cast<uint16_t>(n);
-      h.mode_words[shine_word::kBump] = ids.buckets > 0 ? ids.offset + (ids.bytes_per_memnode() + 63) / 64 * 64
-                                                        : (h.data_offset + 63) / 64 * 64;
+      h.mode_words[shine_word::kBump] = ids.buckets > 0 ? areas.records : (h.data_offset + 63) / 64 * 64;
       if (ids.buckets > 0) {
         if (h.mode_words[shine_word::kBump] >= h.region_size)
           throw FabricError("memnode " + std::to_string(i) + " (" + c.memnodes()[i].address + "): its share of an id " +
                             "index for " + std::to_string(wanted->id_capacity) + " ids (" +
-                            std::to_string(ids.bytes_per_memnode()) + " bytes) does not fit its " +
+                            std::to_string(areas.records - ids.offset) + " bytes with its free stack) does not fit its " +
                             std::to_string(h.region_size) + "-byte region");
         h.mode_words[shine_word::kIdTable] = ids.offset;
         h.mode_words[shine_word::kIdBuckets] = ids.buckets;
+        h.mode_words[shine_word::kFreeList] = areas.free.offset;
+        h.mode_words[shine_word::kFreeCap] = areas.free.capacity;
+        h.mode_words[shine_word::kReuseLog] = areas.reuse_log.offset;
+        h.mode_words[shine_word::kReuseLogCap] = areas.reuse_log.capacity;
       }
       h.mode_words[shine_word::kM] = wanted->m;
       h.mode_words[shine_word::kEfConstruction] = wanted->ef_construction;
@@ -139,6 +155,29 @@ GraphParams format_or_attach(fabric::Cluster& c, fabric::Endpoint& ep, const Gra
                       std::to_string(mode_word_offset(shine_word::kIdTable)) + " say " + std::to_string(p.ids.buckets) +
                       " buckets at offset " + std::to_string(p.ids.offset) + ", outside the " +
                       std::to_string(h0.region_size) + "-byte region's data area (a corrupted region header?)");
+  p.free.memnodes = static_cast<uint16_t>(n);
+  p.free.offset = h0.mode_words[shine_word::kFreeList];
+  p.free.capacity = p.free.offset == 0 ? 0 : h0.mode_words[shine_word::kFreeCap];
+  if (p.free.capacity > 0 && (p.ids.buckets == 0 || p.free.offset < h0.data_offset || p.free.offset % 8 != 0 ||
+                              p.free.capacity > h0.region_size / 8 ||
+                              p.free.offset + p.free.bytes_per_memnode() > h0.region_size))
+    throw FabricError("memnode 0: the free stack words at region offset " +
+                      std::to_string(mode_word_offset(shine_word::kFreeList)) + " say " +
+                      std::to_string(p.free.capacity) + " slots at offset " + std::to_string(p.free.offset) +
+                      ", outside the " + std::to_string(h0.region_size) +
+                      "-byte region's data area (a corrupted region header?)");
+  p.reuse_log.offset = h0.mode_words[shine_word::kReuseLog];
+  p.reuse_log.capacity = p.reuse_log.offset == 0 ? 0 : h0.mode_words[shine_word::kReuseLogCap];
+  if (p.reuse_log.capacity > 0 && (p.free.capacity == 0 || p.reuse_log.offset < h0.data_offset ||
+                                   p.reuse_log.offset % 8 != 0 || p.reuse_log.capacity > h0.region_size / 16 ||
+                                   p.reuse_log.offset + p.reuse_log.bytes() > h0.region_size))
+    throw FabricError("memnode 0: the reuse log words at region offset " +
+                      std::to_string(mode_word_offset(shine_word::kReuseLog)) + " say " +
+                      std::to_string(p.reuse_log.capacity) + " entries at offset " +
+                      std::to_string(p.reuse_log.offset) + ", outside the " + std::to_string(h0.region_size) +
+                      "-byte region's data area (a corrupted region header?)");
+  // Records reused with no log to tell the node caches about it: none are.
+  if (p.reuse_log.capacity == 0) p.free.capacity = 0;
   if (h0.memnode_count != n)
     throw FabricError("the index was formatted over " + std::to_string(h0.memnode_count) + " memnodes, --memnodes names " +
                       std::to_string(n));

@@ -92,6 +92,7 @@ inline void prefetch_vector(const float* v, uint32_t dim) {
 Worker::Worker(const Graph& g, Scheduler& s, uint64_t seed, VectorCache* shared)
     : g_(g), s_(s), rng_(seed), level_mult_(1.0 / std::log(static_cast<double>(g.params().m))), shared_(shared) {
   if (g.params().ids.buckets > 0) ids_.emplace(g.params().ids, s, seed ^ 0x1d1d);
+  if (g.params().free.capacity > 0) free_.emplace(g.params().free, s, seed ^ 0xf7ee);
 }
 
 void Worker::fail(const Completion& c) const {
@@ -113,9 +114,10 @@ Task<void> Worker::write(RemotePtr dst, const void* src, size_t len, OpContext& 
 }
 
 Task<Worker::Entry> Worker::read_entry(OpContext& ctx) {
-  // The entry point, its level and the tombstone count in one READ (words 1 .. 12).
-  static_assert(shine_word::kMaxLevel == shine_word::kEntryPoint + 1 && shine_word::kDeleted > shine_word::kMaxLevel);
-  constexpr size_t kWords = shine_word::kDeleted - shine_word::kEntryPoint + 1;
+  // The entry point, its level, the deletes and the reuses in one READ (words 1 .. 15).
+  static_assert(shine_word::kMaxLevel == shine_word::kEntryPoint + 1 && shine_word::kDeleted > shine_word::kMaxLevel &&
+                shine_word::kReused > shine_word::kDeleted);
+  constexpr size_t kWords = shine_word::kReused - shine_word::kEntryPoint + 1;
   Buffer b = s_.endpoint().alloc(8 * kWords);
   Op op = Op::read(word_ptr(shine_word::kEntryPoint), b.data(), 8 * kWords);
   fail(co_await s_.io(std::span<Op>(&op, 1), true, &ctx.io));
@@ -129,7 +131,8 @@ Task<Worker::Entry> Worker::read_entry(OpContext& ctx) {
                       std::to_string(mode_word_offset(shine_word::kEntryPoint)) + " names memnode " +
                       std::to_string(ep.node()) + " offset " + std::to_string(ep.offset()) + " level " +
                       std::to_string(w[1]) + ": not a node of this index (a corrupted region header?)");
-  co_return Entry{ep, static_cast<unsigned>(w[1]), w[kWords - 1]};
+  co_return Entry{ep, static_cast<unsigned>(w[1]), w[shine_word::kDeleted - shine_word::kEntryPoint],
+                  w[shine_word::kReused - shine_word::kEntryPoint]};
 }
 
 Task<std::vector<Neighbor>> Worker::read_vectors(const std::vector<RemotePtr>& nodes, const float* q,
@@ -166,9 +169,10 @@ Task<std::vector<Neighbor>> Worker::read_vectors(const std::vector<RemotePtr>& n
     for (RemotePtr p : nodes) {
       uint64_t label = 0;
       unsigned level = 0;
-      if (ctx.node_cache->lookup(p, tmp.data(), &label, &level)) {
+      uint32_t generation = 0;
+      if (ctx.node_cache->lookup(p, tmp.data(), &label, &level, &generation)) {
         ++ctx.search.visited;
-        out.push_back({g_.distance()(q, tmp.data()), p, label, false, true});
+        out.push_back({g_.distance()(q, tmp.data()), p, label, false, true, generation});
         note_access(ctx, p, level, true);
       } else {
         remote.push_back(p);
@@ -194,11 +198,12 @@ Task<std::vector<Neighbor>> Worker::read_vectors(const std::vector<RemotePtr>& n
     }
     const float* v = reinterpret_cast<const float*>(p + NodeLayout::vector_offset());
     ++ctx.search.visited;
-    out.push_back({g_.distance()(q, v), remote[i], f.label, NodeHeader::deleted(f.header)});
+    out.push_back({g_.distance()(q, v), remote[i], f.label, NodeHeader::deleted(f.header), false,
+                   NodeHeader::generation(f.header)});
     if (cache != nullptr) cache->add(remote[i], v, L.dim(), NodeHeader::level(f.header), f.label);
     if (ctx.node_cache != nullptr) {
       unsigned level = NodeHeader::level(f.header);
-      ctx.node_cache->admit(remote[i], level, v, f.label);
+      ctx.node_cache->admit(remote[i], level, v, f.label, NodeHeader::generation(f.header));
       note_access(ctx, remote[i], level, false);
     }
   }
@@ -412,50 +417,154 @@ Task<bool> Worker::insert(const float* v, uint64_t label, OpContext& ctx, bool u
   if (upsert && !ids_)
     throw std::invalid_argument("upsert: this shine index has no id index (build it with --id-capacity N)");
   const auto& L = g_.layout();
-  // 1. Level, memnode, allocation by FETCH_ADD on that memnode's bump pointer.
+  // 1. Level and memnode; a deleted record kept for reuse (preferably there, with its own
+  //    level), else a new one by FETCH_ADD on that memnode's bump pointer.
   double u = std::uniform_real_distribution<double>(0.0, 1.0)(rng_);
   unsigned level = std::min<unsigned>(kMaxLevel, static_cast<unsigned>(-std::log(std::max(u, 1e-300)) * level_mult_));
   uint16_t node_id = static_cast<uint16_t>(rng_() % g_.num_memnodes());
-  uint64_t bytes = (L.node_bytes(level) + 63) / 64 * 64;
-  uint64_t at = co_await atomic(Op::fetch_add(RemotePtr(node_id, mode_word_offset(shine_word::kBump)), bytes, nullptr), ctx);
-  const auto& b = g_.bounds(node_id);
-  if (at + bytes > b.size)
-    throw FabricError("memnode " + std::to_string(node_id) + " (" + g_.cluster().memnodes()[node_id].address +
-                      ") is out of region space: a level-" + std::to_string(level) + " node needs " +
-                      std::to_string(bytes) + " bytes at offset " + std::to_string(at) + ", the region has " +
-                      std::to_string(b.size) + " (start it with a larger --region or add memnodes)");
-  const RemotePtr me(node_id, at);
-  if (ctx.allocated.size() <= node_id) ctx.allocated.resize(node_id + 1u, 0);
-  ++ctx.allocated[node_id];
-
-  // 2. The whole record, lists empty, written before anyone can reach it.
-  std::vector<char> rec(L.node_bytes(level), 0);
-  NodeFront front{NodeHeader::make(level), label};
-  std::memcpy(rec.data(), &front, sizeof front);
-  std::memcpy(rec.data() + NodeLayout::vector_offset(), v, 4ull * L.dim());
-  co_await write(me, rec.data(), rec.size(), ctx);
-  RemotePtr replaced;  // upsert: the node that held the id, deleted once this one is linked
-  if (ids_) {
+  RemotePtr me, replaced;  // replaced (upsert): the node that held the id, deleted once me is linked
+  if (free_) me = co_await free_->pop(node_id, &ctx.io);
+  const bool reused = !me.is_null();
+  if (reused) {
+    level = co_await reuse(me, v, label, upsert, replaced, ctx);
+  } else {
+    const uint64_t bytes = (L.node_bytes(level) + 63) / 64 * 64;
+    const uint64_t at =
+        co_await atomic(Op::fetch_add(RemotePtr(node_id, mode_word_offset(shine_word::kBump)), bytes, nullptr), ctx);
+    const auto& b = g_.bounds(node_id);
+    if (at + bytes > b.size)
+      throw FabricError("memnode " + std::to_string(node_id) + " (" + g_.cluster().memnodes()[node_id].address +
+                        ") is out of region space: a level-" + std::to_string(level) + " node needs " +
+                        std::to_string(bytes) + " bytes at offset " + std::to_string(at) + ", the region has " +
+                        std::to_string(b.size) + " (start it with a larger --region or add memnodes)");
+    me = RemotePtr(node_id, at);
+    if (ctx.allocated.size() <= node_id) ctx.allocated.resize(node_id + 1u, 0);
+    ++ctx.allocated[node_id];
+    // 2. The whole record, lists empty, written before anyone can reach it.
+    std::vector<char> rec(L.node_bytes(level), 0);
+    NodeFront front{NodeHeader::make(level), label};
+    std::memcpy(rec.data(), &front, sizeof front);
+    std::memcpy(rec.data() + NodeLayout::vector_offset(), v, 4ull * L.dim());
+    co_await write(me, rec.data(), rec.size(), ctx);
     // The id first: a node is linked only under an id that is its own. A refused record stays
     // unlinked (its bytes are not reused).
-    auto r = co_await ids_->insert(label, me, upsert, &ctx.io);
-    if (r.what == IdIndex::Put::Present) {
-      // A delete that stopped between marking the node and removing its id leaves an entry
-      // that holds no live node: it is taken over.
-      uint64_t h = 0;
-      co_await read_words(r.old, &h, 1, ctx);
-      if (!NodeHeader::deleted(h))
-        throw std::invalid_argument("id " + std::to_string(label) + " is already in the index (the node at memnode " +
-                                    std::to_string(r.old.node()) + " offset " + std::to_string(r.old.offset()) + ")");
-      r = co_await ids_->insert(label, me, true, &ctx.io);
-    }
-    if (r.what == IdIndex::Put::Replaced) replaced = r.old;
+    if (ids_) co_await map_id(label, me, upsert, replaced, ctx);
   }
-  bool was_replaced = false;
   co_await link_new(me, v, level, label, ctx);
-  if (!replaced.is_null()) was_replaced = co_await tombstone(replaced, ctx);
-  co_await atomic(Op::fetch_add(word_ptr(shine_word::kNodeCount), 1, nullptr), ctx);
+  bool was_replaced = false;
+  if (!replaced.is_null() && (was_replaced = co_await tombstone(replaced, ctx))) co_await keep_for_reuse(replaced, ctx);
+  if (!reused) co_await atomic(Op::fetch_add(word_ptr(shine_word::kNodeCount), 1, nullptr), ctx);
   co_return was_replaced;
+}
+
+Task<void> Worker::map_id(uint64_t label, RemotePtr me, bool upsert, RemotePtr& replaced, OpContext& ctx) {
+  auto r = co_await ids_->insert(label, me, upsert, &ctx.io);
+  if (r.what == IdIndex::Put::Present) {
+    // A delete that stopped between marking the node and removing its id leaves an entry that
+    // holds no live node: it is taken over.
+    uint64_t h = 0;
+    co_await read_words(r.old, &h, 1, ctx);
+    if (!NodeHeader::deleted(h))
+      throw std::invalid_argument("id " + std::to_string(label) + " is already in the index (the node at memnode " +
+                                  std::to_string(r.old.node()) + " offset " + std::to_string(r.old.offset()) + ")");
+    r = co_await ids_->insert(label, me, true, &ctx.io);
+  }
+  if (r.what == IdIndex::Put::Replaced) replaced = r.old;
+}
+
+Task<unsigned> Worker::reuse(RemotePtr n, const float* v, uint64_t label, bool upsert, RemotePtr& replaced,
+                             OpContext& ctx) {
+  const auto& L = g_.layout();
+  uint64_t front[2];
+  co_await read_words(n, front, 2, ctx);
+  if (!g_.plausible(n) || !NodeHeader::valid(front[0]) || !NodeHeader::deleted(front[0]))
+    throw FabricError("the free stack of memnode " + std::to_string(n.node()) + " names offset " +
+                      std::to_string(n.offset()) + ", which holds no deleted node (header word " +
+                      std::to_string(front[0]) + "; a corrupt free stack?)");
+  const unsigned level = NodeHeader::level(front[0]);
+  co_await detach(n, level, v, ctx);
+  // The record, still deleted (searches may pass through it), rewritten under its lock: all but
+  // the header word, which atomics touch.
+  const uint64_t held = co_await lock_node(n, level, ctx);
+  std::vector<char> rec(L.node_bytes(level), 0);
+  const NodeFront f{0, label};
+  std::memcpy(rec.data(), &f, sizeof f);
+  std::memcpy(rec.data() + NodeLayout::vector_offset(), v, 4ull * L.dim());
+  co_await write(n + 8, rec.data() + 8, rec.size() - 8, ctx);
+  const uint32_t generation = NodeHeader::generation(held) + 1;
+  std::exception_ptr duplicate;
+  try {
+    co_await map_id(label, n, upsert, replaced, ctx);
+  } catch (const std::invalid_argument&) {
+    duplicate = std::current_exception();
+  }
+  if (duplicate) {  // the record stays deleted, with its new generation, and goes back
+    co_await unlock_node(n, held, NodeHeader::make(level, false, true, generation), ctx);
+    co_await keep_for_reuse(n, ctx);
+    std::rethrow_exception(duplicate);
+  }
+  co_await unlock_node(n, held, NodeHeader::make(level, false, false, generation), ctx);
+  // Node caches learn of it from the reuse log before this insert returns.
+  const uint64_t number = co_await atomic(Op::fetch_add(word_ptr(shine_word::kReused), 1, nullptr), ctx);
+  const ReuseLog& log = g_.params().reuse_log;
+  const uint64_t entry[2] = {number + 1, n.raw()};
+  co_await write(log.entry(number), entry, sizeof entry, ctx);
+  ++ctx.search.reused;
+  co_return level;
+}
+
+Task<void> Worker::detach(RemotePtr s, unsigned level, const float* any, OpContext& ctx) {
+  const auto& L = g_.layout();
+  VecCache cache;  // the vectors this reuse reads (its own: they are compared, not searched)
+  for (unsigned l = 0; l <= level; ++l) {
+    const std::vector<RemotePtr> out = co_await read_list(s, l, ctx);
+    for (RemotePtr n : out) {
+      if (n == s) continue;
+      if (!cache.find(n)) {
+        std::vector<RemotePtr> one(1, n);  // (a braced list in a co_await trips GCC 12)
+        co_await read_vectors(one, any, ctx, &cache);
+      }
+      const std::optional<VecEntry> self = cache.find(n);
+      if (!self || self->level < l) continue;
+      const uint64_t held = co_await lock_node(n, self->level, ctx);
+      const std::vector<RemotePtr> list = co_await read_list(n, l, ctx);
+      if (std::find(list.begin(), list.end(), s) != list.end()) {
+        // FreshDiskANN's repair: s's neighbours replace the edge to s, pruned to capacity.
+        std::vector<RemotePtr> cand;
+        for (RemotePtr p : list)
+          if (p != s) cand.push_back(p);
+        for (RemotePtr p : out)
+          if (p != s && p != n && std::find(cand.begin(), cand.end(), p) == cand.end()) cand.push_back(p);
+        const uint32_t cap = L.capacity(l);
+        std::vector<RemotePtr> next;
+        if (cand.size() <= cap) {
+          next = cand;
+        } else {
+          std::vector<RemotePtr> missing;
+          for (RemotePtr p : cand)
+            if (!cache.find(p)) missing.push_back(p);
+          const std::vector<Neighbor> got = co_await read_vectors(missing, self->v, ctx, &cache);
+          std::vector<Neighbor> nb;
+          for (RemotePtr p : cand) {
+            const auto it = std::find_if(got.begin(), got.end(), [&](const Neighbor& x) { return x.node == p; });
+            if (it != got.end() && it->deleted) continue;  // deleted: no place in a repaired list
+            if (auto e = cache.find(p)) nb.push_back({g_.distance()(self->v, e->v), p, e->label});
+          }
+          std::sort(nb.begin(), nb.end(), ByDistLess{});
+          for (const auto& c : select_heuristic(nb, cap, cache)) next.push_back(c.node);
+        }
+        co_await write_list(n, l, next, ctx);
+      }
+      co_await unlock_node(n, held, NodeHeader::unlocked(held), ctx);
+    }
+  }
+}
+
+Task<void> Worker::keep_for_reuse(RemotePtr n, OpContext& ctx) {
+  if (!free_) co_return;
+  const Entry e = co_await read_entry(ctx);
+  if (e.node == n) co_return;  // the entry point keeps guiding every search from the top level
+  co_await free_->push(n, &ctx.io);
 }
 
 Task<void> Worker::link_new(RemotePtr me, const float* v, unsigned level, uint64_t label, OpContext& ctx) {
@@ -553,7 +662,35 @@ Task<bool> Worker::remove(uint64_t id, OpContext& ctx) {
   // id, which inserts take over and deletes finish; never a live node that no id names.
   const bool marked = co_await tombstone(n, ctx);
   co_await ids_->erase(id, n, &ctx.io);
+  if (marked) co_await keep_for_reuse(n, ctx);  // only once no id names it
   co_return marked;
+}
+
+Task<void> Worker::apply_reuse_log(uint64_t upto, OpContext& ctx) {
+  cache::NodeCache& nc = *ctx.node_cache;
+  const ReuseLog& log = g_.params().reuse_log;
+  uint64_t from = nc.applied();
+  if (upto <= from || log.capacity == 0) co_return;
+  if (upto - from > log.capacity) {  // more reuses than the ring holds: which records is lost
+    nc.clear();
+    from = upto - log.capacity;
+  }
+  // Entries [from, upto): one READ, or two where the ring wraps, in one doorbell.
+  const uint64_t n = upto - from, first = from % log.capacity;
+  const uint64_t head = std::min(n, log.capacity - first);
+  Buffer b = s_.endpoint().alloc(ReuseLog::kEntryBytes * n);
+  std::vector<Op> ops{Op::read(log.entry(from), b.data(), ReuseLog::kEntryBytes * head)};
+  if (head < n) ops.push_back(Op::read(log.entry(from + head), b.data() + ReuseLog::kEntryBytes * head,
+                                       ReuseLog::kEntryBytes * (n - head)));
+  fail(co_await s_.io(ops, true, &ctx.io));
+  uint64_t done = from;
+  for (uint64_t i = 0; i < n; ++i, ++done) {
+    uint64_t e[2];
+    std::memcpy(e, b.data() + ReuseLog::kEntryBytes * i, sizeof e);
+    if (e[0] != from + i + 1) break;  // claimed, not written yet: its insert has not returned
+    nc.erase(RemotePtr::from_raw(e[1]));
+  }
+  nc.set_applied(done);
 }
 
 Task<void> Worker::drop_stale(std::vector<Neighbor>& w, uint32_t k, OpContext& ctx) {
@@ -573,7 +710,10 @@ Task<void> Worker::drop_stale(std::vector<Neighbor>& w, uint32_t k, OpContext& c
       std::memcpy(&f, b.data() + j * sizeof f, sizeof f);
       Neighbor& n = w[idx[j]];
       n.cached = false;
-      if (!NodeHeader::valid(f.header) || NodeHeader::deleted(f.header) || f.label != n.label) {
+      const bool reused = !NodeHeader::valid(f.header) || f.label != n.label ||
+                          NodeHeader::generation(f.header) != n.generation;
+      if (reused) ctx.node_cache->erase(n.node);  // its vector is another's now
+      if (reused || NodeHeader::deleted(f.header)) {
         n.deleted = true;
         ++dropped;
       }
@@ -589,6 +729,8 @@ Task<std::vector<Neighbor>> Worker::search(const float* q, uint32_t k, uint32_t 
   RemotePtr ep = entry.node;
   unsigned max_level = entry.level;
   if (ep.is_null()) co_return std::vector<Neighbor>{};
+  if (ctx.node_cache != nullptr && entry.reused > ctx.node_cache->applied())
+    co_await apply_reuse_log(entry.reused, ctx);
   std::vector<RemotePtr> start{ep};
   std::vector<Neighbor> first = co_await read_vectors(start, q, ctx, nullptr);
   if (first.empty()) throw FabricError("the entry point of the index is not a valid node");

@@ -17,6 +17,7 @@
 #include "cache/trace.hpp"
 #include "common/shine_layout.hpp"
 #include "compute/coro.hpp"
+#include "compute/shine/free_list.hpp"
 #include "compute/shine/id_index.hpp"
 #include "compute/shine/vector_cache.hpp"
 
@@ -37,7 +38,20 @@ struct GraphParams {
   uint64_t id_capacity = 0;
   /// The stored index's id table (buckets 0: none).
   IdTable ids;
+  /// Its stacks of deleted records (capacity 0: none; they come with an id index).
+  FreeTable free;
+  ReuseLog reuse_log;
 };
+
+/// Where a formatted index's areas lie on every memnode, from `first` (the largest data-area
+/// start, rounded to 64): the id index, the free stacks, then node records (the bump word).
+struct IndexAreas {
+  IdTable ids;
+  FreeTable free;
+  ReuseLog reuse_log;
+  uint64_t records = 0;
+};
+IndexAreas plan_areas(uint64_t id_capacity, uint16_t memnodes, uint64_t first);
 
 /// How a candidate's neighbours' vectors are read: one READ per neighbour (the paper), or
 /// all of them as one doorbell batch.
@@ -55,7 +69,8 @@ struct Neighbor {
   RemotePtr node;
   uint64_t label;
   bool deleted = false;
-  bool cached = false;  // from a node cache: deleted may be out of date
+  bool cached = false;      // from a node cache: deleted may be out of date, the record reused since
+  uint32_t generation = 0;  // of the record when its vector was read
 };
 
 struct SearchStats {
@@ -63,6 +78,7 @@ struct SearchStats {
   uint64_t hops = 0;      // candidates expanded (neighbour lists read)
   uint64_t skipped = 0;   // invalid pointers or headers met (concurrent writers)
   uint64_t stale = 0;     // results a cache held that the index had deleted meanwhile (dropped)
+  uint64_t reused = 0;    // inserts into a deleted node's record
 };
 
 /// Formats the memnodes for a shine index (the first computenode to arrive does it), or
@@ -184,6 +200,7 @@ class Worker {
     RemotePtr node;
     unsigned level = 0;
     uint64_t deleted = 0;  // shine_word::kDeleted
+    uint64_t reused = 0;   // shine_word::kReused
   };
   Task<Entry> read_entry(OpContext& ctx);
   /// Drops from `w` (nearest first) the results a cache held that are deleted now, reading the
@@ -191,6 +208,19 @@ class Worker {
   Task<void> drop_stale(std::vector<Neighbor>& w, uint32_t k, OpContext& ctx);
   /// Marks `n` deleted under its lock; false when it already was.
   Task<bool> tombstone(RemotePtr n, OpContext& ctx);
+  /// Keeps deleted `n` (whose id no longer names it) for reuse, unless it is the entry point.
+  Task<void> keep_for_reuse(RemotePtr n, OpContext& ctx);
+  /// Reuse of deleted record `n` (hnswlib's replace_deleted): the nodes that link to it get its
+  /// neighbours instead (pruned with the heuristic), so no list keeps an edge chosen for the old
+  /// vector; then `rec` (label, vector, empty lists) is written under its lock, the id mapped, and
+  /// it comes back live with the next generation. Returns the level; throws for a duplicate id
+  /// (the record then goes back to the stacks).
+  Task<unsigned> reuse(RemotePtr n, const float* v, uint64_t label, bool upsert, RemotePtr& replaced, OpContext& ctx);
+  Task<void> detach(RemotePtr n, unsigned level, const float* any, OpContext& ctx);
+  /// The node cache drops the records reused since it last looked, up to reuse `upto`.
+  Task<void> apply_reuse_log(uint64_t upto, OpContext& ctx);
+  /// Maps `label` to `me` in the id index; `replaced` gets the node it held (upsert).
+  Task<void> map_id(uint64_t label, RemotePtr me, bool upsert, RemotePtr& replaced, OpContext& ctx);
   /// Reads the vector parts of `nodes`; returns (node, distance to q, label) of the valid ones
   /// and, with a cache, keeps their vectors.
   Task<std::vector<Neighbor>> read_vectors(const std::vector<RemotePtr>& nodes, const float* q, OpContext& ctx,
@@ -222,6 +252,7 @@ class Worker {
   double level_mult_;
   VectorCache* shared_;
   std::optional<IdIndex> ids_;  // when the index has an id index
+  std::optional<FreeLists> free_;  // when it keeps deleted records for reuse
 };
 
 }  // namespace dmhnsw::shine

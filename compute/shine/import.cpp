@@ -370,11 +370,10 @@ json import_hnswlib(fabric::Cluster& c, const HnswlibFile& f, const ImportOption
                                                  : static_cast<uint64_t>(o.id_capacity);
   uint64_t first = 0;
   for (const auto& h : hs) first = std::max(first, round64(h.data_offset));
-  IdTable table;
-  if (id_capacity > 0) {
-    table = IdTable::sized_for(id_capacity, static_cast<uint16_t>(n), first);
-    first += round64(table.bytes_per_memnode());
-  } else {
+  const IndexAreas areas = plan_areas(id_capacity, static_cast<uint16_t>(n), first);
+  const IdTable& table = areas.ids;  // the free stacks and the reuse log start empty (zeroed)
+  first = areas.records;
+  if (id_capacity == 0) {
     for (const auto& h : hs)
       if (round64(h.data_offset) != first)
         throw FabricError("the memnodes' data areas start at different offsets; import with an id index");

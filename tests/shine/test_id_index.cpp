@@ -6,6 +6,7 @@
 #include <atomic>
 #include <cstring>
 #include <map>
+#include <mutex>
 #include <numeric>
 #include <algorithm>
 #include <random>
@@ -15,6 +16,7 @@
 #include "common/fabric/local_fabric.hpp"
 #include "common/shine_layout.hpp"
 #include "compute/coro.hpp"
+#include "compute/shine/free_list.hpp"
 #include "compute/shine/id_index.hpp"
 
 using namespace dmhnsw;
@@ -237,4 +239,57 @@ TEST_CASE("id index: threads racing on the same ids leave each id on exactly one
   for (auto& [r, n] : seen) twice += n > 1;
   CHECK(twice == 0);
   CHECK(accounted.size() == size_t(kIds) + size_t(kThreads) * kCoros * kIds);
+}
+
+TEST_CASE("free lists: records pushed from threads and coroutines are each popped exactly once", "[shine][free_list]") {
+  auto l = LocalCluster::create(2, kRegion);
+  const FreeTable t = FreeTable::sized_for(600, 2, kTableAt);  // 600 slots per memnode
+  REQUIRE(t.capacity == 600);
+  constexpr int kThreads = 3, kCoros = 4, kEach = 40;  // 480 records, pushed and popped while others do
+  std::mutex mu;
+  std::vector<uint64_t> popped;
+  std::atomic<int> refused{0};
+  std::vector<std::thread> ts;
+  for (int th = 0; th < kThreads; ++th)
+    ts.emplace_back([&, th] {
+      auto ep = l->make_endpoint(1 << 20);
+      compute::Scheduler s(*ep);
+      FreeLists f(t, s, 7 + th);
+      std::vector<uint64_t> mine;
+      auto body = [&](int co) -> compute::Task<void> {
+        for (int i = 0; i < kEach; ++i) {
+          const RemotePtr r(static_cast<uint16_t>(i % 2), kNodesAt + 64 * (1000 * (th * kCoros + co) + i));
+          const bool pushed = co_await f.push(r);
+          if (!pushed) refused.fetch_add(1);
+          if (i % 2 == 1) {  // pop as we go: every other push
+            const RemotePtr p = co_await f.pop(static_cast<uint16_t>(co % 2));
+            if (!p.is_null()) mine.push_back(p.raw());
+          }
+        }
+      };
+      for (int co = 0; co < kCoros; ++co) s.spawn(body(co));
+      s.run();
+      for (;;) {  // drain what is left
+        const RemotePtr p = compute::run_sync(s, f.pop(0));
+        if (p.is_null()) break;
+        mine.push_back(p.raw());
+      }
+      std::lock_guard g(mu);
+      popped.insert(popped.end(), mine.begin(), mine.end());
+    });
+  for (auto& x : ts) x.join();
+  CHECK(refused.load() == 0);
+  std::sort(popped.begin(), popped.end());
+  CHECK(std::adjacent_find(popped.begin(), popped.end()) == popped.end());  // never handed out twice
+  CHECK(popped.size() == static_cast<size_t>(kThreads * kCoros * kEach));   // none lost
+  // A full stack refuses (the record is then not reused); an empty one pops nothing.
+  auto ep = l->make_endpoint(1 << 20);
+  compute::Scheduler s(*ep);
+  const FreeTable tiny{2, kTableAt, 2};
+  FreeLists f(tiny, s, 1);
+  for (int i = 0; i < 2; ++i) CHECK(compute::run_sync(s, f.push(RemotePtr(1, kNodesAt + 64 * i))));
+  CHECK_FALSE(compute::run_sync(s, f.push(RemotePtr(1, kNodesAt + 640))));
+  CHECK(compute::run_sync(s, f.pop(0)) == RemotePtr(1, kNodesAt + 64));  // memnode 0 has none: memnode 1's
+  CHECK(compute::run_sync(s, f.pop(1)) == RemotePtr(1, kNodesAt));
+  CHECK(compute::run_sync(s, f.pop(1)).is_null());
 }
