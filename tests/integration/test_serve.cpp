@@ -602,7 +602,10 @@ TEST_CASE("serve: shine deletes, upserts and inserts under any 63-bit ids while 
       CHECK(found >= want.size() * 99 / 100);
       REQUIRE(cl.info(info).ok());
       CHECK(info.count() == n - del.size() + 200);
-      CHECK(info.deleted() == del.size() + n / 10);
+      // 600 deleted and 200 replaced; the 200 upserts and 200 inserts reused deleted records (but
+      // the entry point's, which is never reused)
+      CHECK(info.deleted() >= del.size() + n / 10 - 400);
+      CHECK(info.deleted() <= del.size() + n / 10 - 399);
       srv.proc->signal(SIGTERM);
       CHECK(srv.proc->wait(seconds(20)) == 0);
     }
