@@ -33,6 +33,7 @@ PKGS=(
   python3-venv python3-pip  # the Python client: a virtualenv and pip install ./python
   python3-grpcio python3-protobuf python3-setuptools python3-wheel  # the Python client offline (python/README.md)
   python3-numpy python3-matplotlib iproute2 procps
+  python3-hnswlib  # experiments/churn: hnswlib's mark_deleted beside shine's deletes
   nftables  # experiments/chaos: packet loss between network namespaces (this kernel has no netem)
 )
 if ((with_rxe)); then

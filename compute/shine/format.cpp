@@ -176,6 +176,11 @@ GraphParams format_or_attach(fabric::Cluster& c, fabric::Endpoint& ep, const Gra
                       std::to_string(p.reuse_log.capacity) + " entries at offset " +
                       std::to_string(p.reuse_log.offset) + ", outside the " + std::to_string(h0.region_size) +
                       "-byte region's data area (a corrupted region header?)");
+  if (p.ids.buckets > 0) {
+    p.records = p.ids.offset + (p.ids.bytes_per_memnode() + 63) / 64 * 64;
+    if (p.free.capacity > 0) p.records = p.free.offset + p.free.bytes_per_memnode();
+    if (p.reuse_log.capacity > 0) p.records = p.reuse_log.offset + p.reuse_log.bytes();
+  }
   // Records reused with no log to tell the node caches about it: none are.
   if (p.reuse_log.capacity == 0) p.free.capacity = 0;
   if (h0.memnode_count != n)

@@ -41,6 +41,9 @@ struct GraphParams {
   /// Its stacks of deleted records (capacity 0: none; they come with an id index).
   FreeTable free;
   ReuseLog reuse_log;
+  /// Where node records start on every memnode (after the id index, free stacks and reuse log);
+  /// 0: at each memnode's data area, rounded up to 64.
+  uint64_t records = 0;
 };
 
 /// Where a formatted index's areas lie on every memnode, from `first` (the largest data-area

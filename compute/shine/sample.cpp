@@ -11,6 +11,11 @@ namespace dmhnsw::shine {
 
 namespace {
 
+/// The first node record of a memnode (after the id index and its companions, when there is one).
+uint64_t records_start(const Graph& g, const RegionHeader& h) {
+  return g.params().records != 0 ? g.params().records : (h.data_offset + 63) / 64 * 64;
+}
+
 /// Calls visit(ptr, level, record bytes) for every node of every memnode, in order.
 void scan(const Graph& g, fabric::Endpoint& ep, const std::function<void(RemotePtr, unsigned, const char*)>& visit) {
   const auto& L = g.layout();
@@ -19,7 +24,7 @@ void scan(const Graph& g, fabric::Endpoint& ep, const std::function<void(RemoteP
   for (uint16_t n = 0; n < g.num_memnodes(); ++n) {
     RegionHeader h;
     ep.read(RemotePtr(n, 0), &h, sizeof h);
-    const uint64_t start = (h.data_offset + 63) / 64 * 64, end = h.mode_words[shine_word::kBump];
+    const uint64_t start = records_start(g, h), end = h.mode_words[shine_word::kBump];
     uint64_t at = start;
     while (at < end) {
       uint64_t len = std::min(chunk, end - at);
@@ -65,7 +70,7 @@ uint64_t index_bytes(const Graph& g, fabric::Endpoint& ep) {
   for (uint16_t n = 0; n < g.num_memnodes(); ++n) {
     RegionHeader h;
     ep.read(RemotePtr(n, 0), &h, sizeof h);
-    total += h.mode_words[shine_word::kBump] - (h.data_offset + 63) / 64 * 64;
+    total += h.mode_words[shine_word::kBump] - records_start(g, h);
   }
   return total;
 }
