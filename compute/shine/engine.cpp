@@ -200,14 +200,13 @@ json run_build(const RunContext& rc, const BuildOptions& o) {
   if (o.format) board.barrier();  // everyone formatted/attached before anyone inserts
   if (!mine.empty() && o.ids.empty()) raise_id_ceiling(*control, uint64_t{mine.back()} + 1);  // labels are row ids
 
-  // A vector read once never changes, unless its record is reused after a delete (by anyone,
-  // while this run goes on): into an index that has deleted nodes to reuse, each insert keeps
-  // only what it read itself.
-  uint64_t deleted = 0;
-  control->read(RemotePtr(0, mode_word_offset(shine_word::kDeleted)), &deleted, 8);
-  const bool shared_cache = p.free.capacity == 0 || deleted == 0;
-  VectorCache vcache(shared_cache ? o.cache_bytes : 0, p.dim);
-  const ShareStats st = insert_share(rc, o, g, p, board, data, mine, shared_cache ? &vcache : nullptr);
+  // A vector read once never changes unless its record is reused after a delete: the inserts
+  // forget those from the reuse log (from where it stands now: this cache is empty).
+  VectorCache vcache(o.cache_bytes, p.dim);
+  uint64_t reused = 0;
+  control->read(RemotePtr(0, mode_word_offset(shine_word::kReused)), &reused, 8);
+  vcache.set_applied(reused);
+  const ShareStats st = insert_share(rc, o, g, p, board, data, mine, &vcache);
   json mine_j = {{"cn_id", rc.cn_id}, {"inserted", mine.size()}, {"replaced", st.replaced}, {"seconds", st.seconds},
                  {"inserts_per_s", static_cast<double>(mine.size()) / st.seconds}, {"io", io_json(st.io)},
                  {"doorbells", st.counters.doorbells}, {"ops", st.counters.total_ops()},

@@ -571,10 +571,11 @@ Task<void> Worker::link_new(RemotePtr me, const float* v, unsigned level, uint64
   const auto& L = g_.layout();
   const auto& P = g_.params();
 
+  const Entry entry = co_await read_entry(ctx);
+  if (shared_ != nullptr && entry.reused > shared_->applied()) co_await apply_reuse_log_to_vectors(entry.reused, ctx);
   VecCache cache;
   cache.shared = shared_;
   cache.add(me, v, L.dim(), level, label);
-  const Entry entry = co_await read_entry(ctx);
   RemotePtr ep = entry.node;
   unsigned max_level = entry.level;
   // As in hnswlib, a node that raises the top level is inserted under the entry-point lock,
@@ -666,31 +667,52 @@ Task<bool> Worker::remove(uint64_t id, OpContext& ctx) {
   co_return marked;
 }
 
-Task<void> Worker::apply_reuse_log(uint64_t upto, OpContext& ctx) {
-  cache::NodeCache& nc = *ctx.node_cache;
+Task<std::vector<RemotePtr>> Worker::read_reuse_log(uint64_t from, uint64_t upto, bool& lost, uint64_t& done,
+                                                    OpContext& ctx) {
   const ReuseLog& log = g_.params().reuse_log;
-  uint64_t from = nc.applied();
-  if (upto <= from || log.capacity == 0) co_return;
-  if (upto - from > log.capacity) {  // more reuses than the ring holds: which records is lost
-    nc.clear();
-    from = upto - log.capacity;
-  }
+  std::vector<RemotePtr> out;
+  lost = upto - from > log.capacity;
+  if (lost) from = upto - log.capacity;
+  done = from;
+  if (upto <= from || log.capacity == 0) co_return out;
   // Entries [from, upto): one READ, or two where the ring wraps, in one doorbell.
   const uint64_t n = upto - from, first = from % log.capacity;
   const uint64_t head = std::min(n, log.capacity - first);
   Buffer b = s_.endpoint().alloc(ReuseLog::kEntryBytes * n);
   std::vector<Op> ops{Op::read(log.entry(from), b.data(), ReuseLog::kEntryBytes * head)};
-  if (head < n) ops.push_back(Op::read(log.entry(from + head), b.data() + ReuseLog::kEntryBytes * head,
-                                       ReuseLog::kEntryBytes * (n - head)));
+  if (head < n)
+    ops.push_back(Op::read(log.entry(from + head), b.data() + ReuseLog::kEntryBytes * head,
+                           ReuseLog::kEntryBytes * (n - head)));
   fail(co_await s_.io(ops, true, &ctx.io));
-  uint64_t done = from;
   for (uint64_t i = 0; i < n; ++i, ++done) {
     uint64_t e[2];
     std::memcpy(e, b.data() + ReuseLog::kEntryBytes * i, sizeof e);
     if (e[0] != from + i + 1) break;  // claimed, not written yet: its insert has not returned
-    nc.erase(RemotePtr::from_raw(e[1]));
+    out.push_back(RemotePtr::from_raw(e[1]));
   }
+  co_return out;
+}
+
+Task<void> Worker::apply_reuse_log(uint64_t upto, OpContext& ctx) {
+  cache::NodeCache& nc = *ctx.node_cache;
+  bool lost = false;
+  uint64_t done = 0;
+  const std::vector<RemotePtr> reused = co_await read_reuse_log(nc.applied(), upto, lost, done, ctx);
+  if (lost) nc.clear();  // more reuses than the ring holds: which records is not known
+  for (RemotePtr p : reused) nc.erase(p);
   nc.set_applied(done);
+}
+
+Task<void> Worker::apply_reuse_log_to_vectors(uint64_t upto, OpContext& ctx) {
+  bool lost = false;
+  uint64_t done = 0;
+  const std::vector<RemotePtr> reused = co_await read_reuse_log(shared_->applied(), upto, lost, done, ctx);
+  if (lost) {  // not known which: stop using the shared cache (each insert keeps what it reads)
+    shared_ = nullptr;
+    co_return;
+  }
+  for (RemotePtr p : reused) shared_->invalidate(p);
+  shared_->set_applied(done);
 }
 
 Task<void> Worker::drop_stale(std::vector<Neighbor>& w, uint32_t k, OpContext& ctx) {

@@ -222,6 +222,12 @@ class Worker {
   Task<void> detach(RemotePtr n, unsigned level, const float* any, OpContext& ctx);
   /// The node cache drops the records reused since it last looked, up to reuse `upto`.
   Task<void> apply_reuse_log(uint64_t upto, OpContext& ctx);
+  /// The same for the shared vector cache of inserts.
+  Task<void> apply_reuse_log_to_vectors(uint64_t upto, OpContext& ctx);
+  /// Reads reuse log entries [from, upto) (the last `capacity` of them at most: `lost` says
+  /// whether older ones were overwritten); returns the records of the entries written, in
+  /// order, stopping at the first not written yet, and in `done` the position after them.
+  Task<std::vector<RemotePtr>> read_reuse_log(uint64_t from, uint64_t upto, bool& lost, uint64_t& done, OpContext& ctx);
   /// Maps `label` to `me` in the id index; `replaced` gets the node it held (upsert).
   Task<void> map_id(uint64_t label, RemotePtr me, bool upsert, RemotePtr& replaced, OpContext& ctx);
   /// Reads the vector parts of `nodes`; returns (node, distance to q, label) of the valid ones

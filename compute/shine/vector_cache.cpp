@@ -70,6 +70,19 @@ std::optional<VecEntry> VectorCache::find(RemotePtr p) const {
   }
 }
 
+void VectorCache::invalidate(RemotePtr p) {
+  if (capacity_ == 0) return;
+  const uint64_t key = p.raw();
+  for (size_t i = home(key);; i = (i + 1) & mask_) {
+    uint64_t k = keys_[i].load(std::memory_order_acquire);
+    if (k == 0) return;
+    if (k == key) {  // one cell per key: insert only takes an empty cell for a key it did not find
+      keys_[i].compare_exchange_strong(k, kDead, std::memory_order_acq_rel);
+      return;
+    }
+  }
+}
+
 std::optional<VecEntry> VectorCache::insert(RemotePtr p, const float* v, unsigned level, uint64_t label) {
   if (auto e = find(p)) return e;
   const uint64_t key = p.raw();

@@ -5,6 +5,8 @@
 // once the graph has been walked a few times), so a lookup must cost about one cache miss:
 // an open-addressing table of (node pointer, slot) with lock-free reads, over flat arrays of
 // vectors, levels and labels. Append-only and bounded; both live in lazily touched mappings.
+// A record reused after a delete holds another vector: its key is forgotten (invalidate) when
+// the index's reuse log says so, and the new vector cached anew.
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
@@ -35,6 +37,16 @@ class VectorCache {
   /// Caches p's vector; returns a view of it (this copy or one another thread cached first),
   /// or nullopt when the cache is full. Thread-safe.
   std::optional<VecEntry> insert(RemotePtr p, const float* v, unsigned level, uint64_t label);
+  /// Forgets p's vector (its record was reused for another): a later find misses, a later
+  /// insert caches the new one. Thread-safe.
+  void invalidate(RemotePtr p);
+  /// How far the owner has applied the index's reuse log (0 at first); only moves forward.
+  uint64_t applied() const { return applied_.load(std::memory_order_acquire); }
+  void set_applied(uint64_t position) {
+    uint64_t cur = applied_.load(std::memory_order_relaxed);
+    while (cur < position && !applied_.compare_exchange_weak(cur, position, std::memory_order_acq_rel)) {
+    }
+  }
   /// Starts loading p's table cell, so that a find(p) soon after does not wait for memory.
   void prefetch(RemotePtr p) const {
     if (capacity_ != 0) __builtin_prefetch(&keys_[home(p.raw())]);
@@ -61,7 +73,8 @@ class VectorCache {
   uint8_t* levels_ = nullptr;
   std::atomic<uint64_t>* keys_ = nullptr;   // RemotePtr::raw(); 0 = empty (no node lives at 0:0)
   std::atomic<uint64_t>* slots_ = nullptr;  // slot + 1 once the vector is in; 0 = being written
-  std::atomic<uint64_t> next_{0}, entries_{0};
+  std::atomic<uint64_t> next_{0}, entries_{0}, applied_{0};
+  static constexpr uint64_t kDead = ~uint64_t{0};  // a forgotten key's cell (no node lives at the last address)
 };
 
 }  // namespace dmhnsw::shine

@@ -85,3 +85,27 @@ TEST_CASE("vector cache: four threads caching overlapping nodes all see correct 
     CHECK(e->v[0] == static_cast<float>(id * 1000));
   }
 }
+
+TEST_CASE("vector cache: a reused record's vector is forgotten and cached anew", "[shine][vcache]") {
+  constexpr uint32_t kD = 8;
+  VectorCache c(1 << 20, kD);
+  std::vector<float> a(kD, 1.0f), b(kD, 2.0f);
+  for (uint64_t i = 1; i <= 100; ++i) REQUIRE(c.insert(RemotePtr(0, 64 * i), a.data(), 0, i));
+  const RemotePtr p(0, 64 * 17);
+  c.invalidate(p);
+  CHECK_FALSE(c.find(p));
+  for (uint64_t i = 1; i <= 100; ++i)
+    if (i != 17) CHECK(c.find(RemotePtr(0, 64 * i)));  // the others (also those past p's cell) stay
+  auto e = c.insert(p, b.data(), 2, 9017);
+  REQUIRE(e);
+  auto f = c.find(p);
+  REQUIRE(f);
+  CHECK(f->v[0] == 2.0f);
+  CHECK(f->label == 9017);
+  CHECK(f->level == 2);
+  c.invalidate(RemotePtr(1, 64));  // never cached: nothing happens
+  CHECK(c.applied() == 0);
+  c.set_applied(5);
+  c.set_applied(3);
+  CHECK(c.applied() == 5);
+}
