@@ -160,7 +160,8 @@ Task<std::vector<Neighbor>> Worker::read_vectors(const std::vector<RemotePtr>& n
     }
     for (size_t i = 0; i < known.size(); ++i) {
       ++ctx.search.visited;
-      out.push_back({g_.distance()(q, known[i].first.v), known[i].second, known[i].first.label});
+      // From the cache: whether it was deleted since is not known (cached = true).
+      out.push_back({g_.distance()(q, known[i].first.v), known[i].second, known[i].first.label, false, true});
     }
   } else if (ctx.node_cache != nullptr) {
     // Queries: the node cache (vectors only; lists are always read).
@@ -605,6 +606,8 @@ Task<void> Worker::link_new(RemotePtr me, const float* v, unsigned level, uint64
   std::vector<Neighbor> eps{cur};
   for (int l = static_cast<int>(std::min(level, max_level)); l >= 0; --l) {
     std::vector<Neighbor> w = co_await search_layer(v, eps, P.ef_construction, static_cast<unsigned>(l), ctx, &cache);
+    // With deletes in the index, candidates the cache gave are checked: no new edge to a deleted node.
+    if (entry.deleted > 0) co_await drop_deleted(w, ctx);
     // A concurrent inserter may already have made me reachable: never pick myself.
     w.erase(std::remove_if(w.begin(), w.end(), [&](const Neighbor& n) { return n.node == me; }), w.end());
     std::vector<Neighbor> sel = select_heuristic(w, P.m, cache);
@@ -713,6 +716,25 @@ Task<void> Worker::apply_reuse_log_to_vectors(uint64_t upto, OpContext& ctx) {
   }
   for (RemotePtr p : reused) shared_->invalidate(p);
   shared_->set_applied(done);
+}
+
+Task<void> Worker::drop_deleted(std::vector<Neighbor>& w, OpContext& ctx) {
+  std::vector<size_t> idx;
+  for (size_t i = 0; i < w.size(); ++i)
+    if (w[i].cached) idx.push_back(i);
+  if (idx.empty()) co_return;
+  Buffer b = s_.endpoint().alloc(8 * idx.size());
+  std::vector<Op> ops;
+  ops.reserve(idx.size());
+  for (size_t j = 0; j < idx.size(); ++j) ops.push_back(Op::read(w[idx[j]].node, b.data() + 8 * j, 8));
+  fail(co_await s_.io(ops, true, &ctx.io));
+  for (size_t j = 0; j < idx.size(); ++j) {
+    uint64_t h = 0;
+    std::memcpy(&h, b.data() + 8 * j, 8);
+    w[idx[j]].cached = false;
+    w[idx[j]].deleted = !NodeHeader::valid(h) || NodeHeader::deleted(h);
+  }
+  w.erase(std::remove_if(w.begin(), w.end(), [](const Neighbor& n) { return n.deleted; }), w.end());
 }
 
 Task<void> Worker::drop_stale(std::vector<Neighbor>& w, uint32_t k, OpContext& ctx) {

@@ -209,6 +209,8 @@ class Worker {
   /// Drops from `w` (nearest first) the results a cache held that are deleted now, reading the
   /// fronts of the first k in one doorbell (again for the next ones while some were dropped).
   Task<void> drop_stale(std::vector<Neighbor>& w, uint32_t k, OpContext& ctx);
+  /// Inserts: drops from `w` the candidates a cache gave that are deleted now (one doorbell).
+  Task<void> drop_deleted(std::vector<Neighbor>& w, OpContext& ctx);
   /// Marks `n` deleted under its lock; false when it already was.
   Task<bool> tombstone(RemotePtr n, OpContext& ctx);
   /// Keeps deleted `n` (whose id no longer names it) for reuse, unless it is the entry point.
