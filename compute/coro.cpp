@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <array>
 #include <chrono>
+#include <cstring>
+#include <string>
 #include <thread>
 
 namespace dmhnsw::compute {
@@ -132,6 +134,17 @@ size_t Scheduler::step() {
 void Scheduler::run() {
   while (!roots_.empty()) step();
   if (first_error_) std::rethrow_exception(std::exchange(first_error_, nullptr));
+}
+
+Task<uint64_t> compare_swap(Scheduler& s, RemotePtr word, uint64_t expect, uint64_t want, IoStats* io,
+                            const char* what) {
+  fabric::Buffer b = s.endpoint().alloc(8);
+  fabric::Op op = fabric::Op::compare_swap(word, expect, want, b.as<uint64_t>());
+  const fabric::Completion c = co_await s.io(std::span<fabric::Op>(&op, 1), true, io);
+  if (c.status != fabric::Status::Ok) throw fabric::FabricError(std::string(what) + ": " + s.endpoint().describe(c));
+  uint64_t old = 0;
+  std::memcpy(&old, b.data(), 8);
+  co_return old;
 }
 
 }  // namespace dmhnsw::compute

@@ -205,4 +205,8 @@ inline void run_sync(Scheduler& s, Task<void> t) {
   s.run();
 }
 
+/// One COMPARE_SWAP of `word` on s's endpoint; returns the value the word had. A failed
+/// completion throws FabricError, prefixed by `what` (e.g. "id index").
+Task<uint64_t> compare_swap(Scheduler& s, RemotePtr word, uint64_t expect, uint64_t want, IoStats* io, const char* what);
+
 }  // namespace dmhnsw::compute

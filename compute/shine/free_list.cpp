@@ -31,12 +31,7 @@ FreeTable FreeTable::sized_for(uint64_t ids, uint16_t memnodes, uint64_t offset)
 }
 
 compute::Task<uint64_t> FreeLists::cas(RemotePtr word, uint64_t expect, uint64_t want, compute::IoStats* io) {
-  Buffer b = s_.endpoint().alloc(8);
-  Op op = Op::compare_swap(word, expect, want, b.as<uint64_t>());
-  const auto c = co_await s_.io(std::span<Op>(&op, 1), true, io);
-  if (c.status != Status::Ok) throw FabricError("free list: " + s_.endpoint().describe(c));
-  uint64_t old = 0;
-  std::memcpy(&old, b.data(), 8);
+  const uint64_t old = co_await compute::compare_swap(s_, word, expect, want, io, "free list");
   co_return old;
 }
 

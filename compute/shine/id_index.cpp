@@ -51,11 +51,7 @@ void IdIndex::check(const fabric::Completion& c) const {
 }
 
 compute::Task<uint64_t> IdIndex::cas(RemotePtr word, uint64_t expect, uint64_t want, compute::IoStats* io) {
-  Buffer b = s_.endpoint().alloc(8);
-  Op op = Op::compare_swap(word, expect, want, b.as<uint64_t>());
-  check(co_await s_.io(std::span<Op>(&op, 1), true, io));
-  uint64_t old = 0;
-  std::memcpy(&old, b.data(), 8);
+  const uint64_t old = co_await compute::compare_swap(s_, word, expect, want, io, "id index");
   co_return old;
 }
 

@@ -51,6 +51,15 @@ std::vector<uint32_t> brute_force(const std::vector<float>& base, size_t d, cons
   return out;
 }
 
+/// A node cache with room for every node of an index of n nodes, admitting every node read.
+cache::NodeCacheConfig caching_everything(size_t n, size_t d) {
+  cache::NodeCacheConfig cc;
+  cc.dim = static_cast<uint32_t>(d);
+  cc.capacity_bytes = 4 * n * cache::NodeCache::entry_bytes(static_cast<uint32_t>(d));
+  cc.admit_probability = 1.0;
+  return cc;
+}
+
 struct Built {
   std::shared_ptr<fabric::LocalCluster> cluster;
   std::unique_ptr<fabric::Endpoint> ep;
@@ -286,12 +295,8 @@ TEST_CASE("shine: deleted ids are never returned, upserted ids answer with their
   for (uint64_t i = 0; i < kN; ++i) ids.push_back(((i + 1) * 0x9E3779B97F4A7C15ull) >> 1);
   for (size_t i = 0; i < kN; ++i) compute::run_sync(s, w.insert(&data[i * kD], ids[i], ctx));
 
-  // A node cache that holds every vector before the deletes (admission 1).
-  cache::NodeCacheConfig cc;
-  cc.dim = kD;
-  cc.capacity_bytes = 4 * kN * cache::NodeCache::entry_bytes(kD);
-  cc.admit_probability = 1.0;
-  cache::NodeCache nc(cc);
+  // A node cache that holds every vector before the deletes.
+  cache::NodeCache nc(caching_everything(kN, kD));
   OpContext cached;
   cached.node_cache = &nc;
   for (size_t i = 0; i < kN; ++i) compute::run_sync(s, w.search(&data[i * kD], 10, 64, cached));
@@ -373,11 +378,7 @@ TEST_CASE("shine: under steady churn deleted records are reused, the region stay
   Worker w(g, s, 9);
   OpContext ctx;
   // A node cache that holds everything, used by a second query context throughout.
-  cache::NodeCacheConfig cc;
-  cc.dim = kD;
-  cc.capacity_bytes = 4 * kN * cache::NodeCache::entry_bytes(kD);
-  cc.admit_probability = 1.0;
-  cache::NodeCache nc(cc);
+  cache::NodeCache nc(caching_everything(kN, kD));
   OpContext cached;
   cached.node_cache = &nc;
 
