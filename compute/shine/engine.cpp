@@ -104,6 +104,7 @@ ShareStats insert_share(const RunContext& rc, const BuildOptions& o, Graph& g, c
         st.ss.visited += x.search.visited;
         st.ss.hops += x.search.hops;
         st.ss.skipped += x.search.skipped;
+        st.ss.reused += x.search.reused;
       }
       st.counters += ep.counters();
     });
@@ -128,7 +129,7 @@ ShareStats insert_share(const RunContext& rc, const BuildOptions& o, Graph& g, c
 void merge_build(fabric::Cluster& c, fabric::Endpoint& control, const std::vector<std::string>& texts, json& report) {
   json per_cn = json::array();
   double max_secs = 0;
-  uint64_t bytes_written = 0, ops = 0, doorbells = 0, inserted_all = 0, replaced_all = 0;
+  uint64_t bytes_written = 0, ops = 0, doorbells = 0, inserted_all = 0, replaced_all = 0, reused_all = 0;
   std::vector<uint64_t> nodes_on(c.memnodes().size(), 0);
   for (auto& text : texts) {
     json j = json::parse(text);
@@ -140,6 +141,7 @@ void merge_build(fabric::Cluster& c, fabric::Endpoint& control, const std::vecto
     doorbells += j["doorbells"].get<uint64_t>();
     inserted_all += j["inserted"].get<uint64_t>();
     replaced_all += j.value("replaced", uint64_t{0});
+    reused_all += j.value("records_reused", uint64_t{0});
     per_cn.push_back(j);
   }
   // Nodes per memnode: the bump pointers tell the bytes used; node count from memnode 0.
@@ -156,6 +158,7 @@ void merge_build(fabric::Cluster& c, fabric::Endpoint& control, const std::vecto
   report["seconds"] = max_secs;
   report["inserted"] = inserted_all;
   report["replaced"] = replaced_all;
+  report["records_reused"] = reused_all;
   report["inserts_per_s"] = static_cast<double>(inserted_all) / std::max(max_secs, 1e-9);
   report["remote_bytes"] = bytes_written;
   report["ops"] = ops;
@@ -211,6 +214,7 @@ json run_build(const RunContext& rc, const BuildOptions& o) {
                  {"inserts_per_s", static_cast<double>(mine.size()) / st.seconds}, {"io", io_json(st.io)},
                  {"doorbells", st.counters.doorbells}, {"ops", st.counters.total_ops()},
                  {"nodes_visited", st.ss.visited}, {"lists_read", st.ss.hops}, {"nodes_per_memnode", st.per_memnode},
+                 {"records_reused", st.ss.reused},
                  {"vector_cache", {{"entries", vcache.entries()}, {"bytes", vcache.bytes()}}}};
   uint64_t gen = board.barrier();
   board.publish(gen, mine_j.dump());

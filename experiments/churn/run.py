@@ -303,6 +303,7 @@ def main():
         res["fractions"][str(frac)] = {"recall": q["recall"], "fresh_recall": fresh, "qps": q["qps"],
                                        "deletes_per_s": d["deletes_per_s"], "inserts_per_s": ins["inserts_per_s"],
                                        "deleted": d["deleted"], "inserted": ins["inserted"],
+                                       "records_reused": ins.get("records_reused"),
                                        "bytes_used": run.bytes_used(ins)}
         dmh.log(f"  recall {q['recall']:.4f} (fresh build {fresh:.4f}); {d['deletes_per_s']:.0f} deletes/s, "
                 f"{ins['inserts_per_s']:.0f} inserts/s into deleted records; {run.bytes_used(ins) >> 20} MiB")
