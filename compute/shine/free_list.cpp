@@ -67,6 +67,7 @@ compute::Task<FreeLists::Taken> FreeLists::take(uint16_t m, uint64_t guess, comp
 }
 
 compute::Task<void> FreeLists::release(uint16_t m, uint64_t mine, uint64_t count, compute::IoStats* io) {
+  guess_[m] = count;
   const RemotePtr word = t_.state(m);
   const uint64_t old = co_await cas(word, mine, count, io);
   if (old != mine)
@@ -76,7 +77,7 @@ compute::Task<void> FreeLists::release(uint16_t m, uint64_t mine, uint64_t count
 
 compute::Task<bool> FreeLists::push(RemotePtr n, compute::IoStats* io) {
   if (!enabled() || n.node() >= t_.memnodes) co_return false;
-  const Taken t = co_await take(n.node(), 0, io);
+  const Taken t = co_await take(n.node(), guess_[n.node()], io);
   const uint64_t was = t.was, mine = t.mine;
   const uint64_t count = FreeState::count(was);
   if (count >= t_.capacity) {

@@ -13,6 +13,7 @@
 // a record handed out twice).
 #include <cstdint>
 #include <random>
+#include <vector>
 
 #include "common/fabric/remote_ptr.hpp"
 #include "compute/coro.hpp"
@@ -58,7 +59,8 @@ static_assert(FreeState::held(FreeState::holding(0, 0)) && !FreeState::held(Free
 /// One computenode thread's access to the stacks, over its scheduler.
 class FreeLists {
  public:
-  FreeLists(const FreeTable& t, compute::Scheduler& s, uint64_t seed) : t_(t), s_(s), rng_(seed) {}
+  FreeLists(const FreeTable& t, compute::Scheduler& s, uint64_t seed)
+      : t_(t), s_(s), rng_(seed), guess_(t.memnodes, 0) {}
   bool enabled() const { return t_.capacity > 0; }
 
   /// Keeps the record `n` (a deleted node nobody's id names) for reuse; false when its
@@ -81,6 +83,7 @@ class FreeLists {
   FreeTable t_;
   compute::Scheduler& s_;
   std::mt19937_64 rng_;
+  std::vector<uint64_t> guess_;  // per memnode: the count this thread last saw (a push's first guess)
 };
 
 }  // namespace dmhnsw::shine

@@ -442,10 +442,7 @@ Task<bool> Worker::insert(const float* v, uint64_t label, OpContext& ctx, bool u
     if (ctx.allocated.size() <= node_id) ctx.allocated.resize(node_id + 1u, 0);
     ++ctx.allocated[node_id];
     // 2. The whole record, lists empty, written before anyone can reach it.
-    std::vector<char> rec(L.node_bytes(level), 0);
-    NodeFront front{NodeHeader::make(level), label};
-    std::memcpy(rec.data(), &front, sizeof front);
-    std::memcpy(rec.data() + NodeLayout::vector_offset(), v, 4ull * L.dim());
+    const std::vector<char> rec = record(level, label, v);
     co_await write(me, rec.data(), rec.size(), ctx);
     // The id first: a node is linked only under an id that is its own. A refused record stays
     // unlinked (its bytes are not reused).
@@ -453,7 +450,10 @@ Task<bool> Worker::insert(const float* v, uint64_t label, OpContext& ctx, bool u
   }
   co_await link_new(me, v, level, label, ctx);
   bool was_replaced = false;
-  if (!replaced.is_null() && (was_replaced = co_await tombstone(replaced, ctx))) co_await keep_for_reuse(replaced, ctx);
+  if (!replaced.is_null()) {
+    was_replaced = co_await tombstone(replaced, ctx);
+    if (was_replaced) co_await keep_for_reuse(replaced, ctx);
+  }
   if (!reused) co_await atomic(Op::fetch_add(word_ptr(shine_word::kNodeCount), 1, nullptr), ctx);
   co_return was_replaced;
 }
@@ -473,9 +473,17 @@ Task<void> Worker::map_id(uint64_t label, RemotePtr me, bool upsert, RemotePtr& 
   if (r.what == IdIndex::Put::Replaced) replaced = r.old;
 }
 
+std::vector<char> Worker::record(unsigned level, uint64_t label, const float* v) const {
+  const auto& L = g_.layout();
+  std::vector<char> rec(L.node_bytes(level), 0);
+  const NodeFront front{NodeHeader::make(level), label};
+  std::memcpy(rec.data(), &front, sizeof front);
+  std::memcpy(rec.data() + NodeLayout::vector_offset(), v, 4ull * L.dim());
+  return rec;
+}
+
 Task<unsigned> Worker::reuse(RemotePtr n, const float* v, uint64_t label, bool upsert, RemotePtr& replaced,
                              OpContext& ctx) {
-  const auto& L = g_.layout();
   uint64_t front[2];
   co_await read_words(n, front, 2, ctx);
   if (!g_.plausible(n) || !NodeHeader::valid(front[0]) || !NodeHeader::deleted(front[0]))
@@ -487,11 +495,10 @@ Task<unsigned> Worker::reuse(RemotePtr n, const float* v, uint64_t label, bool u
   // The record, still deleted (searches may pass through it), rewritten under its lock: all but
   // the header word, which atomics touch.
   const uint64_t held = co_await lock_node(n, level, ctx);
-  std::vector<char> rec(L.node_bytes(level), 0);
-  const NodeFront f{0, label};
-  std::memcpy(rec.data(), &f, sizeof f);
-  std::memcpy(rec.data() + NodeLayout::vector_offset(), v, 4ull * L.dim());
-  co_await write(n + 8, rec.data() + 8, rec.size() - 8, ctx);
+  const std::vector<char> rec = record(level, label, v);
+  static_assert(offsetof(NodeFront, label) == sizeof(uint64_t));
+  co_await write(n + offsetof(NodeFront, label), rec.data() + offsetof(NodeFront, label),
+                 rec.size() - offsetof(NodeFront, label), ctx);
   const uint32_t generation = NodeHeader::generation(held) + 1;
   std::exception_ptr duplicate;
   try {
@@ -718,21 +725,29 @@ Task<void> Worker::apply_reuse_log_to_vectors(uint64_t upto, OpContext& ctx) {
   shared_->set_applied(done);
 }
 
+Task<std::vector<NodeFront>> Worker::read_fronts(const std::vector<Neighbor>& w, const std::vector<size_t>& idx,
+                                                  OpContext& ctx) {
+  std::vector<NodeFront> out(idx.size());
+  if (idx.empty()) co_return out;
+  Buffer b = s_.endpoint().alloc(sizeof(NodeFront) * idx.size());
+  std::vector<Op> ops;
+  ops.reserve(idx.size());
+  for (size_t j = 0; j < idx.size(); ++j)
+    ops.push_back(Op::read(w[idx[j]].node, b.data() + j * sizeof(NodeFront), sizeof(NodeFront)));
+  fail(co_await s_.io(ops, true, &ctx.io));
+  std::memcpy(out.data(), b.data(), sizeof(NodeFront) * idx.size());
+  co_return out;
+}
+
 Task<void> Worker::drop_deleted(std::vector<Neighbor>& w, OpContext& ctx) {
   std::vector<size_t> idx;
   for (size_t i = 0; i < w.size(); ++i)
     if (w[i].cached) idx.push_back(i);
   if (idx.empty()) co_return;
-  Buffer b = s_.endpoint().alloc(8 * idx.size());
-  std::vector<Op> ops;
-  ops.reserve(idx.size());
-  for (size_t j = 0; j < idx.size(); ++j) ops.push_back(Op::read(w[idx[j]].node, b.data() + 8 * j, 8));
-  fail(co_await s_.io(ops, true, &ctx.io));
+  const std::vector<NodeFront> f = co_await read_fronts(w, idx, ctx);
   for (size_t j = 0; j < idx.size(); ++j) {
-    uint64_t h = 0;
-    std::memcpy(&h, b.data() + 8 * j, 8);
     w[idx[j]].cached = false;
-    w[idx[j]].deleted = !NodeHeader::valid(h) || NodeHeader::deleted(h);
+    w[idx[j]].deleted = !NodeHeader::valid(f[j].header) || NodeHeader::deleted(f[j].header);
   }
   w.erase(std::remove_if(w.begin(), w.end(), [](const Neighbor& n) { return n.deleted; }), w.end());
 }
@@ -743,15 +758,10 @@ Task<void> Worker::drop_stale(std::vector<Neighbor>& w, uint32_t k, OpContext& c
     for (size_t i = 0; i < w.size() && i < k; ++i)
       if (w[i].cached) idx.push_back(i);
     if (idx.empty()) co_return;
-    Buffer b = s_.endpoint().alloc(sizeof(NodeFront) * idx.size());
-    std::vector<Op> ops;
-    ops.reserve(idx.size());
-    for (size_t j = 0; j < idx.size(); ++j) ops.push_back(Op::read(w[idx[j]].node, b.data() + j * sizeof(NodeFront), sizeof(NodeFront)));
-    fail(co_await s_.io(ops, true, &ctx.io));
+    const std::vector<NodeFront> fronts = co_await read_fronts(w, idx, ctx);
     size_t dropped = 0;
     for (size_t j = 0; j < idx.size(); ++j) {
-      NodeFront f;
-      std::memcpy(&f, b.data() + j * sizeof f, sizeof f);
+      const NodeFront& f = fronts[j];
       Neighbor& n = w[idx[j]];
       n.cached = false;
       const bool reused = !NodeHeader::valid(f.header) || f.label != n.label ||

@@ -211,6 +211,11 @@ class Worker {
   Task<void> drop_stale(std::vector<Neighbor>& w, uint32_t k, OpContext& ctx);
   /// Inserts: drops from `w` the candidates a cache gave that are deleted now (one doorbell).
   Task<void> drop_deleted(std::vector<Neighbor>& w, OpContext& ctx);
+  /// The fronts (header, label) of w[idx[j]], in one doorbell.
+  Task<std::vector<NodeFront>> read_fronts(const std::vector<Neighbor>& w, const std::vector<size_t>& idx,
+                                           OpContext& ctx);
+  /// A node record with empty lists: header (live, unlocked), label, vector.
+  std::vector<char> record(unsigned level, uint64_t label, const float* v) const;
   /// Marks `n` deleted under its lock; false when it already was.
   Task<bool> tombstone(RemotePtr n, OpContext& ctx);
   /// Keeps deleted `n` (whose id no longer names it) for reuse, unless it is the entry point.

@@ -53,7 +53,7 @@ VectorCache::~VectorCache() {
 }
 
 uint64_t VectorCache::bytes() const {
-  return entries() * (stride_ * sizeof(float) + sizeof(uint32_t) + 1);
+  return entries() * (stride_ * sizeof(float) + sizeof(uint64_t) + 1);
 }
 
 std::optional<VecEntry> VectorCache::find(RemotePtr p) const {
