@@ -61,7 +61,7 @@ inline constexpr size_t kBump = 0, kEntryPoint = 1, kMaxLevel = 2, kM = 3, kEfCo
 /// every build, insert and import before it writes nodes. The graph has no id index, so this is
 /// how `serve` refuses an id the index may already hold: new ids must be at or above it.
 inline constexpr size_t kIdCeiling = 9;
-/// The id index (compute/shine/id_index.hpp), when the index has one: its offset on every
+/// The id index (compute/id_index.hpp), when the index has one: its offset on every
 /// memnode and its bucket count (0: no id index). Written once, when formatting.
 inline constexpr size_t kIdTable = 10, kIdBuckets = 11;
 /// Memnode 0: deleted nodes (tombstones) in the graph, raised by FETCH_ADD after each delete.

@@ -15,6 +15,7 @@
 #include <type_traits>
 
 #include "common/fabric/remote_ptr.hpp"
+#include "common/id_table.hpp"
 
 namespace dmhnsw::shine {
 
@@ -61,27 +62,6 @@ struct ListFront {
 static_assert(sizeof(ListFront) == 8);
 
 inline constexpr unsigned kMaxLevel = 31;
-
-/// One 8-byte slot of the id index (compute/shine/id_index.hpp): 0 when free, else an entry:
-/// bits 52..63 a fingerprint (12 bits of the id's hash), bits 40..51 the node's memnode, bits
-/// 0..39 its offset / 8 (records are 8-byte aligned: regions up to 8 TiB, 4,096 memnodes).
-struct IdSlot {
-  static constexpr unsigned kPerBucket = 8;
-  static constexpr uint64_t kBucketBytes = 8 * kPerBucket;  // one READ
-  static constexpr uint64_t kOffsetLimit = uint64_t{1} << 43;
-  static constexpr bool fits(RemotePtr p) { return p.node() < 4096 && p.offset() % 8 == 0 && p.offset() < kOffsetLimit; }
-  static constexpr uint64_t make(uint32_t fingerprint, RemotePtr p) {
-    return (uint64_t{fingerprint & 0xfff} << 52) | (uint64_t{p.node()} << 40) | (p.offset() >> 3);
-  }
-  static constexpr uint32_t fingerprint(uint64_t w) { return static_cast<uint32_t>(w >> 52); }
-  static constexpr RemotePtr node(uint64_t w) {
-    return RemotePtr(static_cast<uint16_t>((w >> 40) & 0xfff), (w & ((uint64_t{1} << 40) - 1)) << 3);
-  }
-};
-static_assert(IdSlot::node(IdSlot::make(0xabc, RemotePtr(4095, 8 * 12345))) == RemotePtr(4095, 8 * 12345));
-static_assert(IdSlot::fingerprint(IdSlot::make(0xabc, RemotePtr(1, 4096))) == 0xabc);
-static_assert(IdSlot::make(0, RemotePtr(0, 8)) != 0);  // a node is never at offset 0: an entry is never free
-static_assert(IdSlot::kBucketBytes == 64);
 
 class NodeLayout {
  public:

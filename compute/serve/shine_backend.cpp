@@ -181,7 +181,7 @@ class ShineBackend final : public Backend {
     {
       std::lock_guard g(control_mu_);
       compute::Scheduler s(*control_);
-      shine::IdIndex x(p_.ids, s, p_.seed);
+      IdIndex x(p_.ids, offsetof(shine::NodeFront, label), s, p_.seed);
       auto find = [&](size_t i) -> compute::Task<void> { at[i] = co_await x.find(static_cast<uint64_t>(ids[i])); };
       constexpr size_t kInFlight = 64;
       for (size_t i = 0; i < n; i += kInFlight) {

@@ -91,7 +91,7 @@ inline void prefetch_vector(const float* v, uint32_t dim) {
 
 Worker::Worker(const Graph& g, Scheduler& s, uint64_t seed, VectorCache* shared)
     : g_(g), s_(s), rng_(seed), level_mult_(1.0 / std::log(static_cast<double>(g.params().m))), shared_(shared) {
-  if (g.params().ids.buckets > 0) ids_.emplace(g.params().ids, s, seed ^ 0x1d1d);
+  if (g.params().ids.buckets > 0) ids_.emplace(g.params().ids, offsetof(NodeFront, label), s, seed ^ 0x1d1d);
   if (g.params().free.capacity > 0) free_.emplace(g.params().free, s, seed ^ 0xf7ee);
 }
 

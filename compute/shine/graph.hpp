@@ -18,7 +18,7 @@
 #include "common/shine_layout.hpp"
 #include "compute/coro.hpp"
 #include "compute/shine/free_list.hpp"
-#include "compute/shine/id_index.hpp"
+#include "compute/id_index.hpp"
 #include "compute/shine/vector_cache.hpp"
 
 namespace dmhnsw::shine {

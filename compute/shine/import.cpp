@@ -304,38 +304,13 @@ Placement place(const fabric::Cluster& c, const std::vector<RegionHeader>& hs, c
   return p;
 }
 
-/// The id index's words on each memnode: every live element's label -> its record, placed as
-/// IdIndex::insert would (the emptier of its two buckets). A label twice is refused naming both.
+/// The id index's words on each memnode: every live element's label -> its record.
 std::vector<std::vector<uint64_t>> fill_id_table(const IdTable& t, const HnswlibFile& f, const Placement& p) {
-  std::vector<std::vector<uint64_t>> words(t.memnodes, std::vector<uint64_t>(t.bytes_per_memnode() / 8, 0));
-  auto word = [&](uint64_t bucket, unsigned pos) -> uint64_t& {
-    return words[bucket % t.memnodes][(bucket / t.memnodes) * IdSlot::kPerBucket + pos];
-  };
-  auto used = [&](uint64_t bucket) {
-    unsigned u = 0;
-    for (unsigned s = 1; s < IdSlot::kPerBucket; ++s) u += word(bucket, s) != 0;
-    return u;
-  };
-  std::unordered_map<uint64_t, uint64_t> seen;
-  seen.reserve(f.count());
-  for (uint64_t i = 0; i < f.count(); ++i) {
-    if (f.deleted(i)) continue;
-    const uint64_t label = f.label(i);
-    if (auto [it, fresh] = seen.emplace(label, i); !fresh)
-      throw std::invalid_argument(f.path() + ": elements " + str(it->second) + " and " + str(i) + " both have label " +
-                                  str(label) + ": an id index maps each id to one node");
-    const IdHash h = hash_id(label, t);
-    const uint64_t b = used(h.bucket[1]) < used(h.bucket[0]) ? h.bucket[1] : h.bucket[0];
-    const RemotePtr at = RemotePtr::from_raw(p.addr[i]);
-    if (!IdSlot::fits(at)) throw FabricError("the record of element " + str(i) + " lies beyond what an id slot can name");
-    unsigned s = 1;
-    while (s < IdSlot::kPerBucket && word(b, s) != 0) ++s;
-    if (s == IdSlot::kPerBucket)
-      throw FabricError("the id index for " + str(f.count()) + " ids has both buckets of label " + str(label) +
-                        " full: import with a larger --id-capacity");
-    word(b, s) = IdSlot::make(h.fingerprint, at);
-  }
-  return words;
+  std::vector<std::pair<uint64_t, RemotePtr>> entries;
+  entries.reserve(f.count());
+  for (uint64_t i = 0; i < f.count(); ++i)
+    if (!f.deleted(i)) entries.emplace_back(f.label(i), RemotePtr::from_raw(p.addr[i]));
+  return dmhnsw::fill_id_table(t, entries, f.path());
 }
 
 /// Fills one node record (zeroed, rounded to 64 bytes) at `r`.

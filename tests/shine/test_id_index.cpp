@@ -1,4 +1,4 @@
-// The id index (compute/shine/id_index.hpp) over LocalFabric: sparse 63-bit ids, duplicates,
+// The id index (compute/id_index.hpp) over LocalFabric: sparse 63-bit ids, duplicates,
 // replacement, removal, a dead holder's lock, and several threads with coroutines racing on the
 // same ids (each id ends mapped to exactly one node, no update lost).
 #include <catch2/catch.hpp>
@@ -17,7 +17,7 @@
 #include "common/shine_layout.hpp"
 #include "compute/coro.hpp"
 #include "compute/shine/free_list.hpp"
-#include "compute/shine/id_index.hpp"
+#include "compute/id_index.hpp"
 
 using namespace dmhnsw;
 using namespace dmhnsw::shine;
@@ -55,7 +55,7 @@ void run_threads(LocalCluster& l, const IdTable& t, int threads, int coros, Body
     ts.emplace_back([&, th] {
       auto ep = l.make_endpoint(1 << 20);
       compute::Scheduler s(*ep);
-      IdIndex x(t, s, 100 + th);
+      IdIndex x(t, offsetof(NodeFront, label), s, 100 + th);
       for (int co = 0; co < coros; ++co) s.spawn(body(x, th, co));
       s.run();
     });
@@ -76,7 +76,7 @@ TEST_CASE("id index: sparse ids map to their nodes, with duplicates, replacement
   const RemotePtr spare = make_node(*l, 1, 5000, ids[3]);  // a second record of ids[3]
 
   run_one(*l, [&](compute::Scheduler& s) -> compute::Task<void> {
-    IdIndex x(t, s, 1);
+    IdIndex x(t, offsetof(NodeFront, label), s, 1);
     for (size_t i = 0; i < ids.size(); ++i) {
       const auto r = co_await x.insert(ids[i], nodes[i], false);
       CHECK(r.what == IdIndex::Put::Inserted);
@@ -130,7 +130,7 @@ TEST_CASE("id index: a lock left by a dead holder is taken over after its lease"
   std::memcpy(l->region(0) + lock_word.offset(), &dead, 8);
   const auto t0 = std::chrono::steady_clock::now();
   run_one(*l, [&](compute::Scheduler& s) -> compute::Task<void> {
-    IdIndex x(t, s, 1);
+    IdIndex x(t, offsetof(NodeFront, label), s, 1);
     const auto r = co_await x.insert(id, make_node(*l, 0, 1, id), false);
     CHECK(r.what == IdIndex::Put::Inserted);
     const RemotePtr p = co_await x.find(id);
@@ -192,7 +192,7 @@ TEST_CASE("id index: threads racing on the same ids leave each id on exactly one
   for (int i = 0; i < kIds; ++i) CHECK(wins[i].load() == 1);
   CHECK(wrong_present.load() == 0);
   run_one(*l, [&](compute::Scheduler& s) -> compute::Task<void> {
-    IdIndex x(t, s, 1);
+    IdIndex x(t, offsetof(NodeFront, label), s, 1);
     int found_winner = 0;
     for (int i = 0; i < kIds; ++i) {
       const RemotePtr p = co_await x.find(ids[i]);
@@ -227,7 +227,7 @@ TEST_CASE("id index: threads racing on the same ids leave each id on exactly one
   std::multiset<uint64_t> accounted = displaced;
   accounted.insert(removed.begin(), removed.end());
   run_one(*l, [&](compute::Scheduler& s) -> compute::Task<void> {
-    IdIndex x(t, s, 1);
+    IdIndex x(t, offsetof(NodeFront, label), s, 1);
     for (int i = 0; i < kIds; ++i) {
       const RemotePtr p = co_await x.find(ids[i]);
       if (!p.is_null()) accounted.insert(p.raw());

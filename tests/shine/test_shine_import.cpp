@@ -262,7 +262,7 @@ TEST_CASE("hnswlib import: labels go into an id index, hnswlib's deleted element
   compute::Scheduler s(*ep);
   Worker w(g, s, 5);
   OpContext ctx;
-  IdIndex ids(p.ids, s, 3);
+  IdIndex ids(p.ids, offsetof(NodeFront, label), s, 3);
   size_t mapped = 0, absent = 0;
   for (size_t i = 0; i < fx.n; ++i) {
     const RemotePtr n = compute::run_sync(s, ids.find(i));

@@ -247,7 +247,7 @@ TEST_CASE("shine: with an id index, every inserted id finds its node and a dupli
   for (size_t i = 0; i < ids.size(); ++i) compute::run_sync(s, w.insert(&data[i * 16], ids[i], ctx));
   CHECK_THROWS_WITH(compute::run_sync(s, w.insert(&data[0], ids[17], ctx)),
                     Catch::Contains("id " + std::to_string(ids[17])) && Catch::Contains("already in the index"));
-  IdIndex x(got.ids, s, 1);
+  IdIndex x(got.ids, offsetof(NodeFront, label), s, 1);
   int found = 0;
   for (size_t i = 0; i < ids.size(); ++i) {
     const RemotePtr n = compute::run_sync(s, x.find(ids[i]));

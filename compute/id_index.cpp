@@ -1,6 +1,4 @@
-#include "compute/shine/id_index.hpp"
-
-#include <xxhash.h>
+#include "compute/id_index.hpp"
 
 #include <spdlog/spdlog.h>
 
@@ -10,7 +8,7 @@
 
 #include "common/fabric/transport.hpp"
 
-namespace dmhnsw::shine {
+namespace dmhnsw {
 
 using fabric::Buffer;
 using fabric::FabricError;
@@ -23,28 +21,6 @@ constexpr int kMaxAttempts = 1000;
 // A lock word unchanged this long is a dead holder's (a critical section is a few round trips).
 constexpr auto kIdLockLease = std::chrono::seconds(2);
 }  // namespace
-
-IdTable IdTable::sized_for(uint64_t ids, uint16_t memnodes, uint64_t offset) {
-  if (memnodes == 0) throw std::invalid_argument("id index: no memnodes");
-  IdTable t;
-  t.memnodes = memnodes;
-  t.offset = offset;
-  // Two slots per id: with two choices of 7-slot buckets at half load both are full very
-  // rarely (each needs 7 entries where 3.5 are expected, and inserts fill the emptier one).
-  constexpr uint64_t slots = IdSlot::kPerBucket - 1;
-  t.buckets = std::max<uint64_t>(2, (2 * ids + slots - 1) / slots);
-  return t;
-}
-
-IdHash hash_id(uint64_t id, const IdTable& t) {
-  const XXH128_hash_t h = XXH3_128bits(&id, sizeof id);
-  IdHash r;
-  r.bucket[0] = h.low64 % t.buckets;
-  r.bucket[1] = h.high64 % t.buckets;
-  if (r.bucket[1] == r.bucket[0]) r.bucket[1] = (r.bucket[0] + 1) % t.buckets;
-  r.fingerprint = static_cast<uint32_t>(h.low64 >> 52);
-  return r;
-}
 
 void IdIndex::check(const fabric::Completion& c) const {
   if (c.status != Status::Ok) throw FabricError("id index: " + s_.endpoint().describe(c));
@@ -81,7 +57,7 @@ compute::Task<std::vector<unsigned>> IdIndex::matches(uint64_t id, const IdHash&
   Buffer b = s_.endpoint().alloc(8 * cand.size());
   std::vector<Op> ops;
   for (size_t i = 0; i < cand.size(); ++i)
-    ops.push_back(Op::read(IdSlot::node(s.word[cand[i]]) + offsetof(NodeFront, label), b.data() + 8 * i, 8));
+    ops.push_back(Op::read(IdSlot::node(s.word[cand[i]]) + label_offset_, b.data() + 8 * i, 8));
   check(co_await s_.io(ops, true, io));
   std::vector<unsigned> out;
   for (size_t i = 0; i < cand.size(); ++i) {
@@ -191,4 +167,4 @@ compute::Task<RemotePtr> IdIndex::erase(uint64_t id, RemotePtr only, compute::Io
                     " attempts to remove it");
 }
 
-}  // namespace dmhnsw::shine
+}  // namespace dmhnsw

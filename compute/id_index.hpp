@@ -1,22 +1,23 @@
 #pragma once
-// The id index: an application's 64-bit id -> the node record that holds it, a hash table in the
-// memnodes' regions read and changed with one-sided operations only, so that any computenode
-// finds, replaces or removes a node by id without asking anyone (docs/architecture.md, "The id
-// index").
+// The id index: an application's 64-bit id -> the remote word that holds it (a shine node
+// record's label word; a d-HNSW sub-HNSW's label entry), a hash table in the memnodes' regions
+// read and changed with one-sided operations only, so that any computenode finds, replaces or
+// removes an id without asking anyone (docs/architecture.md, "The id index"). Both modes use it.
 //
 // Each id hashes to two buckets (two choices keep every bucket well below full) of
 // IdSlot::kPerBucket 8-byte words; bucket b of the table lives on memnode b % N. A bucket's first
 // word is a lock, the others are slots. A slot is 0 (free) or an entry: the node's place and 12
-// bits of the id's hash (IdSlot). An entry names its id only through the node's record (the 8
-// bytes at NodeFront::label), so a lookup READs both buckets in one doorbell, then the label words
+// bits of the id's hash (IdSlot). An entry names its id only through the word it points at
+// (plus the index's label offset: NodeFront::label in a shine record, 0 in d-HNSW), so a lookup READs both buckets in one doorbell, then the label words
 // of the entries whose bits match, in a second; lookups take no lock.
 //
 // Inserts, replacements and removals of an id hold the lock of the id's first bucket, so two of
 // them never both find the id absent; each then changes one slot with COMPARE_SWAP (the slot may
 // be taken meanwhile by an id whose lock is another's). A lock word that stays the same for
 // kIdLockLease belongs to a computenode that died holding it (a critical section is a few round
-// trips) and is taken over. A node record is reused for another id only after its entry was
-// removed: a lookup that read the entry before then finds another label and does not match.
+// trips) and is taken over. A place is reused for another id (or its word marked deleted)
+// only after, or while, its entry is removed: a lookup that read the entry before then finds
+// another label and does not match.
 #include <cstdint>
 #include <optional>
 #include <random>
@@ -25,38 +26,17 @@
 #include <vector>
 
 #include "common/fabric/remote_ptr.hpp"
-#include "common/shine_layout.hpp"
+#include "common/id_table.hpp"
 #include "compute/coro.hpp"
 
-namespace dmhnsw::shine {
-
-/// Where the table is: `buckets` buckets of IdSlot::kPerBucket slots, bucket b at `offset` +
-/// (b / memnodes) * IdSlot::kBucketBytes on memnode b % memnodes.
-struct IdTable {
-  uint16_t memnodes = 0;
-  uint64_t offset = 0;   // the same on every memnode
-  uint64_t buckets = 0;  // in all
-
-  /// Bytes the table takes on each memnode.
-  uint64_t bytes_per_memnode() const { return (buckets + memnodes - 1) / memnodes * IdSlot::kBucketBytes; }
-  RemotePtr bucket(uint64_t b) const {
-    return RemotePtr(static_cast<uint16_t>(b % memnodes), offset + (b / memnodes) * IdSlot::kBucketBytes);
-  }
-  /// A table for `ids` ids at most, at `offset` on each of `memnodes` memnodes: two slots per id.
-  static IdTable sized_for(uint64_t ids, uint16_t memnodes, uint64_t offset);
-};
-
-/// The two buckets of an id and the bits its entries carry.
-struct IdHash {
-  uint64_t bucket[2];
-  uint32_t fingerprint;
-};
-IdHash hash_id(uint64_t id, const IdTable& t);
+namespace dmhnsw {
 
 /// One computenode thread's access to the table, over its scheduler.
 class IdIndex {
  public:
-  IdIndex(const IdTable& t, compute::Scheduler& s, uint64_t seed) : t_(t), s_(s), rng_(seed) {}
+  /// `label_offset`: where, from the place an entry names, the 8-byte word holding the id is.
+  IdIndex(const IdTable& t, uint64_t label_offset, compute::Scheduler& s, uint64_t seed)
+      : t_(t), label_offset_(label_offset), s_(s), rng_(seed) {}
 
   /// The node holding `id`, or null.
   compute::Task<RemotePtr> find(uint64_t id, compute::IoStats* io = nullptr);
@@ -94,8 +74,9 @@ class IdIndex {
   void check(const fabric::Completion& c) const;
 
   IdTable t_;
+  uint64_t label_offset_;
   compute::Scheduler& s_;
   std::mt19937_64 rng_;
 };
 
-}  // namespace dmhnsw::shine
+}  // namespace dmhnsw
