@@ -143,7 +143,7 @@ uint64_t metadata_block_bytes(uint32_t num_subs, uint64_t meta_index_bytes) {
 }
 
 RegionPlan plan_region(std::span<const SubShape> subs, uint32_t num_memnodes, uint64_t meta_index_bytes,
-                       const LayoutParams& p, uint64_t base) {
+                       const LayoutParams& p, uint64_t base, uint64_t id_capacity) {
   if (base < kMetadataOffset || base % 4096 != 0)
     throw std::invalid_argument("plan_region: base " + std::to_string(base) + " is not 4096-aligned at or after " +
                                 std::to_string(kMetadataOffset));
@@ -156,7 +156,12 @@ RegionPlan plan_region(std::span<const SubShape> subs, uint32_t num_memnodes, ui
   RegionPlan plan;
   plan.metadata_offset = base;
   plan.metadata_bytes = metadata_block_bytes(static_cast<uint32_t>(subs.size()), meta_index_bytes);
-  const uint64_t first_group = align_up(base + plan.metadata_bytes, kAlign);
+  uint64_t first_group = align_up(base + plan.metadata_bytes, kAlign);
+  if (id_capacity > 0) {
+    const IdTable t = IdTable::sized_for(id_capacity, static_cast<uint16_t>(num_memnodes), first_group);
+    plan.id_buckets = t.buckets;
+    first_group = align_up(first_group + t.bytes_per_memnode(), kAlign);
+  }
   std::vector<uint64_t> cursor(num_memnodes, first_group);
 
   plan.subs.resize(subs.size());
@@ -233,7 +238,15 @@ void validate_metadata(const MetaHeader& h, std::span<const SubDesc> subs, uint6
   if (subs.size() != h.num_subs)
     fail(what, hoff(h, offsetof(MetaHeader, num_subs)),
          "the header says " + num(h.num_subs) + " subs, the table holds " + num(subs.size()));
-  const uint64_t meta_end = h.metadata_offset + h.block_bytes;
+  uint64_t meta_end = h.metadata_offset + h.block_bytes;
+  if (h.id_buckets > 0) {  // the id index lies between the metadata block and the groups
+    const IdTable t = id_table(h);
+    if (h.id_buckets > (uint64_t{1} << 40) || sat_add(t.offset, t.bytes_per_memnode()) > region_size)
+      fail(what, hoff(h, offsetof(MetaHeader, id_buckets)),
+           "an id index of " + num(h.id_buckets) + " buckets at offset " + num(t.offset) + " does not fit the region of " +
+               num(region_size) + " bytes");
+    meta_end = t.offset + t.bytes_per_memnode();
+  }
 
   // (memnode, start, end, sub) of every group, to check that groups do not overlap.
   std::vector<std::tuple<uint32_t, uint64_t, uint64_t, size_t>> extents;
@@ -330,6 +343,14 @@ void validate_metadata(const MetaHeader& h, std::span<const SubDesc> subs, uint6
   }
 }
 
+IdTable id_table(const MetaHeader& h) {
+  IdTable t;
+  t.memnodes = static_cast<uint16_t>(h.num_memnodes);
+  t.offset = align_up(h.metadata_offset + h.block_bytes, kAlign);
+  t.buckets = h.id_buckets;
+  return t;
+}
+
 uint64_t live_desc_offset(const MetaHeader& h, uint32_t id) {
   return h.metadata_offset + h.sub_table_offset + uint64_t{id} * sizeof(SubDesc);
 }
@@ -343,6 +364,7 @@ SubDesc static_part(const SubDesc& d) {
   s.overflow_used = 0;
   s.version = 0;
   s.lock = 0;
+  s.deleted = 0;
   return s;
 }
 

@@ -57,6 +57,8 @@
 #include <utility>
 #include <vector>
 
+#include "common/id_table.hpp"
+
 namespace dmhnsw::dhnsw {
 
 inline constexpr char kMetaMagic[8] = {'D', 'M', 'H', 'D', 'H', 'N', 'S', 'W'};
@@ -87,7 +89,7 @@ struct MetaHeader {
   uint64_t internal_gap_ppm;  // internal gap share, parts per million of each array
   uint64_t overflow_gap_ppm;  // shared gap share, parts per million of the group's two blocks
   uint64_t metadata_offset;   // region offset of this block, the same on every memnode (epochs move it)
-  uint64_t reserved1;
+  uint64_t id_buckets;        // buckets of the epoch's id index (id_table()); 0: the index has none
   uint64_t checksum;          // metadata_checksum(): checksum64 (common/checksum.hpp) of the block with this field 0
 };
 static_assert(std::is_trivially_copyable_v<MetaHeader> && std::is_standard_layout_v<MetaHeader>);
@@ -104,6 +106,7 @@ static_assert(offsetof(MetaHeader, meta_index_offset) == 64);
 static_assert(offsetof(MetaHeader, meta_index_bytes) == 72);
 static_assert(offsetof(MetaHeader, epoch) == 80);
 static_assert(offsetof(MetaHeader, metadata_offset) == 104);
+static_assert(offsetof(MetaHeader, id_buckets) == 112);
 static_assert(offsetof(MetaHeader, checksum) == 120);
 
 /// One array of a sub-HNSW: [offset, offset + used) holds elements, [offset + used,
@@ -135,7 +138,8 @@ struct SubDesc {
   uint64_t overflow_used;    // bytes of the gap this sub uses, from its side
   uint64_t version;          // seqlock: odd while an in-place commit is in flight, +2 per commit
   uint64_t lock;             // group lock (slot-0 sub only): 0 free, else lock_word(owner, ticket)
-  uint64_t reserved1[4];
+  uint64_t deleted;          // vectors marked deleted (their label's kDeletedLabel bit), of `count`
+  uint64_t reserved1[3];
 };
 inline constexpr uint32_t kNoPartner = ~uint32_t{0};
 static_assert(std::is_trivially_copyable_v<SubDesc> && std::is_standard_layout_v<SubDesc>);
@@ -151,6 +155,18 @@ static_assert(offsetof(SubDesc, group_offset) == 168);
 static_assert(offsetof(SubDesc, overflow_used) == 200);
 static_assert(offsetof(SubDesc, version) == 208);
 static_assert(offsetof(SubDesc, lock) == 216);
+static_assert(offsetof(SubDesc, deleted) == 224);
+
+// Deletes. A deleted vector stays in its sub-HNSW (it keeps guiding searches, as hnswlib's
+// markDelete) with the top bit of its label set; searches never return it, a rebuild drops it.
+// Ids are 0 .. 2^63 - 1, so a label with the bit set (negative as int64) is never an id.
+inline constexpr uint64_t kDeletedLabel = uint64_t{1} << 63;
+constexpr bool label_deleted(int64_t label) { return label < 0; }
+
+// The id index (common/id_table.hpp, compute/id_index.hpp) of an epoch: right after its
+// metadata block, at the same offset on every memnode; an entry names the 8-byte label entry
+// (in a block's labels array or an overflow record) that holds the id. In-place inserts add
+// entries, deletes remove them, a rebuild writes the next epoch's table whole.
 
 // Live descriptors. The metadata block is written to every memnode, but the copy of SubDesc i
 // on memnode subs[i].memnode (the one holding its group) is the live one: in-place inserts
@@ -164,7 +180,8 @@ uint64_t live_desc_offset(const MetaHeader& h, uint32_t id);
 /// it makes `version` even again); they include the static fields between them unchanged.
 inline constexpr size_t kLiveFieldsBegin = offsetof(SubDesc, count);
 inline constexpr size_t kLiveFieldsEnd = offsetof(SubDesc, version);
-/// `d` with its mutable fields zeroed (what the checksum covers).
+/// `d` with its mutable fields zeroed (what the checksum covers): the live fields, version, lock
+/// and deleted.
 SubDesc static_part(const SubDesc& d);
 /// The group lock word: owner computenode id + 1 in the top 16 bits, a ticket below (a holder
 /// takes a fresh one whenever it renews; a waiter that sees one value for a whole lease takes
@@ -223,11 +240,17 @@ struct RegionPlan {
   std::vector<uint64_t> data_end;      // per memnode: end of its last group (4096-aligned) = scratch offset
   uint64_t metadata_offset = 0;        // region offset of the metadata block (every memnode)
   uint64_t metadata_bytes = 0;
+  uint64_t id_buckets = 0;             // the id index right after the metadata block (0: none)
 };
 /// `base`: region offset of the metadata block (4096-aligned, at least kMetadataOffset); an
 /// online rebuild lays the next epoch out in a free part of the regions.
+/// `id_capacity` > 0: room for an id index of that many ids between the metadata block and the
+/// groups (IdTable::sized_for).
 RegionPlan plan_region(std::span<const SubShape> subs, uint32_t num_memnodes, uint64_t meta_index_bytes,
-                       const LayoutParams& p, uint64_t base = kMetadataOffset);
+                       const LayoutParams& p, uint64_t base = kMetadataOffset, uint64_t id_capacity = 0);
+/// The id index of the epoch whose metadata header is `h` (buckets 0 when it has none): after
+/// the metadata block, kAlign-aligned.
+IdTable id_table(const MetaHeader& h);
 
 /// Region bytes [offset, offset + length) to READ to get sub `d` with the overflow it uses.
 std::pair<uint64_t, uint64_t> fetch_range(const SubDesc& d);

@@ -167,6 +167,7 @@ MetaHeader meta_header(uint32_t P, size_t n, uint32_t dim, Metric metric, const 
   h.num_vectors = n;
   h.epoch = opts.epoch;
   h.metadata_offset = plan.metadata_offset;
+  h.id_buckets = plan.id_buckets;
   h.internal_gap_ppm = static_cast<uint64_t>(std::llround(opts.layout.internal_gap * 1e6));
   h.overflow_gap_ppm = static_cast<uint64_t>(std::llround(opts.layout.overflow_gap * 1e6));
   return h;
@@ -202,7 +203,10 @@ void lay_out(uint32_t dim, Metric metric, const BuildOptions& opts, uint32_t thr
   meta.reset();
   std::vector<SubShape> shapes(P);
   for (uint32_t p = 0; p < P; ++p) shapes[p] = shape_of(*subs[p]);
-  RegionPlan plan = plan_region(shapes, opts.memnodes, meta_bytes.size(), opts.layout, opts.base_offset);
+  // The id index: room for twice the vectors (in-place inserts until the next rebuild, which
+  // sizes it again).
+  const uint64_t id_capacity = opts.id_index ? 2 * out.num_vectors + 1024 : 0;
+  RegionPlan plan = plan_region(shapes, opts.memnodes, meta_bytes.size(), opts.layout, opts.base_offset, id_capacity);
   for (uint32_t p = 0; p < P; ++p) {
     plan.subs[p].entry_point = subs[p]->hnsw.entry_point;
     plan.subs[p].max_level = subs[p]->hnsw.max_level;
@@ -247,6 +251,22 @@ void lay_out(uint32_t dim, Metric metric, const BuildOptions& opts, uint32_t thr
     serialize_sub(*subs[p], lab.data(), d, out.regions[d.memnode].data() + (d.block_offset - rb));
     subs[p].reset();
   });
+  if (plan.id_buckets > 0) {  // each id -> its label entry in its sub's labels array
+    const IdTable t = id_table(out.header);
+    std::vector<std::pair<uint64_t, RemotePtr>> entries;
+    entries.reserve(out.num_vectors);
+    for (uint32_t p = 0; p < P; ++p) {
+      const SubDesc& d = plan.subs[p];
+      const uint64_t at = d.block_offset + d.arrays[kLabels].offset;
+      for (size_t i = 0; i < members[p].size(); ++i) {
+        const int64_t id = labels != nullptr ? labels[members[p][i]] : members[p][i];
+        entries.emplace_back(static_cast<uint64_t>(id), RemotePtr(d.memnode, at + 8 * i));
+      }
+    }
+    const auto words = fill_id_table(t, entries, "build");
+    for (uint32_t m = 0; m < opts.memnodes; ++m)
+      std::memcpy(out.regions[m].data() + (t.offset - rb), words[m].data(), 8 * words[m].size());
+  }
   out.region_bytes = plan.region_bytes;
   for (uint32_t m = 0; m < opts.memnodes; ++m) {
     const std::vector<char>& r = out.regions[m];
@@ -263,6 +283,10 @@ BuiltIndex build_index(const float* data, size_t n, uint32_t dim, Metric metric,
   check_options(n, dim, opts);
   const uint32_t P = resolve_partitions(opts.partitions, n);
   need(P <= n, "--partitions: " + std::to_string(P) + " partitions for " + std::to_string(n) + " vectors");
+  if (labels != nullptr)
+    for (size_t i = 0; i < n; ++i)
+      need(labels[i] >= 0, "build: id " + std::to_string(labels[i]) + " of row " + std::to_string(i) +
+                               " is negative (ids are 0 .. 2^63 - 1)");
 
   BuiltIndex out;
   out.options = opts;

@@ -49,6 +49,9 @@ struct BuildOptions {
   /// The shared insert buffer used while a rebuild runs (common/dhnsw_control.hpp), on memnode
   /// 0 after its groups; a first build only.
   uint64_t insert_buffer_bytes = 16ull << 20;
+  /// An id index in the regions (common/id_table.hpp), for deletes, upserts and duplicate
+  /// checks by id; sized for twice the vectors.
+  bool id_index = true;
   /// A progress display (common/progress.hpp) of the vectors put into sub-HNSWs; off for the
   /// rebuilds a serving computenode runs in the background.
   bool progress = false;
