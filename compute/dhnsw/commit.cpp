@@ -77,6 +77,7 @@ UpdateCommit prepare_commit(const SubDesc& d, const ArraySegments& segs, const s
     uint32_t array;
     const char* data;
     uint64_t bytes;
+    uint64_t logical;  // where in the array its elements start
   };
   std::vector<Tail> records;
   for (uint32_t a = 0; a < kNumArrays; ++a) {
@@ -95,12 +96,13 @@ UpdateCommit prepare_commit(const SubDesc& d, const ArraySegments& segs, const s
       RegionWrite w;
       w.offset = d.block_offset + slot.offset + slot.used;
       w.bytes.assign(data + old_total, data + old_total + in);
+      if (a == kLabels) c.label_tail.push_back({old_total, w.offset, in});
       c.writes.push_back(std::move(w));
       nd.arrays[a].used += in;
       c.appended_bytes += in;
       tail -= in;
     }
-    if (tail > 0) records.push_back({a, data + old_total + in, tail});
+    if (tail > 0) records.push_back({a, data + old_total + in, tail, old_total + in});
   }
   uint64_t need = 0;
   for (const Tail& t : records) need += overflow_record_bytes(t.bytes);
@@ -117,6 +119,7 @@ UpdateCommit prepare_commit(const SubDesc& d, const ArraySegments& segs, const s
     OverflowRecord h{t.array, 0, t.bytes};
     std::memcpy(w.bytes.data(), &h, sizeof h);
     std::memcpy(w.bytes.data() + sizeof h, t.data, t.bytes);
+    if (t.array == kLabels) c.label_tail.push_back({t.logical, w.offset + sizeof h, t.bytes});
     c.writes.push_back(std::move(w));
     nd.overflow_used += rb;
     ++c.overflow_records;

@@ -44,6 +44,8 @@ struct UpdateCommit {
   uint16_t memnode = 0;
   SubDesc desc{};  // the new live descriptor; its version is the old one + 2 (rounded to even)
   std::vector<RegionWrite> writes;
+  /// Where the appended labels go (logical offsets in the labels array): the id index names them.
+  std::vector<Segment> label_tail;
   uint64_t appended_bytes = 0, overwritten_bytes = 0, overflow_records = 0, overflow_bytes = 0;
 };
 

@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <unordered_map>
 #include <unordered_set>
 #include <stdexcept>
 #include <thread>
@@ -21,6 +22,7 @@
 #include "compute/dhnsw/commit.hpp"
 #include "compute/dhnsw/insert.hpp"
 #include "compute/dhnsw/online.hpp"
+#include "compute/id_index.hpp"
 
 namespace dmhnsw::dhnsw {
 
@@ -146,8 +148,50 @@ class Mastership {
 struct Snapshot {
   std::vector<float> x;
   std::vector<int64_t> ids;
-  uint64_t bytes = 0, from_buffer = 0;
+  std::vector<RemotePtr> where;  // the label entry of each vector read from a sub-HNSW
+  uint64_t bytes = 0, from_buffer = 0, dropped = 0;  // dropped: deleted vectors left out
+  uint64_t duplicates = 0;  // copies of an id left out (an upsert cut short by this rebuild)
 };
+
+/// An id live twice (an upsert whose old vector this snapshot read before it was marked, or two
+/// computenodes inserting one id at once): keep the copy the id index names, drop the others.
+void drop_duplicates(fabric::Endpoint& ep, const Index& idx, Snapshot& s) {
+  std::unordered_map<int64_t, std::vector<size_t>> rows;
+  rows.reserve(s.where.size());
+  std::vector<int64_t> twice;
+  for (size_t i = 0; i < s.where.size(); ++i) {
+    auto& r = rows[s.ids[i]];
+    r.push_back(i);
+    if (r.size() == 2) twice.push_back(s.ids[i]);
+  }
+  if (twice.empty() || idx.header.id_buckets == 0) return;
+  compute::Scheduler sched(ep);
+  IdIndex ids(id_table(idx.header), 0, sched, 7);
+  std::vector<char> keep(s.ids.size(), 1);
+  for (int64_t id : twice) {
+    const RemotePtr named = compute::run_sync(sched, ids.find(static_cast<uint64_t>(id)));
+    const std::vector<size_t>& r = rows[id];
+    size_t kept = r.back();  // none named (a cut-short insert): the last read
+    for (size_t i : r)
+      if (s.where[i] == named) kept = i;
+    for (size_t i : r)
+      if (i != kept) keep[i] = 0, ++s.duplicates;
+  }
+  const uint32_t dim = idx.header.dim;
+  size_t o = 0;
+  for (size_t i = 0; i < s.ids.size(); ++i) {
+    if (!keep[i]) continue;
+    if (o != i) {
+      std::memmove(s.x.data() + o * dim, s.x.data() + i * dim, 4ull * dim);
+      s.ids[o] = s.ids[i];
+      if (i < s.where.size()) s.where[o] = s.where[i];
+    }
+    ++o;
+  }
+  s.x.resize(o * dim);
+  s.ids.resize(o);
+  s.where.resize(std::min(s.where.size(), o));
+}
 Snapshot snapshot(fabric::Endpoint& ep, const Index& idx, uint32_t cn_id, bool buffer) {
   Snapshot s;
   const uint32_t dim = idx.header.dim;
@@ -167,8 +211,19 @@ Snapshot snapshot(fabric::Endpoint& ep, const Index& idx, uint32_t cn_id, bool b
         const SubIndex sub = deserialize_sub(buf.data(), len, d, idx.header, "rebuild snapshot", (d.version & 1) != 0);
         auto* st = dynamic_cast<const faiss::IndexFlatCodes*>(sub.index->storage);
         const float* v = reinterpret_cast<const float*>(st->codes.data());
-        s.x.insert(s.x.end(), v, v + sub.labels.size() * dim);
-        s.ids.insert(s.ids.end(), sub.labels.begin(), sub.labels.end());
+        const std::vector<Segment> labels = array_segments(buf.data(), len, d)[kLabels];
+        for (size_t i = 0; i < sub.labels.size(); ++i) {
+          if (label_deleted(sub.labels[i])) {  // a rebuild drops what was deleted
+            ++s.dropped;
+            continue;
+          }
+          s.x.insert(s.x.end(), v + i * dim, v + (i + 1) * dim);
+          s.ids.push_back(sub.labels[i]);
+          RemotePtr at;
+          for (const Segment& sg : labels)
+            if (8 * i >= sg.logical && 8 * i < sg.logical + sg.bytes) at = RemotePtr(d.memnode, sg.region + 8 * i - sg.logical);
+          s.where.push_back(at);
+        }
       }
     } catch (...) {
       unlock_group(ep, idx, g.id, mine);
@@ -176,6 +231,7 @@ Snapshot snapshot(fabric::Endpoint& ep, const Index& idx, uint32_t cn_id, bool b
     }
     unlock_group(ep, idx, g.id, mine);
   }
+  drop_duplicates(ep, idx, s);
   if (buffer) {
     // Entries committed so far go into the new epoch; what arrives later is merged after it is
     // published. Every insert is in one or the other: the merge skips ids the index holds.
@@ -240,6 +296,20 @@ void relocate(BuiltIndex& b, uint64_t base) {
     d.block_offset += delta;
     d.group_offset += delta;
     d.overflow_offset += delta;
+  }
+  // The id index's entries name label entries by region offset: they move too (the table keeps
+  // its place relative to the metadata block, as both bases are 4096-aligned).
+  const IdTable t = id_table(b.header);
+  for (auto& r : b.regions) {
+    if (t.buckets == 0) break;
+    for (uint64_t at = t.offset - b.region_base; at < t.offset - b.region_base + t.bytes_per_memnode(); at += 8) {
+      uint64_t w;
+      std::memcpy(&w, r.data() + at, 8);
+      if (w == 0 || at % IdSlot::kBucketBytes == 0) continue;  // free, or a bucket's lock word
+      const RemotePtr p = IdSlot::node(w);
+      w = IdSlot::make(IdSlot::fingerprint(w), RemotePtr(p.node(), static_cast<uint64_t>(p.offset() + delta)));
+      std::memcpy(r.data() + at, &w, 8);
+    }
   }
   MetaHeader h = b.header;
   h.metadata_offset = base;
@@ -529,6 +599,7 @@ nlohmann::json run_rebuild(fabric::Cluster& c, fabric::Endpoint& ep, uint32_t cn
     bo.threads = o.threads;
     bo.epoch = h.epoch + 1;
     bo.image = false;
+    bo.id_index = h.id_buckets > 0;
     const size_t n = snap.ids.size();
     ts = Clock::now();
     BuiltIndex built = build_index(snap.x.data(), n, h.dim, h.metric == 1 ? Metric::IP : Metric::L2, bo, snap.ids.data());
@@ -580,6 +651,8 @@ nlohmann::json run_rebuild(fabric::Cluster& c, fabric::Endpoint& ep, uint32_t cn
     // 4. Merge the buffer, 5. free the old area if every computenode moved already (else the
     //    next rebuild frees it before it needs the room).
     rep["from_buffer"] = snap.from_buffer;
+    rep["deleted_dropped"] = snap.dropped;
+    rep["duplicates_dropped"] = snap.duplicates;
     if (merge_buffer(c, ep, cn_id, ms, rep, std::unordered_set<int64_t>(snap.ids.begin(), snap.ids.end()))) {
       free_old_area(ep, bo.epoch, cn_id, o, rep, false);
       break;

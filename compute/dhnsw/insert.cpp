@@ -10,6 +10,7 @@
 #include <random>
 #include <stdexcept>
 #include <thread>
+#include <unordered_map>
 #include <unordered_set>
 
 #include "common/dataset.hpp"
@@ -106,7 +107,103 @@ Inserter::Inserter(fabric::Cluster& c, fabric::Endpoint& ep, uint32_t cn_id, Ins
 void Inserter::reload() {
   index_ = std::make_unique<Index>(load_index(c_, ep_));
   if (!index_->meta) throw std::invalid_argument("dhnsw insert: the index has no meta-HNSW");
+  ids_.reset();
+  if (!sched_) sched_ = std::make_unique<compute::Scheduler>(ep_);
+  if (index_->header.id_buckets > 0)
+    ids_ = std::make_unique<IdIndex>(id_table(index_->header), 0, *sched_, ticket_ ^ 0x1d1d);
   ack();
+}
+
+namespace {
+
+constexpr size_t kIdLanes = 16;  // id index operations in flight at once
+
+compute::Task<void> find_lane(IdIndex& x, const int64_t* ids, size_t n, size_t lane, std::vector<RemotePtr>& out) {
+  for (size_t i = lane; i < n; i += kIdLanes) {
+    const RemotePtr p = co_await x.find(static_cast<uint64_t>(ids[i]));
+    out[i] = p;
+  }
+}
+
+compute::Task<void> map_lane(IdIndex& x, const std::vector<std::pair<int64_t, RemotePtr>>& items, bool replace, size_t lane,
+                             std::vector<IdIndex::PutResult>& out) {
+  for (size_t i = lane; i < items.size(); i += kIdLanes) {
+    const IdIndex::PutResult r = co_await x.insert(static_cast<uint64_t>(items[i].first), items[i].second, replace);
+    out[i] = r;
+  }
+}
+
+compute::Task<void> erase_lane(IdIndex& x, const std::vector<std::pair<int64_t, RemotePtr>>& items,
+                               const std::vector<char>& which, size_t lane) {
+  for (size_t i = lane; i < items.size(); i += kIdLanes) {
+    if (!which[i]) continue;
+    const RemotePtr was = co_await x.erase(static_cast<uint64_t>(items[i].first), items[i].second);
+    (void)was;  // null: the entry was already gone or names another place (an upsert moved it)
+  }
+}
+
+}  // namespace
+
+std::vector<RemotePtr> Inserter::lookup(const int64_t* ids, size_t n) {
+  std::vector<RemotePtr> out(n);
+  if (!ids_ || n == 0) return out;
+  for (size_t l = 0; l < std::min(n, kIdLanes); ++l) sched_->spawn(find_lane(*ids_, ids, n, l, out));
+  sched_->run();
+  st_.id_lookups += n;
+  return out;
+}
+
+void Inserter::map_ids(const std::vector<std::pair<int64_t, RemotePtr>>& placed) {
+  if (!ids_ || placed.empty()) return;
+  std::vector<IdIndex::PutResult> r(placed.size(), IdIndex::PutResult{IdIndex::Put::Inserted, {}});
+  for (size_t l = 0; l < std::min(placed.size(), kIdLanes); ++l)
+    sched_->spawn(map_lane(*ids_, placed, upsert_, l, r));
+  sched_->run();
+  for (size_t i = 0; i < placed.size(); ++i) {
+    if (r[i].what == IdIndex::Put::Replaced && r[i].old != placed[i].second) {
+      replaced_.emplace_back(placed[i].first, r[i].old);
+    } else if (r[i].what == IdIndex::Put::Present && r[i].old != placed[i].second) {
+      lost_.push_back(placed[i]);  // another computenode inserted the id meanwhile: it keeps it
+    }
+  }
+}
+
+void Inserter::wait_for_idle() {
+  uint64_t seen = ~uint64_t{0};
+  auto since = Clock::now();
+  bool waited = false;
+  for (;;) {
+    const Control ctl = read_control(ep_);
+    if (ctl.phase == kIdle) break;
+    if (!waited) {
+      waited = true;
+      ++st_.rebuild_waits;
+    }
+    const auto now = Clock::now();
+    if (ctl.master != seen) {
+      seen = ctl.master;
+      since = now;
+    } else if (now - since > std::chrono::milliseconds(std::max<uint32_t>(t_.lease_ms, 2000) + 5000)) {
+      // The master's word has not moved for longer than its lease: it died; finish its work.
+      RebuildOptions ro;
+      ro.lease_ms = std::max<uint32_t>(t_.lease_ms, 2000);
+      nlohmann::json rr = run_rebuild(c_, ep_, cn_id_, ro);
+      if (!rr.contains("skipped")) {
+        ++st_.rebuilds;
+        st_.rebuild_reports.push_back(rr);
+      }
+      since = Clock::now();
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  if (waited || read_control(ep_).epoch != index_->header.epoch) reload();
+}
+
+uint32_t Inserter::group_of(RemotePtr p) const {
+  for (const SubDesc& d : index_->subs)
+    if (d.slot == 0 && d.memnode == p.node() && p.offset() >= d.group_offset && p.offset() < d.group_offset + d.group_bytes)
+      return d.id;
+  return kNoPartner;
 }
 
 void Inserter::ack() {
@@ -214,7 +311,7 @@ Inserter::Outcome Inserter::insert_into(uint32_t sub, const float* x, const int6
   {
     std::unordered_set<int64_t> have(s.labels.begin(), s.labels.end());
     for (size_t i = 0; i < n; ++i) {
-      if (!have.insert(ids[i]).second) {
+      if (!have.insert(ids[i]).second && !upsert_) {  // an upsert marks the old one deleted after
         if (!merge_)
           throw std::invalid_argument("dhnsw insert: id " + std::to_string(ids[i]) +
                                       " is already in the index (sub-HNSW " + num(sub) + ")");
@@ -253,6 +350,16 @@ Inserter::Outcome Inserter::insert_into(uint32_t sub, const float* x, const int6
                                reinterpret_cast<const char*>(&cm.desc) + kLiveFieldsEnd);
   post_writes(d.memnode, {{live_desc_offset(index_.header, sub) + kLiveFieldsBegin, &live}});
   put_version(cm.desc.version);
+  // The label entries of the new vectors, for the id index (mapped after the lock is released).
+  placed_.clear();
+  for (size_t j = 0; j < n; ++j) {
+    const uint64_t at = 8 * (d.count + j);
+    for (const Segment& sg : cm.label_tail)
+      if (at >= sg.logical && at < sg.logical + sg.bytes) {
+        placed_.emplace_back(kept_ids[j], RemotePtr(d.memnode, sg.region + (at - sg.logical)));
+        break;
+      }
+  }
 
   ++st_.commits;
   st_.inserted += n;
@@ -273,9 +380,12 @@ Inserter::Outcome Inserter::commit_rows(uint32_t sub, const float* x, const int6
     is[j] = ids[rows[j]];
   }
   try {
+    placed_.clear();
     const Outcome r = insert_into(sub, xs.data(), is.data(), rows.size());
-    if (r == Outcome::Done)
+    if (r == Outcome::Done) {
+      map_ids(placed_);
       for (size_t row : rows) done[row] = 1;
+    }
     return r;
   } catch (const CommitDoesNotFit&) {
     if (rows.size() == 1) throw;
@@ -289,7 +399,7 @@ Inserter::Outcome Inserter::commit_rows(uint32_t sub, const float* x, const int6
   return commit_rows(sub, x, ids, b, done);
 }
 
-void Inserter::insert(const float* x, const int64_t* ids, size_t n) {
+void Inserter::insert(const float* x, const int64_t* ids, size_t n, bool upsert) {
   if (n == 0) return;
   {
     std::unordered_set<int64_t> seen;
@@ -298,6 +408,20 @@ void Inserter::insert(const float* x, const int64_t* ids, size_t n) {
       if (!seen.insert(ids[i]).second)
         throw std::invalid_argument("dhnsw insert: id " + std::to_string(ids[i]) + " appears twice in one batch");
     }
+  }
+  if (upsert && !ids_)
+    throw std::invalid_argument("dhnsw upsert: the index has no id index (built by an earlier version); build it again");
+  upsert_ = upsert && !merge_;
+  replaced_.clear();
+  lost_.clear();
+  if (upsert_) wait_for_idle();  // the buffer takes no upserts: they go in place
+  if (ids_ && !merge_ && !upsert_) {
+    // Refused before anything is inserted: an id the index holds.
+    const std::vector<RemotePtr> at = lookup(ids, n);
+    for (size_t i = 0; i < n; ++i)
+      if (!at[i].is_null())
+        throw std::invalid_argument("dhnsw insert: id " + std::to_string(ids[i]) +
+                                    " is already in the index (an upsert replaces it)");
   }
   std::vector<size_t> pending(n);
   for (size_t i = 0; i < n; ++i) pending[i] = i;
@@ -356,6 +480,10 @@ void Inserter::insert(const float* x, const int64_t* ids, size_t n) {
         reload();
         reroute = true;
         break;
+      } else if (upsert_) {  // a rebuild runs: an upsert waits for it, then goes in place
+        wait_for_idle();
+        reroute = true;
+        break;
       } else {  // a rebuild runs: into the insert buffer
         const Control ctl = read_control(ep_);
         for (size_t j = 0; j < rows.size(); ++j) {
@@ -391,7 +519,214 @@ void Inserter::insert(const float* x, const int64_t* ids, size_t n) {
       if (!done[i]) next.push_back(i);
     pending.swap(next);
   }
+  // Upserted ids: their old vectors are marked deleted now that the new ones answer; and a
+  // vector of ours whose id another computenode inserted meanwhile is withdrawn.
+  const size_t n_replaced = replaced_.size();
+  std::vector<std::pair<int64_t, RemotePtr>> drop = replaced_;
+  const std::vector<std::pair<int64_t, RemotePtr>> lost = lost_;
+  drop.insert(drop.end(), lost.begin(), lost.end());
+  std::vector<char> done(drop.size(), 0), gone(drop.size(), 0);
+  bool rebuild = false;
+  const Marked m = drop.empty() ? Marked::Done : mark_deleted(drop, done, gone, rebuild);
+  std::vector<int64_t> redo;
+  for (size_t i = 0; i < n_replaced; ++i) {
+    if (done[i] || gone[i]) ++st_.replaced;
+    else redo.push_back(drop[i].first);
+  }
+  upsert_ = false;
+  if (m != Marked::Done && !redo.empty()) {
+    // A rebuild began before the old vectors were marked: it keeps one vector per id (the one
+    // the id index named when it looked), maybe the old. Upsert those ids once more after it.
+    wait_for_idle();
+    std::unordered_map<int64_t, size_t> row;
+    for (size_t i = 0; i < n; ++i) row.emplace(ids[i], i);
+    std::vector<float> xr;
+    const uint32_t dim = index_->header.dim;
+    for (int64_t id : redo) xr.insert(xr.end(), x + row.at(id) * dim, x + (row.at(id) + 1) * dim);
+    insert(xr.data(), redo.data(), redo.size(), true);
+  }
+  if (rebuild) rebuild_for_deletes();
   ack();  // the epoch this computenode uses, and a sign of life
+  if (!lost.empty())
+    throw std::invalid_argument("dhnsw insert: id " + std::to_string(lost.front().first) +
+                                " was inserted by another computenode meanwhile (" + std::to_string(lost.size()) +
+                                " such ids); it keeps that vector");
+}
+
+Inserter::Marked Inserter::mark_deleted(const std::vector<std::pair<int64_t, RemotePtr>>& e, std::vector<char>& done,
+                                        std::vector<char>& gone, bool& rebuild) {
+  std::map<uint32_t, std::vector<size_t>> by_group;
+  for (size_t i = 0; i < e.size(); ++i) {
+    if (done[i] || gone[i]) continue;
+    const uint32_t g = group_of(e[i].second);
+    if (g == kNoPartner) {
+      gone[i] = 1;  // not in this epoch's groups (an entry left from before a rebuild)
+      continue;
+    }
+    by_group[g].push_back(i);
+  }
+  const Index& idx = *index_;
+  for (const auto& [g0, rows] : by_group) {
+    const uint64_t mine = lock_group(ep_, idx, g0, cn_id_, t_.lease_ms, ticket_, &st_.lock_waits, &st_.lock_takeovers);
+    struct Unlock {
+      fabric::Endpoint& ep;
+      const Index& idx;
+      uint32_t g0;
+      uint64_t mine;
+      ~Unlock() {
+        try {
+          unlock_group(ep, idx, g0, mine);
+        } catch (const std::exception& ex) {
+          spdlog::warn("dhnsw delete: releasing a group lock: {}", ex.what());
+        }
+      }
+    } unlock{ep_, idx, g0, mine};
+    const Control ctl = read_control(ep_);
+    if (ctl.epoch != idx.header.epoch) return Marked::EpochMoved;
+    if (ctl.phase != kIdle && !merge_) return Marked::NotIdle;
+    const SubDesc& s0 = idx.subs[g0];
+    const uint16_t mem = s0.memnode;
+    const uint32_t subs[2] = {g0, s0.partner};
+    // One doorbell: both live descriptors and the label entries.
+    fabric::Buffer buf = ep_.alloc(2 * sizeof(SubDesc) + 8 * rows.size());
+    std::vector<fabric::Op> ops;
+    for (int k = 0; k < 2; ++k)
+      if (subs[k] != kNoPartner)
+        ops.push_back(fabric::Op::read(RemotePtr(mem, live_desc_offset(idx.header, subs[k])),
+                                       buf.data() + k * sizeof(SubDesc), sizeof(SubDesc), ops.size()));
+    for (size_t j = 0; j < rows.size(); ++j)
+      ops.push_back(fabric::Op::read(e[rows[j]].second, buf.data() + 2 * sizeof(SubDesc) + 8 * j, 8, ops.size()));
+    if (ep_.post(ops) != fabric::Status::Ok) throw fabric::FabricError("dhnsw delete: reading a group failed");
+    ep_.wait_all(ops.size());
+    SubDesc d[2]{};
+    for (int k = 0; k < 2; ++k)
+      if (subs[k] != kNoPartner) std::memcpy(&d[k], buf.data() + k * sizeof(SubDesc), sizeof(SubDesc));
+    // Which sub holds each entry: its block, or its side of the shared gap.
+    auto owner = [&](uint64_t off) -> int {
+      for (int k = 0; k < 2; ++k)
+        if (subs[k] != kNoPartner && off >= d[k].block_offset && off < d[k].block_offset + d[k].block_bytes) return k;
+      const SubDesc& a = d[0];
+      if (off >= a.overflow_offset && off < a.overflow_offset + a.overflow_used) return 0;
+      if (subs[1] != kNoPartner && off < a.overflow_offset + a.overflow_bytes &&
+          off >= a.overflow_offset + a.overflow_bytes - d[1].overflow_used)
+        return 1;
+      return -1;
+    };
+    std::vector<std::pair<RemotePtr, int64_t>> writes;
+    uint64_t marked[2] = {0, 0};
+    for (size_t j = 0; j < rows.size(); ++j) {
+      const auto& [id, at] = e[rows[j]];
+      int64_t label;
+      std::memcpy(&label, buf.data() + 2 * sizeof(SubDesc) + 8 * j, 8);
+      const int k = owner(at.offset());
+      if (label != id || k < 0) {
+        gone[rows[j]] = 1;
+        continue;
+      }
+      writes.emplace_back(at, static_cast<int64_t>(static_cast<uint64_t>(id) | kDeletedLabel));
+      ++marked[k];
+    }
+    if (writes.empty()) continue;
+    if (ep_.compare_swap(RemotePtr(mem, live_desc_offset(idx.header, g0) + offsetof(SubDesc, lock)), mine, mine) != mine)
+      throw std::runtime_error("dhnsw delete: lost the lock of sub-HNSW " + num(g0) + "'s group before committing");
+    // Seqlocked as a commit: version odd, the labels and the counts, version even. A version
+    // found odd (a writer died inside a commit) stays odd for the next inserter to repair.
+    fabric::Buffer w = ep_.alloc(8 * (writes.size() + 4));
+    auto post = [&](std::vector<fabric::Op>& o) {
+      if (o.empty()) return;
+      if (ep_.post(o) != fabric::Status::Ok) throw fabric::FabricError("dhnsw delete: posting to memnode " + num(mem) + " failed");
+      ++st_.doorbells;
+      st_.writes += o.size();
+      ep_.wait_all(o.size());
+      o.clear();
+    };
+    std::vector<fabric::Op> o;
+    size_t slot = 0;
+    auto word = [&](RemotePtr p, uint64_t v) {
+      std::memcpy(w.data() + 8 * slot, &v, 8);
+      o.push_back(fabric::Op::write(p, w.data() + 8 * slot, 8, o.size()));
+      ++slot;
+      st_.bytes_written += 8;
+    };
+    auto field = [&](int k, size_t f) { return RemotePtr(mem, live_desc_offset(idx.header, subs[k]) + f); };
+    for (int k = 0; k < 2; ++k)
+      if (marked[k] > 0 && (d[k].version & 1) == 0) word(field(k, offsetof(SubDesc, version)), d[k].version + 1);
+    post(o);
+    for (size_t j = 0; j < writes.size(); ++j) {
+      word(writes[j].first, static_cast<uint64_t>(writes[j].second));
+      if (o.size() >= t_.max_write_ops) post(o);
+    }
+    for (int k = 0; k < 2; ++k)
+      if (marked[k] > 0) word(field(k, offsetof(SubDesc, deleted)), d[k].deleted + marked[k]);
+    post(o);
+    for (int k = 0; k < 2; ++k)
+      if (marked[k] > 0 && (d[k].version & 1) == 0) word(field(k, offsetof(SubDesc, version)), d[k].version + 2);
+    post(o);
+    slot = 0;
+    for (int k = 0; k < 2; ++k)
+      if (marked[k] > 0 && t_.rebuild_deleted > 0 &&
+          static_cast<double>(d[k].deleted + marked[k]) > t_.rebuild_deleted * static_cast<double>(d[k].count))
+        rebuild = true;
+    for (size_t j = 0; j < rows.size(); ++j)
+      if (!gone[rows[j]]) done[rows[j]] = 1;
+    st_.deleted += writes.size();
+  }
+  return Marked::Done;
+}
+
+void Inserter::rebuild_for_deletes() {
+  RebuildOptions ro;
+  ro.lease_ms = std::max<uint32_t>(t_.lease_ms, 2000);
+  ro.wait_for_master = false;  // another master's rebuild drops them as well
+  spdlog::info("dhnsw: a sub-HNSW's deleted share passed {:.2f}: starting an online rebuild", t_.rebuild_deleted);
+  nlohmann::json rr = run_rebuild(c_, ep_, cn_id_, ro);
+  if (!rr.contains("skipped")) {
+    ++st_.rebuilds;
+    st_.rebuild_reports.push_back(rr);
+  }
+  reload();
+}
+
+std::vector<int64_t> Inserter::remove(const int64_t* ids, size_t n) {
+  if (!ids_)
+    throw std::invalid_argument("dhnsw delete: the index has no id index (built by an earlier version); build it again");
+  std::vector<int64_t> pending;
+  {
+    std::unordered_set<int64_t> seen;
+    for (size_t i = 0; i < n; ++i) {
+      if (ids[i] < 0) throw std::invalid_argument("dhnsw delete: id " + std::to_string(ids[i]) + " is negative");
+      if (seen.insert(ids[i]).second) pending.push_back(ids[i]);
+    }
+  }
+  std::vector<int64_t> missing;
+  bool rebuild = false;
+  while (!pending.empty()) {
+    wait_for_idle();  // a buffered insert of the id would be merged after the delete
+    const std::vector<RemotePtr> at = lookup(pending.data(), pending.size());
+    std::vector<std::pair<int64_t, RemotePtr>> e;
+    for (size_t i = 0; i < pending.size(); ++i) {
+      if (at[i].is_null()) missing.push_back(pending[i]);
+      else e.emplace_back(pending[i], at[i]);
+    }
+    std::vector<char> done(e.size(), 0), gone(e.size(), 0);
+    const Marked m = mark_deleted(e, done, gone, rebuild);
+    // Unmapped second: a delete cut short here leaves a marked entry, which no lookup matches.
+    for (size_t l = 0; l < std::min(e.size(), kIdLanes); ++l) sched_->spawn(erase_lane(*ids_, e, done, l));
+    sched_->run();
+    pending.clear();
+    for (size_t i = 0; i < e.size(); ++i) {
+      if (gone[i]) missing.push_back(e[i].first);
+      else if (!done[i]) pending.push_back(e[i].first);  // the epoch moved or a rebuild began: again
+    }
+    if (m == Marked::EpochMoved) {
+      ++st_.epoch_moves;
+      reload();
+    }
+  }
+  st_.not_found += missing.size();
+  if (rebuild) rebuild_for_deletes();
+  ack();
+  return missing;
 }
 
 nlohmann::json run_insert(const compute::RunContext& rc, const InsertOptions& o) {

@@ -27,7 +27,9 @@
 #include <nlohmann/json.hpp>
 
 #include "common/fabric/transport.hpp"
+#include "compute/coro.hpp"
 #include "compute/dhnsw/pipeline.hpp"
+#include "compute/id_index.hpp"
 #include "compute/run_context.hpp"
 
 namespace dmhnsw::dhnsw {
@@ -36,6 +38,9 @@ struct InsertTuning {
   uint32_t lease_ms = 2000;        // a lock word unchanged this long is taken over
   uint32_t meta_ef_search = 64;    // efSearch of the routing search in the meta-HNSW
   uint32_t max_write_ops = 64;     // WRITEs per doorbell
+  /// A sub-HNSW whose deleted share passes this after a delete starts a rebuild, which drops the
+  /// deleted vectors (0: never; `computenode rebuild` still does).
+  double rebuild_deleted = 0.5;
 };
 
 struct InsertStats {
@@ -43,6 +48,7 @@ struct InsertStats {
   uint64_t appended_bytes = 0, overwritten_bytes = 0, overflow_records = 0;
   uint64_t lock_waits = 0, lock_takeovers = 0, repairs = 0, sanitized_entries = 0;
   uint64_t buffered = 0, rebuilds = 0, epoch_moves = 0, duplicates_skipped = 0;
+  uint64_t deleted = 0, not_found = 0, replaced = 0, id_lookups = 0, rebuild_waits = 0;
   std::vector<nlohmann::json> rebuild_reports;  // of the rebuilds this computenode ran as master
   std::vector<double> commit_us;  // per commit: lock taken to version published
   nlohmann::json to_json(double seconds) const;
@@ -63,8 +69,18 @@ class Inserter {
   Inserter(fabric::Cluster& c, fabric::Endpoint& ep, uint32_t cn_id, InsertTuning t = {});
   /// Inserts n vectors (n x dim) with global ids `ids`; every one is acknowledged (committed and
   /// published, or committed in the insert buffer) when this returns. Throws
-  /// std::invalid_argument on a duplicate id (naming it), FabricError on a dead memnode.
-  void insert(const float* x, const int64_t* ids, size_t n);
+  /// std::invalid_argument on a duplicate id (naming it), FabricError on a dead memnode. With
+  /// the index's id index, an id it holds is refused before anything is inserted, unless
+  /// `upsert`: then the new vector goes in, the id is pointed at it, and the old one is marked
+  /// deleted (a search sees the old vector until the new one is in, never after this returns).
+  /// Upserts wait for a running rebuild to finish (its buffer does not take them).
+  void insert(const float* x, const int64_t* ids, size_t n, bool upsert = false);
+  /// Marks the vectors of `ids` deleted: under their group's lock, the label entry's top bit
+  /// (seqlocked like a commit), then the id's entry is removed. Returns the ids the index does
+  /// not hold. Waits for a running rebuild to finish first. Throws std::invalid_argument when
+  /// the index has no id index.
+  std::vector<int64_t> remove(const int64_t* ids, size_t n);
+  bool has_id_index() const { return ids_ != nullptr; }
   const InsertStats& stats() const { return st_; }
   const Index& index() const { return *index_; }
   /// The rebuild master's merge of the buffer: ids already in their sub-HNSW are skipped (a
@@ -79,12 +95,35 @@ class Inserter {
   Outcome commit_rows(uint32_t sub, const float* x, const int64_t* ids, const std::vector<size_t>& rows,
                       std::vector<char>& done);
   void reload();
-  void ack();  // this computenode's acknowledgement word: the epoch it uses, a beat
+  void ack();
+  /// Returns once the control block's phase is idle (no rebuild, no merge); takes over a master
+  /// whose word stays unchanged for a lease.
+  void wait_for_idle();
+  /// The id index's entries of `ids` (null: absent), looked up concurrently.
+  std::vector<RemotePtr> lookup(const int64_t* ids, size_t n);
+  /// Maps each (id, label entry) with IdIndex::insert(replace = upsert_); upserted ids' old
+  /// entries go to replaced_, ids another computenode inserted meanwhile to lost_.
+  void map_ids(const std::vector<std::pair<int64_t, RemotePtr>>& placed);
+  enum class Marked { Done, EpochMoved, NotIdle };
+  /// Marks the label entries `e` (id, entry) deleted, group by group under each group's lock;
+  /// sets done[i] for each marked and gone[i] for each whose entry no longer holds its id.
+  /// Stops at the first group that finds the epoch moved or a rebuild running.
+  Marked mark_deleted(const std::vector<std::pair<int64_t, RemotePtr>>& e, std::vector<char>& done,
+                      std::vector<char>& gone, bool& rebuild);
+  /// The slot-0 sub of the group holding region place `p`, or kNoPartner.
+  uint32_t group_of(RemotePtr p) const;
+  void rebuild_for_deletes();  // this computenode's acknowledgement word: the epoch it uses, a beat
   void post_writes(uint16_t memnode, const std::vector<std::pair<uint64_t, const std::vector<char>*>>& w);
 
   fabric::Cluster& c_;
   fabric::Endpoint& ep_;
   std::unique_ptr<Index> index_;
+  std::unique_ptr<compute::Scheduler> sched_;  // for the id index's coroutines, on ep_
+  std::unique_ptr<IdIndex> ids_;               // null when the index has none
+  bool upsert_ = false;
+  std::vector<std::pair<int64_t, RemotePtr>> placed_;    // label entries of the last commit's vectors
+  std::vector<std::pair<int64_t, RemotePtr>> replaced_;  // old entries of upserted ids, to mark deleted
+  std::vector<std::pair<int64_t, RemotePtr>> lost_;      // ours, of ids inserted elsewhere meanwhile
   uint32_t cn_id_;
   InsertTuning t_;
   uint64_t ticket_ = 0, beat_ = 0;

@@ -383,7 +383,14 @@ struct Engine::Impl {
       // Faiss opens an OpenMP region per call: for a handful of queries one thread does
       // better than waking the others (on a busy host that costs milliseconds).
       omp_set_num_threads(nq >= kParallelQueries ? omp_threads : 1);
-      s.index->search(nq, X.data(), k, D.data(), I.data());
+      if (s.live) {  // deleted vectors guide the search but are never returned
+        faiss::SearchParametersHNSW sp;
+        sp.efSearch = s.index->hnsw.efSearch;
+        sp.sel = s.live.get();
+        s.index->search(nq, X.data(), k, D.data(), I.data(), &sp);
+      } else {
+        s.index->search(nq, X.data(), k, D.data(), I.data());
+      }
       const bool ip = index.inner_product();
       auto better = [ip](const std::pair<float, int64_t>& a, const std::pair<float, int64_t>& b) {
         if (a.first != b.first) return ip ? a.first > b.first : a.first < b.first;
@@ -393,7 +400,8 @@ struct Engine::Impl {
         Answer& a = answers[job.first + e.queries[i]];
         for (uint32_t j = 0; j < k; ++j) {
           faiss::Index::idx_t l = I[size_t{i} * k + j];
-          if (l < 0 || static_cast<size_t>(l) >= s.labels.size()) continue;
+          if (l < 0 || static_cast<size_t>(l) >= s.labels.size() || label_deleted(s.labels[static_cast<size_t>(l)]))
+            continue;
           a.emplace_back(D[size_t{i} * k + j], s.labels[static_cast<size_t>(l)]);
         }
         std::sort(a.begin(), a.end(), better);

@@ -284,8 +284,20 @@ void serialize_sub(const faiss::IndexHNSWFlat& idx, const int64_t* labels, const
   std::memset(block + cursor, 0, d.block_bytes - cursor);
 }
 
+void SubIndex::index_deleted() {
+  deleted = 0;
+  for (int64_t l : labels) deleted += label_deleted(l);
+  live.reset();
+  live_bits.clear();
+  if (deleted == 0) return;
+  live_bits.assign((labels.size() + 7) / 8, 0);
+  for (size_t i = 0; i < labels.size(); ++i)
+    if (!label_deleted(labels[i])) live_bits[i / 8] |= static_cast<uint8_t>(1u << (i % 8));
+  live = std::make_unique<faiss::IDSelectorBitmap>(labels.size(), live_bits.data());
+}
+
 size_t SubIndex::memory_bytes() const {
-  size_t b = sizeof(SubIndex) + labels.capacity() * sizeof(int64_t);
+  size_t b = sizeof(SubIndex) + labels.capacity() * sizeof(int64_t) + live_bits.capacity();
   if (index) {
     const faiss::HNSW& g = index->hnsw;
     b += sizeof(faiss::IndexHNSWFlat) + g.levels.capacity() * sizeof(int) + g.offsets.capacity() * sizeof(size_t) +
@@ -451,9 +463,7 @@ SubIndex deserialize_sub(const char* fetched, size_t len, const SubDesc& d, cons
 
   if (sanitize && g.offsets.size() == n + 1 && g.levels.size() == n) out.sanitized += sanitize_links(g, n);
   check_graph(g, n, d.entry_point, d.max_level, [&](uint32_t a, uint64_t byte) { return who + ": " + where(a, byte); });
-  for (uint64_t i = 0; i < n; ++i)
-    if (out.labels[i] < 0)
-      throw bad(where(kLabels, i * 8), "label " + std::to_string(out.labels[i]) + " of node " + num(i) + " < 0");
+  out.index_deleted();
 
   g.entry_point = d.entry_point;
   g.max_level = d.max_level;

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include <faiss/IndexHNSW.h>
+#include <faiss/impl/IDSelector.h>
 
 #include "common/dhnsw_layout.hpp"
 
@@ -34,8 +35,15 @@ struct SubIndex {
   uint64_t version = 0;  // SubDesc::version it was read at
   uint64_t epoch = 0;    // MetaHeader::epoch of the index it belongs to
   std::unique_ptr<faiss::IndexHNSWFlat> index;
-  std::vector<int64_t> labels;  // global id of each local Faiss id
+  std::vector<int64_t> labels;  // global id of each local Faiss id (kDeletedLabel set: deleted)
   uint64_t sanitized = 0;       // neighbour entries dropped by deserialize_sub(sanitize)
+  /// Deleted vectors (labels with kDeletedLabel) and, when there are any, a Faiss selector of
+  /// the live ones: searches expand deleted nodes but never return them.
+  uint64_t deleted = 0;
+  std::vector<uint8_t> live_bits;
+  std::unique_ptr<faiss::IDSelectorBitmap> live;
+  /// Sets `deleted`, `live_bits` and `live` from `labels`.
+  void index_deleted();
   /// Heap bytes held (graph, vectors, labels): what a cache of SubIndexes accounts.
   size_t memory_bytes() const;
 };
@@ -49,7 +57,8 @@ struct SubIndex {
 /// monotone, offsets[0] == 0 and offsets[count] == neighbour entries, each node's neighbour
 /// range matching Faiss's size for its level, levels in 1..max_level + 1, neighbour ids in
 /// -1..count-1, the entry point a node of level max_level + 1, vectors dim * count floats,
-/// labels count entries. Dimension, M, metric and efConstruction come from `h`. Throws
+/// labels count entries (a negative label is a deleted vector: index_deleted()). Dimension, M,
+/// metric and efConstruction come from `h`. Throws
 /// std::runtime_error naming `what`, the array and the byte offset (in `fetched`) on bad data.
 /// Copies: one per array (into Faiss's std::vectors), plus the overflow payloads.
 /// With `sanitize`, neighbour ids outside 0..count-1 are dropped from their lists first (the

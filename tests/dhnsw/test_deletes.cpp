@@ -1,0 +1,199 @@
+// d-HNSW deletes and upserts on LocalFabric (compute/dhnsw/insert.hpp, Inserter::remove and
+// insert(upsert)): an index built in process over 2 memnodes; 30 % deleted, 10 % upserted,
+// new sparse 63-bit ids inserted; queries through the Engine never return a deleted id or an
+// upserted id's old vector; every live id is found by itself; unknown ids are reported; an
+// online rebuild drops the tombstones, and deletes keep working in the new epoch (whose id
+// index the rebuild moved).
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cstring>
+#include <random>
+#include <set>
+#include <unordered_map>
+
+#include "common/fabric/local_fabric.hpp"
+#include "common/region.hpp"
+#include "compute/dhnsw/build.hpp"
+#include "compute/dhnsw/epoch.hpp"
+#include "compute/dhnsw/insert.hpp"
+#include "compute/dhnsw/pipeline.hpp"
+
+using namespace dmhnsw;
+using namespace dmhnsw::dhnsw;
+using Catch::Contains;
+
+namespace {
+
+constexpr uint32_t kDim = 16, kN = 3000, kP = 6;
+
+std::vector<float> blobs(size_t n, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> g(0.f, 1.f);
+  std::vector<float> centers(12 * kDim);
+  std::mt19937_64 crng(99);  // the same clusters for every seed
+  for (auto& c : centers) c = g(crng) * 4.f;
+  std::vector<float> x(n * kDim);
+  for (size_t i = 0; i < n; ++i) {
+    const size_t c = rng() % 12;
+    for (uint32_t j = 0; j < kDim; ++j) x[i * kDim + j] = centers[c * kDim + j] + g(rng);
+  }
+  return x;
+}
+
+/// The index in 2 LocalFabric memnodes with room for two more epochs.
+std::shared_ptr<fabric::LocalCluster> place(const std::vector<float>& data, const std::vector<int64_t>& ids) {
+  BuildOptions bo;
+  bo.partitions = kP;
+  bo.m = 12;
+  bo.ef_construction = 60;
+  bo.memnodes = 2;
+  bo.insert_buffer_bytes = 1 << 20;
+  BuiltIndex b = build_index(data.data(), ids.size(), kDim, Metric::L2, bo, ids.data());
+  REQUIRE(b.header.id_buckets > 0);
+  uint64_t size = 0;
+  for (uint64_t s : b.region_bytes) size = std::max(size, 4 * s);
+  auto c = fabric::LocalCluster::create(2, size);
+  for (uint16_t m = 0; m < 2; ++m) {
+    std::memcpy(c->region(m), b.regions[m].data(), b.regions[m].size());
+    RegionHeader h;
+    std::memcpy(&h, c->region(m), sizeof h);
+    h.region_size = size;
+    std::memcpy(c->region(m), &h, sizeof h);
+  }
+  c->refresh_headers();
+  return c;
+}
+
+/// The live set: id -> vector.
+using Live = std::unordered_map<int64_t, std::vector<float>>;
+
+std::vector<Answer> search(fabric::Cluster& c, const std::vector<float>& q) {
+  auto ep = c.make_endpoint();
+  Index idx = load_index(c, *ep);
+  EngineOptions o;
+  o.batch = 64;
+  o.probe = kP;  // every partition: what is not found is not there
+  o.ef_search = 64;
+  o.cache_subs = 0;
+  std::vector<Answer> a;
+  Engine(c, idx, o).run(q.data(), q.size() / kDim, a);
+  return a;
+}
+
+/// Every live vector finds itself (top 1 at distance 0, or a tie), no answer names an id that
+/// is not live, and an answer's distance is the distance to the id's live vector.
+void check_live(fabric::Cluster& c, const Live& live) {
+  std::vector<float> q;
+  std::vector<int64_t> who;
+  for (const auto& [id, v] : live) {
+    q.insert(q.end(), v.begin(), v.end());
+    who.push_back(id);
+  }
+  const std::vector<Answer> a = search(c, q);
+  size_t self = 0, foreign = 0, stale = 0;
+  for (size_t i = 0; i < who.size(); ++i) {
+    for (const auto& [d, id] : a[i]) {
+      auto it = live.find(id);
+      if (it == live.end()) {
+        ++foreign;
+        continue;
+      }
+      float t = 0;
+      for (uint32_t j = 0; j < kDim; ++j) t += (q[i * kDim + j] - it->second[j]) * (q[i * kDim + j] - it->second[j]);
+      if (std::abs(t - d) > 1e-3f * std::max(1.f, t)) ++stale;
+    }
+    self += !a[i].empty() && (a[i][0].second == who[i] || a[i][0].first < 1e-6f);
+  }
+  CHECK(foreign == 0);  // a deleted id never comes back
+  CHECK(stale == 0);    // nor an upserted id's old vector
+  CHECK(static_cast<double>(self) >= 0.99 * static_cast<double>(who.size()));
+}
+
+}  // namespace
+
+TEST_CASE("dhnsw deletes: delete 30 %, upsert 10 %, insert sparse ids, and a rebuild drops the tombstones",
+          "[dhnsw][delete]") {
+  std::mt19937_64 rng(5);
+  const std::vector<float> data = blobs(kN, 1);
+  std::vector<int64_t> ids(kN);
+  std::set<int64_t> used;
+  for (auto& id : ids) {  // sparse, non-monotone, up to 2^63 - 1
+    do id = static_cast<int64_t>(rng() >> 1); while (!used.insert(id).second);
+  }
+  ids[0] = (int64_t{1} << 62) + ((int64_t{1} << 62) - 1);  // the largest id
+  auto cluster = place(data, ids);
+  Live live;
+  for (size_t i = 0; i < kN; ++i) live[ids[i]] = std::vector<float>(data.begin() + i * kDim, data.begin() + (i + 1) * kDim);
+
+  auto ep = cluster->make_endpoint();
+  InsertTuning t;
+  t.rebuild_deleted = 0;  // the test rebuilds when it wants
+  Inserter ins(*cluster, *ep, 0, t);
+  REQUIRE(ins.has_id_index());
+
+  // Delete 30 %, with two unknown ids among them.
+  std::vector<int64_t> del(ids.begin() + 1, ids.begin() + 1 + kN * 3 / 10);
+  del.push_back(12345);
+  del.push_back(ids[1]);  // twice in one request: once
+  std::vector<int64_t> missing = ins.remove(del.data(), del.size());
+  CHECK(missing == std::vector<int64_t>{12345});
+  for (size_t i = 1; i < 1 + kN * 3 / 10; ++i) live.erase(ids[i]);
+  CHECK(ins.stats().deleted == kN * 3 / 10);
+  // Deleting them again finds none.
+  missing = ins.remove(del.data(), 10);
+  CHECK(missing.size() == 10);
+
+  // Upsert 10 %: new vectors for live ids (and one absent id, which is inserted).
+  const std::vector<float> fresh = blobs(kN / 10 + 1, 2);
+  std::vector<int64_t> up(ids.end() - kN / 10, ids.end());
+  up.push_back(777);
+  ins.insert(fresh.data(), up.data(), up.size(), true);
+  for (size_t i = 0; i < up.size(); ++i)
+    live[up[i]] = std::vector<float>(fresh.begin() + i * kDim, fresh.begin() + (i + 1) * kDim);
+  CHECK(ins.stats().replaced == kN / 10);
+
+  // A plain insert of a held id is refused, naming it, before anything is inserted.
+  const std::vector<float> more = blobs(kN / 5, 3);
+  std::vector<int64_t> more_ids(kN / 5);
+  for (auto& id : more_ids) {
+    do id = static_cast<int64_t>(rng() >> 1); while (!used.insert(id).second);
+  }
+  std::vector<int64_t> clash = more_ids;
+  clash.back() = up.front();
+  REQUIRE_THROWS_WITH(ins.insert(more.data(), clash.data(), clash.size()), Contains(std::to_string(up.front())));
+  // New ids go in (after the deletes, into the same sub-HNSWs' gaps).
+  ins.insert(more.data(), more_ids.data(), more_ids.size());
+  for (size_t i = 0; i < more_ids.size(); ++i)
+    live[more_ids[i]] = std::vector<float>(more.begin() + i * kDim, more.begin() + (i + 1) * kDim);
+  check_live(*cluster, live);
+
+  // A rebuild drops what was deleted (and the upserts' old vectors).
+  nlohmann::json rr = run_rebuild(*cluster, *ep, 0, RebuildOptions{});
+  REQUIRE_FALSE(rr.contains("skipped"));
+  uint64_t dropped = rr["deleted_dropped"].get<uint64_t>(), dups = rr["duplicates_dropped"].get<uint64_t>();
+  for (const auto& r : ins.stats().rebuild_reports) {  // the inserts' own rebuilds (full gaps)
+    dropped += r["deleted_dropped"].get<uint64_t>();
+    dups += r["duplicates_dropped"].get<uint64_t>();
+  }
+  CHECK(dropped == kN * 3 / 10 + kN / 10);
+  CHECK(dups == 0);
+  {
+    Index idx = load_index(*cluster, *ep);
+    uint64_t count = 0;
+    for (const SubDesc& d : idx.subs) count += d.count;
+    CHECK(count == live.size());
+  }
+  check_live(*cluster, live);
+
+  // In the new epoch: deletes and upserts find their ids through the moved id index.
+  Inserter again(*cluster, *ep, 1, t);
+  std::vector<int64_t> del2(more_ids.begin(), more_ids.begin() + 50);
+  CHECK(again.remove(del2.data(), del2.size()).empty());
+  for (int64_t id : del2) live.erase(id);
+  std::vector<int64_t> up2{ids[0]};
+  again.insert(more.data() + 60 * kDim, up2.data(), 1, true);
+  live[ids[0]] = std::vector<float>(more.begin() + 60 * kDim, more.begin() + 61 * kDim);
+  CHECK(again.stats().replaced == 1);
+  check_live(*cluster, live);
+}
