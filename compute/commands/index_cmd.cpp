@@ -15,10 +15,10 @@ void IndexCommands::add(CLI::App& app) {
                                        "i % num-cns == cn-id)");
   insert_ = app.add_subcommand("insert", "insert rows [--begin, --end) of --data into an existing index "
                                          "(this computenode's share of them), while others may query");
-  upsert_ = app.add_subcommand("upsert", "shine: rows [--begin, --end) of --data under the ids of --ids: an id the "
+  upsert_ = app.add_subcommand("upsert", "rows [--begin, --end) of --data under the ids of --ids: an id the "
                                          "index holds gets the row's vector (its old one is deleted once the new one "
-                                         "is linked), a new id is inserted");
-  delete_ = app.add_subcommand("delete", "shine: delete the ids of --ids (this computenode's share of them); an id "
+                                         "is in), a new id is inserted");
+  delete_ = app.add_subcommand("delete", "delete the ids of --ids (this computenode's share of them); an id "
                                          "not in the index is reported, not an error");
   delete_->add_option("--ids", ids_file_, "ids, one decimal number per line")->required();
   delete_->add_option("--threads", del_.threads, "worker threads (each with its own endpoint)")->capture_default_str();
@@ -27,8 +27,8 @@ void IndexCommands::add(CLI::App& app) {
   for (auto* sc : {build_, insert_, upsert_}) {
     sc->add_option("--data", bo_.data, "base vectors (.fvecs .bvecs .fbin .u8bin .i8bin); labels are row ids "
                                        "unless --ids")->required();
-    sc->add_option("--ids", ids_file_, "shine: the rows' ids, one decimal number (0 .. 2^63-1) per line, row i's on "
-                                       "line i (needs an id index)");
+    sc->add_option("--ids", ids_file_, "the rows' ids, one decimal number (0 .. 2^63-1) per line, row i's on "
+                                       "line i (shine: needs an id index)");
     sc->add_option("--max-elements", bo_.max_elements, "use only the first N rows (0 = all)")->capture_default_str();
     sc->add_option("--threads", bo_.threads, "worker threads (each with its own endpoint)")->capture_default_str();
     sc->add_option("--coroutines", bo_.coroutines, "inserts in flight per thread")->capture_default_str();
@@ -96,12 +96,7 @@ void IndexCommands::add_read_mode(std::string& read_mode) {
 
 int IndexCommands::run(RunEnv& env, shine::ReadMode rm) {
   if (*rebuild_) return run_rebuild(env);
-  if (env.flags.mode == "dhnsw") {
-    if (*upsert_ || *delete_ || !ids_file_.empty())
-      throw std::invalid_argument(std::string(*delete_ ? "delete" : *upsert_ ? "upsert" : "--ids") +
-                                  ": --mode dhnsw has no deletes, upserts or chosen ids yet (issue 29); --mode shine has");
-    return run_dhnsw(env);
-  }
+  if (env.flags.mode == "dhnsw") return run_dhnsw(env);
   if (*delete_) {
     del_.ids = load_id_list(ids_file_);
     auto r = shine::run_delete(env.rc, del_);
@@ -148,7 +143,20 @@ int IndexCommands::run_dhnsw(RunEnv& env) {
   const compute::RunContext rc{&env.cluster, cn_id, num_cns, env.flags.provider, {}};
   std::string path = report_;
   if (!path.empty() && num_cns > 1) path += ".cn" + std::to_string(cn_id);  // one file per process
+  std::vector<int64_t> ids;
+  if (!ids_file_.empty())
+    for (uint64_t id : load_id_list(ids_file_)) ids.push_back(static_cast<int64_t>(id));  // 0 .. 2^63 - 1
+  if (*delete_) {
+    dhnsw::DeleteOptions d;
+    d.ids = std::move(ids);
+    d.tuning = dio_.tuning;
+    auto r = dhnsw::run_delete(rc, d);
+    dhnsw::print_delete(r);
+    env.write_report(path, r, true);
+    return 0;
+  }
   if (*build_) {
+    dbo_.ids = std::move(ids);
     dbo_.data = bo_.data;
     dbo_.max_vectors = bo_.max_elements;
     dbo_.metric = parse_metric(metric_);
@@ -175,6 +183,8 @@ int IndexCommands::run_dhnsw(RunEnv& env) {
   parse_share(share_, dio_);
   dio_.begin = bo_.begin;
   dio_.end = bo_.end;
+  dio_.ids = std::move(ids);
+  dio_.upsert = static_cast<bool>(*upsert_);
   auto r = dhnsw::run_insert(rc, dio_);
   dhnsw::print_insert(r);
   env.write_report(path, r, true);

@@ -751,6 +751,9 @@ nlohmann::json run_insert(const compute::RunContext& rc, const InsertOptions& o)
   const size_t end = o.end == 0 ? data.n() : std::min(o.end, data.n());
   if (o.begin >= end)
     throw std::invalid_argument("--begin " + std::to_string(o.begin) + " is past the data's " + std::to_string(end) + " rows");
+  if (!o.ids.empty() && o.ids.size() != data.n())
+    throw std::invalid_argument("--ids holds " + std::to_string(o.ids.size()) + " ids, --data " + o.data + " " +
+                                std::to_string(data.n()) + " rows: one id per row");
   std::vector<size_t> mine;
   for (size_t i = o.begin; i < end; ++i)
     if (i % o.share_count == o.share_index) mine.push_back(i);
@@ -768,10 +771,10 @@ nlohmann::json run_insert(const compute::RunContext& rc, const InsertOptions& o)
     ids.resize(n);
     for (size_t j = 0; j < n; ++j) {
       std::memcpy(xs.data() + j * data.d(), data.row(mine[at + j]), sizeof(float) * data.d());
-      ids[j] = o.id_offset + static_cast<int64_t>(mine[at + j]);
+      ids[j] = o.ids.empty() ? o.id_offset + static_cast<int64_t>(mine[at + j]) : o.ids[mine[at + j]];
     }
     const auto b0 = Clock::now();
-    ins.insert(xs.data(), ids.data(), n);
+    ins.insert(xs.data(), ids.data(), n, o.upsert);
     batch_ms.push_back(secs(b0, Clock::now()) * 1e3);
     if (secs(last, Clock::now()) > 2) {
       last = Clock::now();
@@ -784,12 +787,13 @@ nlohmann::json run_insert(const compute::RunContext& rc, const InsertOptions& o)
   nlohmann::json r;
   r["tool"] = "computenode dhnsw insert";
   r["mode"] = "dhnsw";
-  r["kind"] = "insert";
+  r["kind"] = o.upsert ? "upsert" : "insert";
   r["cn_id"] = rc.cn_id;
   r["num_cns"] = rc.num_cns;
   r["provider"] = rc.provider;
   r["data"] = o.data;
   r["rows"] = {{"begin", o.begin}, {"end", end}, {"mine", mine.size()}, {"id_offset", o.id_offset},
+               {"ids", o.ids.empty() ? "row + id_offset" : "--ids"},
                {"share", std::to_string(o.share_index) + "/" + std::to_string(o.share_count)}};
   r["batch"] = B;
   r["insert"] = ins.stats().to_json(s);
@@ -808,6 +812,68 @@ void print_insert(const nlohmann::json& r) {
               static_cast<unsigned long long>(i["lock_waits"].get<uint64_t>()),
               static_cast<unsigned long long>(i["lock_takeovers"].get<uint64_t>()),
               static_cast<unsigned long long>(i["repairs"].get<uint64_t>()));
+}
+
+}  // namespace dmhnsw::dhnsw
+
+namespace dmhnsw::dhnsw {
+
+nlohmann::json run_delete(const compute::RunContext& rc, const DeleteOptions& o) {
+  fabric::Cluster& c = *rc.cluster;
+  auto ep = c.make_endpoint(64u << 20);
+  {
+    const Index probe = load_index(c, *ep);
+    uint64_t max_fetch = 0;
+    for (const auto& s : probe.subs) max_fetch = std::max(max_fetch, s.block_bytes + s.overflow_bytes);
+    if (max_fetch + (40u << 20) > (64u << 20)) ep = c.make_endpoint(max_fetch + (40u << 20));  // a rebuild's
+  }
+  std::vector<int64_t> mine;
+  for (size_t j = rc.cn_id; j < o.ids.size(); j += std::max<uint32_t>(1, rc.num_cns)) mine.push_back(o.ids[j]);
+  Inserter ins(c, *ep, rc.cn_id, o.tuning);
+  const auto t0 = Clock::now();
+  std::vector<int64_t> missing;
+  const uint32_t B = std::max<uint32_t>(1, o.batch);
+  for (size_t at = 0; at < mine.size(); at += B) {
+    const size_t n = std::min<size_t>(B, mine.size() - at);
+    const std::vector<int64_t> m = ins.remove(mine.data() + at, n);
+    missing.insert(missing.end(), m.begin(), m.end());
+  }
+  const double s = secs(t0, Clock::now());
+  leave_epochs(*ep, rc.cn_id);
+  nlohmann::json r;
+  r["tool"] = "computenode dhnsw delete";
+  r["mode"] = "dhnsw";
+  r["kind"] = "delete";
+  r["cn_id"] = rc.cn_id;
+  r["num_cns"] = rc.num_cns;
+  r["provider"] = rc.provider;
+  r["requested"] = mine.size();
+  r["deleted"] = ins.stats().deleted;
+  r["not_found"] = missing.size();
+  if (missing.size() > 1000) missing.resize(1000);
+  r["not_found_ids"] = missing;
+  r["seconds"] = s;
+  r["deletes_per_s"] = s > 0 ? static_cast<double>(ins.stats().deleted) / s : 0.0;
+  r["insert"] = ins.stats().to_json(s);
+  return r;
+}
+
+void print_delete(const nlohmann::json& r) {
+  std::printf("dhnsw delete (computenode %u): %llu of %llu ids deleted, %llu not in the index, %.2f s (%.0f deletes/s), "
+              "%llu rebuilds\n",
+              r["cn_id"].get<unsigned>(), static_cast<unsigned long long>(r["deleted"].get<uint64_t>()),
+              static_cast<unsigned long long>(r["requested"].get<uint64_t>()),
+              static_cast<unsigned long long>(r["not_found"].get<uint64_t>()), r["seconds"].get<double>(),
+              r["deletes_per_s"].get<double>(), static_cast<unsigned long long>(r["insert"]["rebuilds"].get<uint64_t>()));
+  if (r["not_found"].get<uint64_t>() > 0) {
+    std::printf("  not in the index:");
+    size_t shown = 0;
+    for (const auto& id : r["not_found_ids"])
+      if (shown++ < 20) std::printf(" %lld", static_cast<long long>(id.get<int64_t>()));
+    if (r["not_found"].get<uint64_t>() > 20)
+      std::printf(" ... (%llu in all)", static_cast<unsigned long long>(r["not_found"].get<uint64_t>()));
+    std::printf("\n");
+  }
 }
 
 }  // namespace dmhnsw::dhnsw

@@ -141,7 +141,11 @@ nlohmann::json run_online_build(const compute::RunContext& rc, const OnlineBuild
     if (read_header(c, *ep, m).mode != static_cast<uint8_t>(Mode::None))
       throw std::runtime_error(mn_name(c, m) + " already holds an index; start it without --load to build a new one");
   spdlog::info("dhnsw build: {}: {} x {}, building on this computenode", o.data, data.n(), data.d());
-  const BuiltIndex built = build_index(data.data(), data.n(), static_cast<uint32_t>(data.d()), o.metric, bo);
+  if (!o.ids.empty() && o.ids.size() < data.n())
+    throw std::invalid_argument("--ids holds " + std::to_string(o.ids.size()) + " ids, --data " + o.data + " " +
+                                std::to_string(data.n()) + " rows: one id per row");
+  const BuiltIndex built = build_index(data.data(), data.n(), static_cast<uint32_t>(data.d()), o.metric, bo,
+                                       o.ids.empty() ? nullptr : o.ids.data());
   spdlog::info("dhnsw build: {} partitions built in {:.2f} s; writing {} memnode region(s)", built.options.partitions,
                built.seconds_partition + built.seconds_build_subs + built.seconds_layout, built.regions.size());
   nlohmann::json r = built.report();

@@ -6,6 +6,7 @@
 // computenode that connects meanwhile sees an empty region, never a half-written index.
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -19,6 +20,7 @@ struct OnlineBuildOptions {
   size_t max_vectors = 0;  // 0: every row
   BuildOptions build;      // memnodes: taken from the cluster
   Metric metric = Metric::L2;
+  std::vector<int64_t> ids;  // row i's id (--ids); empty: the row number
 };
 
 struct WriteStats {

@@ -285,10 +285,14 @@ TEST_CASE("subindex: truncated and corrupted buffers are refused naming the arra
     d.arrays[kVectors].used -= 64;
     CHECK_THAT(refusal(buf, buf.size(), d, f.h), Contains("vectors array at byte"));
   }
-  SECTION("labels: a negative label") {
-    int64_t bad = -7;
-    std::memcpy(buf.data() + base + d.arrays[kLabels].offset + 24, &bad, 8);
-    CHECK_THAT(refusal(buf, buf.size(), d, f.h), Contains("labels array at byte " + at(kLabels, 24)));
+  SECTION("labels: a negative label is a deleted vector, searched through but never returned") {
+    const int64_t del = static_cast<int64_t>(uint64_t{5} | kDeletedLabel);
+    std::memcpy(buf.data() + base + d.arrays[kLabels].offset + 24, &del, 8);
+    const SubIndex s = deserialize_sub(buf.data(), buf.size(), d, f.h, "test");
+    CHECK(s.deleted == 1);
+    REQUIRE(s.live);
+    CHECK_FALSE(s.live->is_member(3));
+    CHECK(s.live->is_member(2));
   }
   SECTION("labels: an array outside the block") {
     d.arrays[kLabels].offset = d.block_bytes - 64;
