@@ -420,8 +420,7 @@ void Inserter::insert(const float* x, const int64_t* ids, size_t n, bool upsert)
     const std::vector<RemotePtr> at = lookup(ids, n);
     for (size_t i = 0; i < n; ++i)
       if (!at[i].is_null())
-        throw std::invalid_argument("dhnsw insert: id " + std::to_string(ids[i]) +
-                                    " is already in the index (an upsert replaces it)");
+        throw std::invalid_argument("id " + std::to_string(ids[i]) + " is already in the index (an upsert replaces it)");
   }
   std::vector<size_t> pending(n);
   for (size_t i = 0; i < n; ++i) pending[i] = i;

@@ -19,8 +19,8 @@ struct IndexInfo {
   std::string mode, metric, provider;
   uint32_t dim = 0, memnodes = 0, computenode = 0;
   uint64_t count = 0, epoch = 0;
-  uint64_t deleted = 0;     // shine: tombstones in the graph (not in count)
-  bool ids = false;         // shine: the index has an id index
+  uint64_t deleted = 0;     // tombstones (not in count): in the shine graph, in the d-HNSW sub-HNSWs until a rebuild
+  bool ids = false;         // the index has an id index (deletes, upserts, any ids)
   uint32_t partitions = 0;  // dhnsw: sub-HNSWs (the largest probe); shine: 0
 };
 

@@ -14,6 +14,7 @@
 #include <future>
 #include <mutex>
 #include <thread>
+#include <unordered_set>
 #include <vector>
 
 #include "common/fabric/transport.hpp"
@@ -82,31 +83,24 @@ class DhnswBackend final : public Backend {
     i.computenode = rc_.cn_id;
     i.epoch = ctl.epoch;
     i.partitions = ix.header.num_subs;
+    i.ids = ix.header.id_buckets > 0;
     for (uint32_t s = 0; s < ix.header.num_subs; ++s) {
-      uint64_t count = 0;
-      const uint64_t at = dhnsw::live_desc_offset(ix.header, s) + offsetof(dhnsw::SubDesc, count);
-      control_->read(RemotePtr(ix.subs[s].memnode, at), &count, sizeof count);
-      i.count += count;
+      dhnsw::SubDesc d;
+      control_->read(RemotePtr(ix.subs[s].memnode, dhnsw::live_desc_offset(ix.header, s)), &d, sizeof d);
+      i.count += d.count - std::min(d.count, d.deleted);  // live vectors
+      i.deleted += d.deleted;
     }
     m_.epoch.set(static_cast<double>(i.epoch));
     m_.vectors.set(static_cast<double>(i.count));
     return i;
   }
 
-  void remove(const int64_t*, size_t, uint8_t*) override {
-    throw BadRequest("ids: a dhnsw index has no deletes yet (issue 29); a shine index has");
-  }
-
-  uint64_t insert(const float* x, const int64_t* ids, size_t n, bool upsert) override {
-    if (upsert) throw BadRequest("upsert: a dhnsw index has no upserts yet (issue 29); a shine index has");
+  void remove(const int64_t* ids, size_t n, uint8_t* found) override {
     std::lock_guard g(insert_mu_);
-    if (!inserter_) {
-      insert_ep_ = rc_.cluster->make_endpoint(64u << 20);
-      inserter_ = std::make_unique<dhnsw::Inserter>(*rc_.cluster, *insert_ep_, rc_.cn_id);
-    }
-    const dhnsw::InsertStats before = inserter_->stats();
+    const dhnsw::InsertStats before = ensure_inserter().stats();
+    std::vector<int64_t> missing;
     try {
-      inserter_->insert(x, ids, n);
+      missing = inserter_->remove(ids, n);
     } catch (const std::invalid_argument& e) {
       throw BadRequest(std::string("ids: ") + e.what());
     } catch (const fabric::FabricError&) {
@@ -114,12 +108,44 @@ class DhnswBackend final : public Backend {
       insert_ep_.reset();
       throw;
     }
+    const std::unordered_set<int64_t> gone(missing.begin(), missing.end());
+    for (size_t i = 0; i < n; ++i) found[i] = gone.count(ids[i]) ? 0 : 1;
+    count(before);
+  }
+
+  uint64_t insert(const float* x, const int64_t* ids, size_t n, bool upsert) override {
+    std::lock_guard g(insert_mu_);
+    const dhnsw::InsertStats before = ensure_inserter().stats();
+    try {
+      inserter_->insert(x, ids, n, upsert);
+    } catch (const std::invalid_argument& e) {
+      throw BadRequest(std::string("ids: ") + e.what());
+    } catch (const fabric::FabricError&) {
+      inserter_.reset();  // its endpoint may be broken: the next request starts over
+      insert_ep_.reset();
+      throw;
+    }
+    count(before);
+    return inserter_->stats().replaced - before.replaced;
+  }
+
+  dhnsw::Inserter& ensure_inserter() {
+    if (!inserter_) {
+      insert_ep_ = rc_.cluster->make_endpoint(64u << 20);
+      inserter_ = std::make_unique<dhnsw::Inserter>(*rc_.cluster, *insert_ep_, rc_.cn_id);
+    }
+    return *inserter_;
+  }
+
+  /// What the inserter did since `before`, into the metrics.
+  void count(const dhnsw::InsertStats& before) {
     const dhnsw::InsertStats& a = inserter_->stats();
     m_.inserted.add(a.inserted - before.inserted);
+    m_.deleted.add(a.deleted - before.deleted);
+    m_.replaced.add(a.replaced - before.replaced);
     m_.writes.add(a.writes - before.writes);
     m_.doorbells.add(a.doorbells - before.doorbells);
     m_.bytes.add(a.bytes_written - before.bytes_written + a.bytes_fetched - before.bytes_fetched);
-    return 0;
   }
 
   void search(const float* queries, size_t n, uint32_t k, uint32_t ef, uint32_t probe, int64_t* ids,
