@@ -750,9 +750,9 @@ nlohmann::json run_insert(const compute::RunContext& rc, const InsertOptions& o)
   const size_t end = o.end == 0 ? data.n() : std::min(o.end, data.n());
   if (o.begin >= end)
     throw std::invalid_argument("--begin " + std::to_string(o.begin) + " is past the data's " + std::to_string(end) + " rows");
-  if (!o.ids.empty() && o.ids.size() != data.n())
-    throw std::invalid_argument("--ids holds " + std::to_string(o.ids.size()) + " ids, --data " + o.data + " " +
-                                std::to_string(data.n()) + " rows: one id per row");
+  if (!o.ids.empty() && o.ids.size() < end)
+    throw std::invalid_argument("--ids holds " + std::to_string(o.ids.size()) + " ids; rows [" + std::to_string(o.begin) +
+                                ", " + std::to_string(end) + ") of --data " + o.data + " need one each");
   std::vector<size_t> mine;
   for (size_t i = o.begin; i < end; ++i)
     if (i % o.share_count == o.share_index) mine.push_back(i);

@@ -25,7 +25,8 @@ With --bin DIR the reports are made first, in a scratch directory, by the binari
 inserted into, queried by 1 and by 2 computenodes (node caches, adaptive routing, traces),
 csp-report, shine-route-sim, fabric-bench, `computenode serve` with serve-bench (closed and
 open loop), hnswlib-bench; then 2 fresh memnodes with a d-HNSW index built online, queried by 2
-and by 1 computenodes, inserted into, queried with --mix, rebuilt; dhnsw-build; and
+and by 1 computenodes, inserted into, upserted into and deleted from by id, queried with --mix,
+rebuilt; dhnsw-build; and
 shine-import into a fresh memnode, upserted into and deleted from by id. Every process it starts is stopped (SIGTERM, then SIGKILL)
 whatever happens. Exit 0: every path documented; 1: undocumented paths (listed) or a report
 that could not be made or read; 2: usage.
@@ -145,6 +146,7 @@ def classify(r: dict) -> str | None:
         "dhnsw-build": "dhnsw-build-tool",
         "computenode dhnsw build": "dhnsw-build",
         "computenode dhnsw insert": "dhnsw-insert",
+        "computenode dhnsw delete": "dhnsw-delete",
         "computenode dhnsw rebuild": "dhnsw-rebuild-file",
         "serve-bench": "serve-bench",
         "computenode rejoin": "rejoin",
@@ -379,6 +381,10 @@ def make_reports(r: Runner) -> list[str]:
                                        "--report", "dhnsw-build-skipped.json"])
     r.run("dhnsw-insert", cn + ["insert", "--data", "base.fvecs", "--begin", "1600", "--batch", "100",
                                 "--report", "dhnsw-insert.json"])
+    # upsert and delete by id (the build's ids are the row numbers; two ids it never held)
+    (w / "dids.txt").write_text("".join(f"{i}\n" for i in list(range(0, 120, 2)) + [7_000_000, 2**62]))
+    r.run("dhnsw-upsert", cn + ["upsert", "--data", "q.fvecs", "--ids", "dids.txt", "--report", "dhnsw-upsert.json"])
+    r.run("dhnsw-delete", cn + ["delete", "--ids", "dids.txt", "--report", "dhnsw-delete.json"])
     r.run("dhnsw-query", cn + ["query", "--workload", "w.wl", "--k", "10", "--ef-search", "16,32", "--batch", "50",
                                "--probe", "2", "--report", "dhnsw-query.json"])
     # A 2-computenode query after 1-computenode runs on the same memnodes (the board keeps one
@@ -433,7 +439,7 @@ def make_reports(r: Runner) -> list[str]:
             "shine-query-routed.json", "shine-query-routed.json.cn1", "csp-report.json", "shine-route-sim.json",
             "fabric-bench.json", "serve-bench.json", "serve-bench-open.json", "hnswlib-bench.json",
             "dhnsw-build.json", "dhnsw-build-skipped.json.cn1", "dhnsw-query2.json", "dhnsw-query2.json.cn1",
-            "dhnsw-insert.json", "dhnsw-query.json", "dhnsw-mixed.json", "dhnsw-rebuild.json",
+            "dhnsw-insert.json", "dhnsw-upsert.json", "dhnsw-delete.json", "dhnsw-query.json", "dhnsw-mixed.json", "dhnsw-rebuild.json",
             "dhnsw-build-tool.json", "shine-import.json", "shine-upsert.json", "shine-delete.json", "rejoin.json"]
     missing = [f for f in want if not (w / f).exists()]
     if missing:
