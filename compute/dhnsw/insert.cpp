@@ -811,6 +811,9 @@ void print_insert(const nlohmann::json& r) {
               static_cast<unsigned long long>(i["lock_waits"].get<uint64_t>()),
               static_cast<unsigned long long>(i["lock_takeovers"].get<uint64_t>()),
               static_cast<unsigned long long>(i["repairs"].get<uint64_t>()));
+  if (r["kind"] == "upsert")
+    std::printf("  %llu of them replaced an id's vector (its old one is marked deleted)\n",
+                static_cast<unsigned long long>(i["replaced"].get<uint64_t>()));
 }
 
 }  // namespace dmhnsw::dhnsw
