@@ -42,10 +42,12 @@ void IndexCommands::add(CLI::App& app) {
   build_->add_option("--ef-construction", bo_.params.ef_construction, "HNSW efConstruction")->capture_default_str();
   build_->add_option("--metric", metric_, "l2 or ip")->capture_default_str()->check(CLI::IsMember({"l2", "ip"}));
   build_->add_option("--seed", bo_.params.seed, "seed of levels and memnode choice")->capture_default_str();
-  build_->add_option("--id-capacity", bo_.params.id_capacity,
-                     "shine: an id index for this many ids in the memnodes' regions (an insert of an id it holds is "
-                     "refused naming it); 0: none")
-      ->capture_default_str();
+  build_->add_option("--id-capacity", id_capacity_,
+                     "shine: an id index for this many ids in the memnodes' regions (any ids, deletes, upserts; an "
+                     "insert of an id it holds is refused naming it); -1: twice the rows (at least 1024); 0: none "
+                     "(inserts then take only ids above the index's highest)")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{-1}, int64_t{1} << 40));
   build_->add_option("--store-index", store_dir_, "after the build, every memnode writes its region to DIR/memnode-<id>.img");
   // d-HNSW build (as tools/dhnsw-build) and insert options
   build_->add_option("--partitions", dbo_.build.partitions, "dhnsw: partitions / sub-HNSWs (0: round(sqrt(n)))")
@@ -197,11 +199,17 @@ int IndexCommands::run_shine(RunEnv& env, shine::ReadMode rm) {
   bo_.format = static_cast<bool>(*build_);
   bo_.upsert = static_cast<bool>(*upsert_);
   bo_.cache_bytes = parse_bytes(build_cache_, "--build-cache");
-  if (!ids_file_.empty()) {
-    bo_.ids = load_id_list(ids_file_);
-    // A build under chosen ids needs an id index: sized for twice the rows unless asked.
-    if (*build_ && build_->get_option("--id-capacity")->count() == 0)
-      bo_.params.id_capacity = std::max<uint64_t>(1024, 2 * bo_.ids.size());
+  if (!ids_file_.empty()) bo_.ids = load_id_list(ids_file_);
+  if (*build_) {  // an id index by default: twice the rows (or the ids), room for as many inserts
+    uint64_t rows = 0;
+    try {
+      rows = probe(bo_.data).n;
+    } catch (const std::exception& e) {
+      throw std::invalid_argument("--data: " + std::string(e.what()));
+    }
+    if (bo_.max_elements > 0) rows = std::min<uint64_t>(rows, bo_.max_elements);
+    rows = std::max<uint64_t>(rows, bo_.ids.size());
+    bo_.params.id_capacity = id_capacity_ >= 0 ? static_cast<uint64_t>(id_capacity_) : std::max<uint64_t>(1024, 2 * rows);
   }
   auto r = shine::run_build(env.rc, bo_);
   if (env.flags.cn_id == 0) shine::print_build(r);

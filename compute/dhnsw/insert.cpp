@@ -57,6 +57,11 @@ nlohmann::json InsertStats::to_json(double seconds) const {
           {"rebuilds", rebuilds},
           {"epoch_moves", epoch_moves},
           {"duplicates_skipped", duplicates_skipped},
+          {"deleted", deleted},
+          {"not_found", not_found},
+          {"replaced", replaced},
+          {"id_lookups", id_lookups},
+          {"rebuild_waits", rebuild_waits},
           {"rebuild_reports", rebuild_reports},
           {"commit_us", {{"p50", percentile(commit_us, 0.5)}, {"p99", percentile(commit_us, 0.99)},
                          {"max", commit_us.empty() ? 0.0 : *std::max_element(commit_us.begin(), commit_us.end())}}}};

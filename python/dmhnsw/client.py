@@ -59,9 +59,10 @@ class Info:
     computenode: int
     """Id of the computenode answering."""
     deleted: int = 0
-    """shine: deleted vectors whose records still guide searches (not in ``count``)."""
+    """Deleted vectors that still guide searches (not in ``count``): shine records not reused
+    yet, dhnsw tombstones until the next rebuild."""
     ids: bool = False
-    """shine: the index has an id index (any ids, :meth:`Client.delete`, upserts)."""
+    """The index has an id index (any ids, :meth:`Client.delete`, upserts)."""
 
     @classmethod
     def from_proto(cls, message: Any) -> "Info":
@@ -182,8 +183,8 @@ class Client:
     ) -> int:
         """Inserts vectors under the given ids, replacing the vector of an id the index holds.
 
-        Once this returns, a search never sees an id's old vector (shine; the index needs an id
-        index, :attr:`Info.ids`).
+        Once this returns, a search never sees an id's old vector (the index needs an id index,
+        :attr:`Info.ids`; a dhnsw upsert waits for a running rebuild).
 
         Args:
             vectors: an n x dim array (a 1-D array is one vector), sent as float32.

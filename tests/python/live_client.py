@@ -117,43 +117,43 @@ def expect_invalid(what: str, field: str, fn) -> None:
     check(False, f"{what}: expected InvalidArgument naming {field!r}, the search succeeded")
 
 
-def check_deletes(client, new: np.ndarray, new_ids: np.ndarray, count: int) -> None:
-    """shine: sparse 63-bit ids, upserts and deletes of the 16 vectors just inserted."""
+def check_deletes(mode: str, client, new: np.ndarray, new_ids: np.ndarray, count: int) -> None:
+    """Sparse 63-bit ids, upserts and deletes of the 16 vectors just inserted (both modes)."""
     info = client.info()
-    check(info.ids, "shine: info().ids is not set (the imported index has no id index)")
+    check(info.ids, f"{mode}: info().ids is not set ")
     # any ids: sparse, non-monotone, up to 2**63 - 1
     wide = np.array([2**63 - 1, 3_000_000_007, 2**40 + 5], dtype=np.int64)
     far = new[:3] + 50.0
-    check(client.insert(far, wide) == 3, "shine: insert of 63-bit ids")
+    check(client.insert(far, wide) == 3, f"{mode}: insert of 63-bit ids")
     found, _ = client.search(far, k=1)
-    check(bool((found[:, 0] == wide).all()), f"shine: 63-bit ids not found: {found[:, 0]}")
+    check(bool((found[:, 0] == wide).all()), f"{mode}: 63-bit ids not found: {found[:, 0]}")
     expect_invalid("insert: an id the index holds", "ids", lambda: client.insert(far[:1], wide[:1]))
     # upsert 4 of the 16: new vectors under the same ids; the old vectors no longer answer
     moved = new[:4] + 20.0
-    check(client.upsert(moved, new_ids[:4]) == 4, "shine: upsert did not replace 4")
+    check(client.upsert(moved, new_ids[:4]) == 4, f"{mode}: upsert did not replace 4")
     found, dist = client.search(moved, k=1)
     check(bool((found[:, 0] == new_ids[:4]).all()) and bool((dist[:, 0] < 1e-3).all()),
-          f"shine: upserted vectors not found: {found[:, 0]} {dist[:, 0]}")
+          f"{mode}: upserted vectors not found: {found[:, 0]} {dist[:, 0]}")
     found, dist = client.search(new[:4], k=5)
     stale = [(i, int(found[i, j])) for i in range(4) for j in range(5)
              if int(found[i, j]) in set(new_ids[:4].tolist()) and dist[i, j] < 1.0]
-    check(not stale, f"shine: an upserted id answers with its old vector: {stale}")
+    check(not stale, f"{mode}: an upserted id answers with its old vector: {stale}")
     # delete 4 others and an id never inserted: that one comes back, the rest are gone
     missing = client.delete(np.concatenate([new_ids[4:8], [123_456_789_012]]))
-    check(missing.tolist() == [123_456_789_012], f"shine: delete reported missing {missing.tolist()}")
+    check(missing.tolist() == [123_456_789_012], f"{mode}: delete reported missing {missing.tolist()}")
     found, _ = client.search(new[4:8], k=10)
     gone = set(new_ids[4:8].tolist())
-    check(not (set(found.ravel().tolist()) & gone), "shine: a deleted id was returned")
-    check(client.delete(new_ids[4:5]).tolist() == [int(new_ids[4])], "shine: a second delete found the id")
+    check(not (set(found.ravel().tolist()) & gone), f"{mode}: a deleted id was returned")
+    check(client.delete(new_ids[4:5]).tolist() == [int(new_ids[4])], f"{mode}: a second delete found the id")
     expect_invalid("delete: an id twice", "ids", lambda: client.delete([7, 7]))
     expect_invalid("delete: a negative id", "ids", lambda: client.delete([-3]))
     after = client.info()
-    check(after.count == count + 3 - 4, f"shine: info().count {after.count}, want {count + 3 - 4}")
+    check(after.count == count + 3 - 4, f"{mode}: info().count {after.count}, want {count + 3 - 4}")
     # 8 records deleted (4 upserted, 4 deleted); inserts may have reused some of them since
     check(info.deleted <= after.deleted + 7 and after.deleted <= info.deleted + 8,
-          f"shine: info().deleted went from {info.deleted} to {after.deleted}")
-    check(client.delete(wide).size == 0, "shine: deleting the 63-bit ids")
-    print("  shine: 63-bit ids inserted, 4 upserted, 4 deleted; no stale or deleted answer")
+          f"{mode}: info().deleted went from {info.deleted} to {after.deleted}")
+    check(client.delete(wide).size == 0, f"{mode}: deleting the 63-bit ids")
+    print(f"  {mode}: 63-bit ids inserted, 4 upserted, 4 deleted; no stale or deleted answer")
 
 
 def run_endpoint(mode: str, target: str, token: str, queries: np.ndarray, gt: np.ndarray, example: str) -> dict:
@@ -265,12 +265,7 @@ def run_endpoint(mode: str, target: str, token: str, queries: np.ndarray, gt: np
         check(bool((dist[:, 0] < 1e-3).all()), f"{mode}: inserted vectors at distance {dist[:, 0]}")
         check(client.info().count == count0 + 16, f"{mode}: info().count did not grow by 16")
         print("  insert: 16 vectors found again, count grew by 16")
-        if mode == "shine":
-            check_deletes(client, new, new_ids, count0 + 16)
-        else:
-            check(not client.info().ids, f"{mode}: info().ids is set")
-            expect_invalid("dhnsw: delete", "ids", lambda: client.delete(new_ids[:2]))
-            expect_invalid("dhnsw: upsert", "upsert", lambda: client.upsert(new[:2], new_ids[:2]))
+        check_deletes(mode, client, new, new_ids, count0 + 16)
     return {"mode": mode, "recall": recall, "qps": qps}
 
 
