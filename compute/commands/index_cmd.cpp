@@ -63,16 +63,19 @@ void IndexCommands::add(CLI::App& app) {
       ->capture_default_str()
       ->check(CLI::IsMember({"l2", "ip"}));
   insert_->add_option("--id-offset", dio_.id_offset, "dhnsw: a row's id is this plus its row number")->capture_default_str();
-  insert_->add_option("--batch", dio_.batch, "dhnsw: vectors routed and committed together")
-      ->capture_default_str()
-      ->check(CLI::PositiveNumber);
-  insert_->add_option("--share", share_,
-                      "dhnsw: I/K: insert rows i with i % K == I (default: cn-id/num-cns), so that K inserting "
-                      "computenodes split the rows while others query");
-  insert_->add_option("--lease-ms", dio_.tuning.lease_ms,
-                      "dhnsw: a group lock word unchanged this long is taken over (its holder is presumed dead)")
-      ->capture_default_str()
-      ->check(CLI::Range(10u, 600000u));
+  for (auto* sc : {insert_, upsert_}) {
+    sc->add_option("--batch", dio_.batch, "dhnsw: vectors routed and committed together")
+        ->capture_default_str()
+        ->check(CLI::PositiveNumber);
+    sc->add_option("--share", share_,
+                   "dhnsw: I/K: take rows i with i % K == I (default: cn-id/num-cns), so that K computenodes split "
+                   "the rows while others query");
+  }
+  for (auto* sc : {insert_, upsert_, delete_})
+    sc->add_option("--lease-ms", dio_.tuning.lease_ms,
+                   "dhnsw: a group lock word unchanged this long is taken over (its holder is presumed dead)")
+        ->capture_default_str()
+        ->check(CLI::Range(10u, 600000u));
   upsert_->get_option("--ids")->required();
   for (auto* sc : {insert_, upsert_}) {
     sc->add_option("--begin", bo_.begin, "first row to insert")->capture_default_str();

@@ -62,6 +62,7 @@ nlohmann::json InsertStats::to_json(double seconds) const {
           {"replaced", replaced},
           {"id_lookups", id_lookups},
           {"rebuild_waits", rebuild_waits},
+          {"upserts_redone", redone},
           {"rebuild_reports", rebuild_reports},
           {"commit_us", {{"p50", percentile(commit_us, 0.5)}, {"p99", percentile(commit_us, 0.99)},
                          {"max", commit_us.empty() ? 0.0 : *std::max_element(commit_us.begin(), commit_us.end())}}}};
@@ -547,7 +548,10 @@ void Inserter::insert(const float* x, const int64_t* ids, size_t n, bool upsert)
     std::vector<float> xr;
     const uint32_t dim = index_->header.dim;
     for (int64_t id : redo) xr.insert(xr.end(), x + row.at(id) * dim, x + (row.at(id) + 1) * dim);
+    const uint64_t acknowledged = st_.inserted;  // these were counted once already
     insert(xr.data(), redo.data(), redo.size(), true);
+    st_.redone += redo.size();
+    st_.inserted = acknowledged;
   }
   if (rebuild) rebuild_for_deletes();
   ack();  // the epoch this computenode uses, and a sign of life

@@ -49,6 +49,7 @@ struct InsertStats {
   uint64_t lock_waits = 0, lock_takeovers = 0, repairs = 0, sanitized_entries = 0;
   uint64_t buffered = 0, rebuilds = 0, epoch_moves = 0, duplicates_skipped = 0;
   uint64_t deleted = 0, not_found = 0, replaced = 0, id_lookups = 0, rebuild_waits = 0;
+  uint64_t redone = 0;  // upserts repeated after a rebuild began before their old vectors were marked
   std::vector<nlohmann::json> rebuild_reports;  // of the rebuilds this computenode ran as master
   std::vector<double> commit_us;  // per commit: lock taken to version published
   nlohmann::json to_json(double seconds) const;
