@@ -144,11 +144,13 @@ void ReplicatedCluster::note_dead(uint16_t p) const {
 }
 
 int64_t ReplicatedCluster::in_flight(uint16_t l, bool unmarked_only) const {
-  std::atomic_thread_fence(std::memory_order_seq_cst);
+  // seq_cst loads after the watcher's seq_cst store of `frozen`/`marking`, against the
+  // endpoints' seq_cst increments before their seq_cst loads of it (Dekker; no fences, which
+  // ThreadSanitizer does not model).
   std::lock_guard lock(counts_mu_);
   int64_t n = 0;
   for (const SetCount* c : counts_)
-    n += (unmarked_only ? c[l].unmarked : c[l].in_flight).load(std::memory_order_acquire);
+    n += (unmarked_only ? c[l].unmarked : c[l].in_flight).load(std::memory_order_seq_cst);
   return n;
 }
 
@@ -212,12 +214,11 @@ uint32_t ReplicatedEndpoint::open(const Op& op) {
   ++live_;
   if (!control_ && op.kind != OpKind::Read) {
     // A rejoin in the set: this change is marked when done, so the copier copies its chunks
-    // again. Counted before `marking` is read, with a fence between: the watcher that sets
-    // `marking` and then sums the counts either sees this change or is seen by it.
+    // again. Counted before `marking` is read, both seq_cst: the watcher that sets `marking`
+    // and then sums the counts either sees this change or is seen by it.
     std::atomic<int64_t>& n = counts_[op.remote.node()].unmarked;
-    add(n, 1);
-    std::atomic_thread_fence(std::memory_order_seq_cst);
-    p.marks = c_.set(op.remote.node()).marking.load(std::memory_order_relaxed);
+    n.fetch_add(1, std::memory_order_seq_cst);
+    p.marks = c_.set(op.remote.node()).marking.load(std::memory_order_seq_cst);
     if (p.marks) add(n, -1);
   }
   return i;
@@ -315,12 +316,11 @@ Status ReplicatedEndpoint::post(std::span<const Op> ops) {
 }
 
 bool ReplicatedEndpoint::enter(std::span<const Op> ops) {
-  // Counted before `frozen` is read, with a fence between: the watcher that sets `frozen` and
-  // then waits for the sum to reach 0 either waits for these operations or is seen by them.
-  for (const Op& op : ops) add(counts_[op.remote.node()].in_flight, 1);
-  std::atomic_thread_fence(std::memory_order_seq_cst);
+  // Counted before `frozen` is read, both seq_cst: the watcher that sets `frozen` and then
+  // waits for the sum to reach 0 either waits for these operations or is seen by them.
+  for (const Op& op : ops) counts_[op.remote.node()].in_flight.fetch_add(1, std::memory_order_seq_cst);
   bool frozen = false;
-  for (const Op& op : ops) frozen = frozen || c_.set(op.remote.node()).frozen.load(std::memory_order_relaxed);
+  for (const Op& op : ops) frozen = frozen || c_.set(op.remote.node()).frozen.load(std::memory_order_seq_cst);
   if (!frozen) return true;
   for (const Op& op : ops) add(counts_[op.remote.node()].in_flight, -1);
   return false;
