@@ -198,38 +198,32 @@ Snapshot snapshot(fabric::Endpoint& ep, const Index& idx, uint32_t cn_id, bool b
   uint64_t ticket = static_cast<uint64_t>(Clock::now().time_since_epoch().count());
   for (const SubDesc& g : idx.subs) {
     if (g.slot != 0) continue;
-    const uint64_t mine = lock_group(ep, idx, g.id, cn_id, 2000, ticket, nullptr, nullptr);
-    try {
-      for (uint32_t id : {g.id, g.partner}) {
-        if (id == kNoPartner) continue;
-        SubDesc d;
-        ep.read(RemotePtr(idx.subs[id].memnode, live_desc_offset(idx.header, id)), &d, sizeof d);
-        const auto [off, len] = fetch_range(d);
-        std::vector<char> buf(len);
-        if (len > 0) ep.read(RemotePtr(d.memnode, off), buf.data(), len);
-        s.bytes += len;
-        const SubIndex sub = deserialize_sub(buf.data(), len, d, idx.header, "rebuild snapshot", (d.version & 1) != 0);
-        auto* st = dynamic_cast<const faiss::IndexFlatCodes*>(sub.index->storage);
-        const float* v = reinterpret_cast<const float*>(st->codes.data());
-        const std::vector<Segment> labels = array_segments(buf.data(), len, d)[kLabels];
-        for (size_t i = 0; i < sub.labels.size(); ++i) {
-          if (label_deleted(sub.labels[i])) {  // a rebuild drops what was deleted
-            ++s.dropped;
-            continue;
-          }
-          s.x.insert(s.x.end(), v + i * dim, v + (i + 1) * dim);
-          s.ids.push_back(sub.labels[i]);
-          RemotePtr at;
-          for (const Segment& sg : labels)
-            if (8 * i >= sg.logical && 8 * i < sg.logical + sg.bytes) at = RemotePtr(d.memnode, sg.region + 8 * i - sg.logical);
-          s.where.push_back(at);
+    const GroupLock lock(ep, idx, g.id, cn_id, 2000, ticket, nullptr, nullptr, "rebuild snapshot");
+    for (uint32_t id : {g.id, g.partner}) {
+      if (id == kNoPartner) continue;
+      SubDesc d;
+      ep.read(RemotePtr(idx.subs[id].memnode, live_desc_offset(idx.header, id)), &d, sizeof d);
+      const auto [off, len] = fetch_range(d);
+      std::vector<char> buf(len);
+      if (len > 0) ep.read(RemotePtr(d.memnode, off), buf.data(), len);
+      s.bytes += len;
+      const SubIndex sub = deserialize_sub(buf.data(), len, d, idx.header, "rebuild snapshot", (d.version & 1) != 0);
+      auto* st = dynamic_cast<const faiss::IndexFlatCodes*>(sub.index->storage);
+      const float* v = reinterpret_cast<const float*>(st->codes.data());
+      const std::vector<Segment> labels = array_segments(buf.data(), len, d)[kLabels];
+      for (size_t i = 0; i < sub.labels.size(); ++i) {
+        if (label_deleted(sub.labels[i])) {  // a rebuild drops what was deleted
+          ++s.dropped;
+          continue;
         }
+        s.x.insert(s.x.end(), v + i * dim, v + (i + 1) * dim);
+        s.ids.push_back(sub.labels[i]);
+        RemotePtr at;
+        for (const Segment& sg : labels)
+          if (8 * i >= sg.logical && 8 * i < sg.logical + sg.bytes) at = RemotePtr(d.memnode, sg.region + 8 * i - sg.logical);
+        s.where.push_back(at);
       }
-    } catch (...) {
-      unlock_group(ep, idx, g.id, mine);
-      throw;
     }
-    unlock_group(ep, idx, g.id, mine);
   }
   drop_duplicates(ep, idx, s);
   if (buffer) {

@@ -103,6 +103,14 @@ void unlock_group(fabric::Endpoint& ep, const Index& idx, uint32_t slot0, uint64
     spdlog::warn("dhnsw: the lock of the group of sub-HNSW {} was taken over while held (now {:#x})", slot0, old);
 }
 
+GroupLock::~GroupLock() {
+  try {
+    unlock_group(ep_, idx_, slot0_, mine_);
+  } catch (const std::exception& e) {
+    spdlog::warn("dhnsw {}: releasing the lock of sub-HNSW {}'s group: {}", who_, slot0_, e.what());
+  }
+}
+
 Inserter::Inserter(fabric::Cluster& c, fabric::Endpoint& ep, uint32_t cn_id, InsertTuning t)
     : c_(c), ep_(ep), cn_id_(cn_id), t_(t) {
   ticket_ = std::random_device{}();
@@ -251,20 +259,8 @@ Inserter::Outcome Inserter::insert_into(uint32_t sub, const float* x, const int6
   const SubDesc& sd = index_.subs.at(sub);
   const uint32_t g0 = sd.slot == 0 ? sub : sd.partner;
   const auto t0 = Clock::now();
-  const uint64_t mine = lock_group(ep_, index_, g0, cn_id_, t_.lease_ms, ticket_, &st_.lock_waits, &st_.lock_takeovers);
-  struct Unlock {
-    fabric::Endpoint& ep;
-    const Index& idx;
-    uint32_t g0;
-    uint64_t mine;
-    ~Unlock() {
-      try {
-        unlock_group(ep, idx, g0, mine);
-      } catch (const std::exception& e) {
-        spdlog::warn("dhnsw insert: releasing a group lock: {}", e.what());
-      }
-    }
-  } unlock{ep_, index_, g0, mine};
+  const GroupLock lock(ep_, index_, g0, cn_id_, t_.lease_ms, ticket_, &st_.lock_waits, &st_.lock_takeovers, "insert");
+  const uint64_t mine = lock.word();
   auto live_ptr = [&](uint32_t id, size_t field = 0) {
     return RemotePtr(index_.subs.at(id).memnode, live_desc_offset(index_.header, id) + field);
   };
@@ -575,20 +571,8 @@ Inserter::Marked Inserter::mark_deleted(const std::vector<std::pair<int64_t, Rem
   }
   const Index& idx = *index_;
   for (const auto& [g0, rows] : by_group) {
-    const uint64_t mine = lock_group(ep_, idx, g0, cn_id_, t_.lease_ms, ticket_, &st_.lock_waits, &st_.lock_takeovers);
-    struct Unlock {
-      fabric::Endpoint& ep;
-      const Index& idx;
-      uint32_t g0;
-      uint64_t mine;
-      ~Unlock() {
-        try {
-          unlock_group(ep, idx, g0, mine);
-        } catch (const std::exception& ex) {
-          spdlog::warn("dhnsw delete: releasing a group lock: {}", ex.what());
-        }
-      }
-    } unlock{ep_, idx, g0, mine};
+    const GroupLock lock(ep_, idx, g0, cn_id_, t_.lease_ms, ticket_, &st_.lock_waits, &st_.lock_takeovers, "delete");
+    const uint64_t mine = lock.word();
     const Control ctl = read_control(ep_);
     if (ctl.epoch != idx.header.epoch) return Marked::EpochMoved;
     if (ctl.phase != kIdle && !merge_) return Marked::NotIdle;

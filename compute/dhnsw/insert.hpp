@@ -62,6 +62,27 @@ uint64_t lock_group(fabric::Endpoint& ep, const Index& idx, uint32_t slot0, uint
                     uint64_t& ticket, uint64_t* waits, uint64_t* takeovers);
 void unlock_group(fabric::Endpoint& ep, const Index& idx, uint32_t slot0, uint64_t mine);
 
+/// lock_group for a scope: unlock_group when it ends (a failure to release is logged, naming
+/// `who`: the next holder takes the lock over after its lease).
+class GroupLock {
+ public:
+  GroupLock(fabric::Endpoint& ep, const Index& idx, uint32_t slot0, uint32_t cn_id, uint32_t lease_ms, uint64_t& ticket,
+            uint64_t* waits, uint64_t* takeovers, const char* who)
+      : ep_(ep), idx_(idx), slot0_(slot0), who_(who),
+        mine_(lock_group(ep, idx, slot0, cn_id, lease_ms, ticket, waits, takeovers)) {}
+  ~GroupLock();
+  GroupLock(const GroupLock&) = delete;
+  GroupLock& operator=(const GroupLock&) = delete;
+  uint64_t word() const { return mine_; }
+
+ private:
+  fabric::Endpoint& ep_;
+  const Index& idx_;
+  uint32_t slot0_;
+  const char* who_;
+  uint64_t mine_;
+};
+
 /// Inserts into a d-HNSW index over one endpoint (not thread-safe; one per thread). Follows the
 /// epochs (compute/dhnsw/epoch.hpp): in place while no rebuild runs, into the insert buffer
 /// while one does, and it becomes the rebuild master when a group's shared gap is full.

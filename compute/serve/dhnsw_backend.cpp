@@ -97,27 +97,30 @@ class DhnswBackend final : public Backend {
 
   void remove(const int64_t* ids, size_t n, uint8_t* found) override {
     std::lock_guard g(insert_mu_);
-    const dhnsw::InsertStats before = ensure_inserter().stats();
     std::vector<int64_t> missing;
-    try {
-      missing = inserter_->remove(ids, n);
-    } catch (const std::invalid_argument& e) {
-      throw BadRequest(std::string("ids: ") + e.what());
-    } catch (const fabric::FabricError&) {
-      inserter_.reset();  // its endpoint may be broken: the next request starts over
-      insert_ep_.reset();
-      throw;
-    }
+    with_inserter([&](dhnsw::Inserter& ins) { missing = ins.remove(ids, n); });
     const std::unordered_set<int64_t> gone(missing.begin(), missing.end());
     for (size_t i = 0; i < n; ++i) found[i] = gone.count(ids[i]) ? 0 : 1;
-    count(before);
   }
 
   uint64_t insert(const float* x, const int64_t* ids, size_t n, bool upsert) override {
     std::lock_guard g(insert_mu_);
-    const dhnsw::InsertStats before = ensure_inserter().stats();
+    const uint64_t before = inserter_ ? inserter_->stats().replaced : 0;
+    with_inserter([&](dhnsw::Inserter& ins) { ins.insert(x, ids, n, upsert); });
+    return inserter_->stats().replaced - before;
+  }
+
+  /// Runs `f` on the one inserter (made on first use), its refusals as BadRequest, and counts
+  /// what it did into the metrics.
+  template <class F>
+  void with_inserter(F f) {
+    if (!inserter_) {
+      insert_ep_ = rc_.cluster->make_endpoint(64u << 20);
+      inserter_ = std::make_unique<dhnsw::Inserter>(*rc_.cluster, *insert_ep_, rc_.cn_id);
+    }
+    const dhnsw::InsertStats before = inserter_->stats();
     try {
-      inserter_->insert(x, ids, n, upsert);
+      f(*inserter_);
     } catch (const std::invalid_argument& e) {
       throw BadRequest(std::string("ids: ") + e.what());
     } catch (const fabric::FabricError&) {
@@ -126,15 +129,6 @@ class DhnswBackend final : public Backend {
       throw;
     }
     count(before);
-    return inserter_->stats().replaced - before.replaced;
-  }
-
-  dhnsw::Inserter& ensure_inserter() {
-    if (!inserter_) {
-      insert_ep_ = rc_.cluster->make_endpoint(64u << 20);
-      inserter_ = std::make_unique<dhnsw::Inserter>(*rc_.cluster, *insert_ep_, rc_.cn_id);
-    }
-    return *inserter_;
   }
 
   /// What the inserter did since `before`, into the metrics.
