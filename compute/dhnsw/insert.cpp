@@ -199,13 +199,7 @@ void Inserter::wait_for_idle() {
       since = now;
     } else if (now - since > std::chrono::milliseconds(std::max<uint32_t>(t_.lease_ms, 2000) + 5000)) {
       // The master's word has not moved for longer than its lease: it died; finish its work.
-      RebuildOptions ro;
-      ro.lease_ms = std::max<uint32_t>(t_.lease_ms, 2000);
-      nlohmann::json rr = run_rebuild(c_, ep_, cn_id_, ro);
-      if (!rr.contains("skipped")) {
-        ++st_.rebuilds;
-        st_.rebuild_reports.push_back(rr);
-      }
+      rebuild(true);
       since = Clock::now();
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
@@ -452,22 +446,17 @@ void Inserter::insert(const float* x, const int64_t* ids, size_t n, bool upsert)
       } catch (const CommitDoesNotFit& e) {
         if (merge_) throw;
         // The group's shared gap is full: rebuild (as master, or wait for the one who is).
-        RebuildOptions ro;
-        ro.lease_ms = std::max<uint32_t>(t_.lease_ms, 2000);
         const auto now = std::chrono::steady_clock::now();
         if (!skipped_since_) spdlog::info("dhnsw insert: {}: starting an online rebuild", e.what());
         // Another master works: its inserts go to the buffer meanwhile, so do not wait for it.
         // But a master that died after publishing leaves its word set and no buffer open:
         // once we were turned away for a whole lease, watch the word and take it over.
-        ro.wait_for_master = skipped_since_ && now - *skipped_since_ > std::chrono::milliseconds(ro.lease_ms);
-        nlohmann::json rr = run_rebuild(c_, ep_, cn_id_, ro);
-        if (rr.contains("skipped")) {
+        const auto lease = std::chrono::milliseconds(std::max<uint32_t>(t_.lease_ms, 2000));
+        if (rebuild(skipped_since_ && now - *skipped_since_ > lease)) {
+          skipped_since_.reset();
+        } else {
           if (!skipped_since_) skipped_since_ = now;
           std::this_thread::sleep_for(std::chrono::milliseconds(50));
-        } else {
-          skipped_since_.reset();
-          ++st_.rebuilds;
-          st_.rebuild_reports.push_back(rr);
         }
         reload();
         reroute = true;
@@ -499,13 +488,7 @@ void Inserter::insert(const float* x, const int64_t* ids, size_t n, bool upsert)
               // The buffer is full: the master may be dead. Watch its word (taking over a dead
               // one's rebuild), else wait for the live one to publish.
               spdlog::warn("dhnsw insert: the insert buffer's bucket is full while a rebuild runs; waiting for it");
-              RebuildOptions ro;
-              ro.lease_ms = std::max<uint32_t>(t_.lease_ms, 2000);
-              nlohmann::json rr = run_rebuild(c_, ep_, cn_id_, ro);
-              if (!rr.contains("skipped")) {
-                ++st_.rebuilds;
-                st_.rebuild_reports.push_back(rr);
-              }
+              rebuild(true);
               reload();
             }
             reroute = true;
@@ -666,16 +649,20 @@ Inserter::Marked Inserter::mark_deleted(const std::vector<std::pair<int64_t, Rem
   return Marked::Done;
 }
 
-void Inserter::rebuild_for_deletes() {
+bool Inserter::rebuild(bool wait_for_master) {
   RebuildOptions ro;
   ro.lease_ms = std::max<uint32_t>(t_.lease_ms, 2000);
-  ro.wait_for_master = false;  // another master's rebuild drops them as well
-  spdlog::info("dhnsw: a sub-HNSW's deleted share passed {:.2f}: starting an online rebuild", t_.rebuild_deleted);
+  ro.wait_for_master = wait_for_master;
   nlohmann::json rr = run_rebuild(c_, ep_, cn_id_, ro);
-  if (!rr.contains("skipped")) {
-    ++st_.rebuilds;
-    st_.rebuild_reports.push_back(rr);
-  }
+  if (rr.contains("skipped")) return false;
+  ++st_.rebuilds;
+  st_.rebuild_reports.push_back(std::move(rr));
+  return true;
+}
+
+void Inserter::rebuild_for_deletes() {
+  spdlog::info("dhnsw: a sub-HNSW's deleted share passed {:.2f}: starting an online rebuild", t_.rebuild_deleted);
+  rebuild(false);  // another master's rebuild drops them as well
   reload();
 }
 

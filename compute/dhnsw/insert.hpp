@@ -134,7 +134,10 @@ class Inserter {
                       std::vector<char>& gone, bool& rebuild);
   /// The slot-0 sub of the group holding region place `p`, or kNoPartner.
   uint32_t group_of(RemotePtr p) const;
-  void rebuild_for_deletes();  // this computenode's acknowledgement word: the epoch it uses, a beat
+  void rebuild_for_deletes();
+  /// run_rebuild as master (with `wait_for_master`, watching another master's word and taking
+  /// a dead one's over); counts it. False when another computenode was the master.
+  bool rebuild(bool wait_for_master);  // this computenode's acknowledgement word: the epoch it uses, a beat
   void post_writes(uint16_t memnode, const std::vector<std::pair<uint64_t, const std::vector<char>*>>& w);
 
   fabric::Cluster& c_;
