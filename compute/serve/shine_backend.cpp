@@ -75,7 +75,8 @@ class ShineBackend final : public Backend {
       spdlog::info("serve: node cache of {} entries ({} MiB), level-0 admission p={}", ncache_->capacity_entries(),
                    o_.cache_bytes >> 20, o_.admit_probability);
     }
-    for (uint32_t t = 0; t < o_.threads; ++t) threads_.emplace_back([this, t] { work(t); });
+    // The router first: if it cannot start (a peer's partitioning refused, a dead memnode), the
+    // constructor throws before any worker thread exists to be left joinable.
     if (o_.route.policy != "none" && rc.num_cns > 1) {
       LiveRouter::Hooks h;
       h.run_here = [this](LiveQuery q) { enqueue(Job{std::move(q)}); };
@@ -86,6 +87,7 @@ class ShineBackend final : public Backend {
       std::lock_guard g(control_mu_);
       router_ = std::make_unique<LiveRouter>(rc, g_, *control_, o_.route, std::move(h), r);
     }
+    for (uint32_t t = 0; t < o_.threads; ++t) threads_.emplace_back([this, t] { work(t); });
   }
   ~ShineBackend() override {
     router_.reset();  // first: answers routed here go out while the workers still run
