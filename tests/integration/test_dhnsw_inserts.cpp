@@ -266,7 +266,7 @@ TEST_CASE("dhnsw inserts: a duplicate id and a dimension mismatch are refused na
   CHECK_THAT(mismatch.output, Contains(other) && Contains("dimension 16") && Contains("24"));
 }
 
-TEST_CASE("dhnsw deletes: two computenodes upsert the same ids while a third deletes them; each id keeps one vector",
+TEST_CASE("dhnsw deletes: two computenodes upsert the same ids while a third deletes them, and each id keeps one vector",
           "[integration][dhnsw][delete]") {
   // Rows 0..1499 built under sparse ids; rows 0..99 are never touched (sentinels). Computenode 0
   // upserts ids of rows 100..1499 with those rows' vectors, computenode 1 the same ids with rows
