@@ -56,6 +56,7 @@ json QuerySession::my_share(const std::vector<PerQuery>& rows, const PhaseResult
     ss.visited += r.ss.visited;
     ss.hops += r.ss.hops;
     ss.skipped += r.ss.skipped;
+    ss.stale += r.ss.stale;
   }
   if (lat.size() > 8192) {  // at most 8192 latencies per computenode travel (an even subsample)
     std::vector<float> sub;
@@ -64,7 +65,7 @@ json QuerySession::my_share(const std::vector<PerQuery>& rows, const PhaseResult
   }
   return {{"cn_id", self_}, {"queries", rows.size()}, {"seconds", pr.seconds}, {"recall_sum", recall},
           {"io", io_json(io)}, {"visited", ss.visited}, {"hops", ss.hops}, {"skipped", ss.skipped},
-          {"input", pr.input}, {"routed_away", pr.routed_away}, {"received", pr.received},
+          {"stale", ss.stale}, {"input", pr.input}, {"routed_away", pr.routed_away}, {"received", pr.received},
           {"bounced", pr.bounced}, {"syncs", pr.syncs}, {"routed_to", pr.routed_to}, {"cache", cache_json(cs)},
           {"cpu_seconds", cpu_secs},
           {"latencies_us", lat}};
@@ -74,7 +75,7 @@ json QuerySession::my_share(const std::vector<PerQuery>& rows, const PhaseResult
 json QuerySession::merge_run(uint32_t ef, const std::vector<std::string>& texts) {
   std::vector<float> all_lat;
   double max_secs = 0, recall_sum = 0;
-  uint64_t queries = 0, visited = 0, hops = 0, skipped = 0, lookups = 0, chits = 0;
+  uint64_t queries = 0, visited = 0, hops = 0, skipped = 0, stale = 0, lookups = 0, chits = 0;
   compute::IoStats all_io;
   json per_cn = json::array();
   for (uint32_t cn = 0; cn < texts.size(); ++cn) {
@@ -88,6 +89,7 @@ json QuerySession::merge_run(uint32_t ef, const std::vector<std::string>& texts)
     visited += j["visited"].get<uint64_t>();
     hops += j["hops"].get<uint64_t>();
     skipped += j["skipped"].get<uint64_t>();
+    stale += j["stale"].get<uint64_t>();
     lookups += j["cache"]["lookups"].get<uint64_t>();
     chits += j["cache"]["hits"].get<uint64_t>();
     all_io.reads += j["io"]["reads"].get<uint64_t>();
@@ -123,6 +125,7 @@ json QuerySession::merge_run(uint32_t ef, const std::vector<std::string>& texts)
           {"network_bound_qps", {{"56Gbps", 56e9 / 8 / std::max(bytes_per_q, 1.0)}, {"100Gbps", 100e9 / 8 / std::max(bytes_per_q, 1.0)}}},
           {"cache_hit_rate", lookups ? static_cast<double>(chits) / static_cast<double>(lookups) : 0.0},
           {"invalid_pointers_skipped", skipped},
+          {"stale_results_dropped", stale},
           {"computenodes_gone", gone_now},
           {"per_cn", per_cn}};
 }
