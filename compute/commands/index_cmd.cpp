@@ -180,6 +180,10 @@ int IndexCommands::run_dhnsw(RunEnv& env) {
                   static_cast<unsigned long long>(r["write"]["doorbells"].get<uint64_t>()),
                   r["write"]["seconds"].get<double>());
     env.write_report(path, r, true);
+    if (!store_dir_.empty() && cn_id == 0) {  // as shine's: each memnode writes its region image
+      auto ep = env.cluster.make_endpoint(8u << 20);
+      compute::store_index(env.cluster, *ep, store_dir_);
+    }
     return 0;
   }
   dio_.data = bo_.data;
