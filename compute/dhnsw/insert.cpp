@@ -534,7 +534,7 @@ void Inserter::insert(const float* x, const int64_t* ids, size_t n, bool upsert)
   }
   if (rebuild) rebuild_for_deletes();
   ack();  // the epoch this computenode uses, and a sign of life
-  if (!lost.empty())
+  if (!lost.empty() && !merge_)  // a merge withdraws its copy and goes on: the id is in the index
     throw std::invalid_argument("dhnsw insert: id " + std::to_string(lost.front().first) +
                                 " was inserted by another computenode meanwhile (" + std::to_string(lost.size()) +
                                 " such ids); it keeps that vector");
