@@ -268,9 +268,9 @@ TEST_CASE("dhnsw inserts: a duplicate id and a dimension mismatch are refused na
 
 TEST_CASE("dhnsw deletes: two computenodes upsert the same ids while a third deletes them, and each id keeps one vector",
           "[integration][dhnsw][delete]") {
-  // Rows 0..1499 built under sparse ids; rows 0..99 are never touched (sentinels). Computenode 0
-  // upserts ids of rows 100..1499 with those rows' vectors, computenode 1 the same ids with rows
-  // 1500..2899, computenode 2 deletes them, all at once and through the rebuilds the upserts'
+  // Rows 0..899 built under sparse ids; rows 0..99 are never touched (sentinels). Computenode 0
+  // upserts ids of rows 100..899 with those rows' vectors, computenode 1 the same ids with rows
+  // 900..1699, computenode 2 deletes them, all at once and through the rebuilds the upserts'
   // full gaps start. Afterwards the touched ids are deleted and a rebuild counts what is live:
   // exactly the sentinels (no vector left alive without its id) and no id twice.
   SmallData d;
@@ -280,29 +280,29 @@ TEST_CASE("dhnsw deletes: two computenodes upsert the same ids while a third del
   auto id_of = [](int row) { return int64_t{1} << 40 | int64_t{7919} * row; };
   {
     std::ofstream a(dir.file("ids.txt")), b(dir.file("ids2.txt")), del(dir.file("del.txt")), all(dir.file("touched.txt"));
-    for (int r = 0; r < 1500; ++r) a << id_of(r) << "\n";
-    for (int r = 0; r < 2900; ++r) b << (r < 1500 ? int64_t{5} << 50 | r : id_of(r - 1400)) << "\n";
-    for (int r = 100; r < 1500; ++r) {
+    for (int r = 0; r < 900; ++r) a << id_of(r) << "\n";
+    for (int r = 0; r < 1700; ++r) b << (r < 900 ? int64_t{5} << 50 | r : id_of(r - 800)) << "\n";
+    for (int r = 100; r < 900; ++r) {
       all << id_of(r) << "\n";
       for (int k = 0; k < 3; ++k)  // computenode 2 of 3 deletes lines j % 3 == 2: every row once
         del << id_of(r) << "\n";
     }
   }
   auto b = run(dhnsw_cn("shm", mns, 0, 1,
-                        {"build", "--data", d.base, "--max-elements", "1500", "--ids", dir.file("ids.txt"),
-                         "--partitions", "6", "--m", "12", "--ef-construction", "60"}),
+                        {"build", "--data", d.base, "--max-elements", "900", "--ids", dir.file("ids.txt"),
+                         "--partitions", "4", "--m", "12", "--ef-construction", "60"}),
                dir, "build", seconds(300));
   INFO(b.output);
   REQUIRE(b.code == 0);
   std::vector<std::unique_ptr<Proc>> ps;
   ps.push_back(std::make_unique<Proc>(
       dhnsw_cn("shm", mns, 0, 3,
-               {"upsert", "--data", d.base, "--begin", "100", "--end", "1500", "--ids", dir.file("ids.txt"), "--share",
+               {"upsert", "--data", d.base, "--begin", "100", "--end", "900", "--ids", dir.file("ids.txt"), "--share",
                 "0/1", "--batch", "50", "--report", dir.file("up.json")}),
       dir.file("up0.log")));
   ps.push_back(std::make_unique<Proc>(
       dhnsw_cn("shm", mns, 1, 3,
-               {"upsert", "--data", d.base, "--begin", "1500", "--end", "2900", "--ids", dir.file("ids2.txt"),
+               {"upsert", "--data", d.base, "--begin", "900", "--end", "1700", "--ids", dir.file("ids2.txt"),
                 "--share", "0/1", "--batch", "50", "--report", dir.file("up.json")}),
       dir.file("up1.log")));
   ps.push_back(std::make_unique<Proc>(dhnsw_cn("shm", mns, 2, 3, {"delete", "--ids", dir.file("del.txt")}),
@@ -316,7 +316,7 @@ TEST_CASE("dhnsw deletes: two computenodes upsert the same ids while a third del
   for (int cn : {0, 1}) {
     const auto r = load_json(dir.file("up.json.cn" + std::to_string(cn)));
     CHECK(r["kind"] == "upsert");
-    CHECK(r["insert"]["inserted"].get<uint64_t>() == 1400);
+    CHECK(r["insert"]["inserted"].get<uint64_t>() == 800);
     rebuilds += r["insert"]["rebuilds"].get<uint64_t>();
   }
   CHECK(rebuilds > 0);  // the upserts filled gaps: rebuilds ran under the other writers
@@ -327,7 +327,7 @@ TEST_CASE("dhnsw deletes: two computenodes upsert the same ids while a third del
   INFO(gone.output);
   REQUIRE(gone.code == 0);
   const auto g = load_json(dir.file("gone.json"));
-  CHECK(g["deleted"].get<uint64_t>() + g["not_found"].get<uint64_t>() == 1400);
+  CHECK(g["deleted"].get<uint64_t>() + g["not_found"].get<uint64_t>() == 800);
   CHECK(g["deleted"].get<uint64_t>() > 0);
   auto rb = run(dhnsw_cn("shm", mns, 0, 1, {"rebuild", "--report", dir.file("rebuild.json")}), dir, "rebuild",
                 seconds(300));

@@ -107,7 +107,7 @@ TEST_CASE("replica sets: a copy SIGKILLed during a shine build and another durin
       for (int i = 0; i < 2; ++i)
         b.push_back(std::make_unique<Proc>(
             computenode_args("shine", provider, s.list(), i, 2,
-                             {"--wire", "50,0", "build", "--data", d.base, "--m", "12", "--ef-construction", "64",
+                             {"--wire", "50,0", "build", "--data", d.base, "--id-capacity", "0", "--m", "12", "--ef-construction", "64",
                               "--threads", "2", "--coroutines", "4", "--report", dir.file("build.json")}),
             dir.file("build" + std::to_string(i) + ".log"), std::vector<std::string>{"DMHNSW_PROGRESS_SECONDS=1"}));
       s.kill_when(0, 0, *b[0], "/1000 vectors (");

@@ -57,7 +57,7 @@ case $CASE in
     start_memnode 0; M0=$MN
     start_memnode 1; M1=$MN
     CN=("$B/computenode" --mode shine --provider verbs --memnodes "$M0,$M1" --cn-id 0 --num-cns 1)
-    "${CN[@]}" build --data "$1" --m 12 --ef-construction 80 --threads 1 --report "$W/build.json" || exit 1
+    "${CN[@]}" build --data "$1" --id-capacity 0 --m 12 --ef-construction 80 --threads 1 --report "$W/build.json" || exit 1
     "${CN[@]}" query --workload "$2" --k 10 --ef-search 32 --threads 1 --coroutines 2 --report "$W/query.json" || exit 1
     ;;
   dhnsw)
@@ -92,7 +92,7 @@ case $CASE in
     TAG=1c0 start_memnode 1 "${R[@]}" --copy 0; B0=$MN; KILL=$MNPID
     TAG=1c1 start_memnode 1 "${R[@]}" --copy 1; B1=$MN
     CN=("$B/computenode" --mode shine --provider verbs --memnodes "$A0,$A1,$B0,$B1" --cn-id 0 --num-cns 1)
-    "${CN[@]}" build --data "$1" --m 12 --ef-construction 80 --threads 1 --report "$W/build.json" || exit 1
+    "${CN[@]}" build --data "$1" --id-capacity 0 --m 12 --ef-construction 80 --threads 1 --report "$W/build.json" || exit 1
     "${CN[@]}" query --workload "$2" --k 10 --ef-search 32 --threads 1 --coroutines 2 --cache-ratio 0 \
       --repeat-seconds 6 --report "$W/query.json" >"$W/query.log" 2>&1 &
     QPID=$!
