@@ -606,7 +606,8 @@ Inserter::Marked Inserter::mark_deleted(const std::vector<std::pair<int64_t, Rem
       throw std::runtime_error("dhnsw delete: lost the lock of sub-HNSW " + num(g0) + "'s group before committing");
     // Seqlocked as a commit: version odd, the labels and the counts, version even. A version
     // found odd (a writer died inside a commit) stays odd for the next inserter to repair.
-    fabric::Buffer w = ep_.alloc(8 * (writes.size() + 4));
+    // Words: up to 2 odd versions, the labels, up to 2 counts, up to 2 even versions.
+    fabric::Buffer w = ep_.alloc(8 * (writes.size() + 6));
     auto post = [&](std::vector<fabric::Op>& o) {
       if (o.empty()) return;
       if (ep_.post(o) != fabric::Status::Ok) throw fabric::FabricError("dhnsw delete: posting to memnode " + num(mem) + " failed");
@@ -637,7 +638,6 @@ Inserter::Marked Inserter::mark_deleted(const std::vector<std::pair<int64_t, Rem
     for (int k = 0; k < 2; ++k)
       if (marked[k] > 0 && (d[k].version & 1) == 0) word(field(k, offsetof(SubDesc, version)), d[k].version + 2);
     post(o);
-    slot = 0;
     for (int k = 0; k < 2; ++k)
       if (marked[k] > 0 && t_.rebuild_deleted > 0 &&
           static_cast<double>(d[k].deleted + marked[k]) > t_.rebuild_deleted * static_cast<double>(d[k].count))
