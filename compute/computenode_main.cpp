@@ -65,6 +65,9 @@ int main(int argc, char** argv) {
     co.num_cns = flags.num_cns;
     co.heartbeat_timeout_ms = flags.heartbeat_ms;
     co.stall_timeout_ms = flags.stall_ms;
+    // A command fails when a memnode with no copy left dies; it must say so within seconds even
+    // if a provider call stays stuck on the dead peer. The service stays up and answers errors.
+    co.fatal_exit_ms = *serve_cmd ? 0 : 3000;
     const fabric::WireModel wm = fabric::parse_wire(flags.wire);
     auto cluster = fabric::with_wire(fabric::connect_cluster(co), wm);
     spdlog::info("connected to {} memnode(s) over {}", cluster->memnodes().size(), flags.provider);

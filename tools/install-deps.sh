@@ -34,6 +34,7 @@ PKGS=(
   python3-grpcio python3-protobuf python3-setuptools python3-wheel  # the Python client offline (python/README.md)
   python3-numpy python3-matplotlib iproute2 procps
   python3-hnswlib  # experiments/churn: hnswlib's mark_deleted beside shine's deletes
+  gdb  # tests append the stacks of a process that misses a deadline to its log
   nftables  # experiments/chaos: packet loss between network namespaces (this kernel has no netem)
 )
 if ((with_rxe)); then

@@ -5,7 +5,11 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
 #include <optional>
+#include <thread>
 
 namespace dmhnsw::fabric {
 
@@ -227,6 +231,29 @@ void ControlledCluster::mark_dead(size_t i, const std::string& why) {
   }
   deaths_.fetch_add(1);
   spdlog::error("{} ({}) is unreachable: {}", label(static_cast<uint16_t>(i)), peers_[i]->info.address, why);
+  if (opts_.fatal_exit_ms > 0 && !any_copy_alive(peers_[i]->info.id)) arm_fatal_exit(label(static_cast<uint16_t>(i)));
+}
+
+bool ControlledCluster::any_copy_alive(uint16_t id) const {
+  for (const auto& p : peers_)
+    if (p->info.id == id && !p->dead.load()) return true;
+  return false;
+}
+
+void ControlledCluster::arm_fatal_exit(const std::string& who) {
+  static std::atomic<bool> armed{false};
+  if (armed.exchange(true)) return;
+  const int ms = opts_.fatal_exit_ms;
+  // Detached: it must outlive whatever is stuck, and it ends the process itself.
+  std::thread([who, ms] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+    spdlog::error("{} died {} ms ago and this computenode has not finished failing (a call into the provider "
+                  "did not return): exiting",
+                  who, ms);
+    spdlog::shutdown();
+    std::fflush(nullptr);
+    std::_Exit(1);
+  }).detach();
 }
 
 void ControlledCluster::unregister_address(const std::vector<char>& fabric_addr) {

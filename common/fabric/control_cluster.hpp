@@ -100,6 +100,10 @@ class ControlledCluster : public Cluster {
   const ClusterOptions& options() const { return opts_; }
 
  private:
+  /// Whether some copy of logical memnode `id` is still alive.
+  bool any_copy_alive(uint16_t id) const;
+  /// ClusterOptions::fatal_exit_ms: the process ends that long after `who` died, once per process.
+  void arm_fatal_exit(const std::string& who);
   /// This computenode's hello, but its fabric address.
   Hello hello() const {
     Hello h;

@@ -67,6 +67,7 @@ class FabricEndpoint final : public Endpoint {
   void post_recv(OpCtx* ctx);
   size_t read_cq(std::span<Completion> out);
   size_t fail_dead(std::span<Completion> out);
+  bool live_in_flight() const;
   /// For a loop waiting on `node` since `since`: every 256 calls, if the wait is older than
   /// the stall timeout, declares the memnode dead and returns true.
   bool stalled(uint16_t node, Clock::time_point since, uint32_t& calls);
@@ -96,7 +97,14 @@ class FabricEndpoint final : public Endpoint {
 
 class FabricCluster final : public ControlledCluster, public std::enable_shared_from_this<FabricCluster> {
  public:
-  explicit FabricCluster(const ClusterOptions& o) : ControlledCluster(o) {}
+  explicit FabricCluster(const ClusterOptions& o)
+      : ControlledCluster(o), fault_stuck_on_death_(std::getenv("DMHNSW_FAULT_STUCK_ON_DEATH") != nullptr) {
+    if (fault_stuck_on_death_)
+      spdlog::warn("DMHNSW_FAULT_STUCK_ON_DEATH: an endpoint that sees a memnode die never returns (fault injection)");
+  }
+  /// Fault injection for tests: a call into the provider stuck for ever once a memnode died (what
+  /// libfabric's shm can do when the dead process held one of its shared locks).
+  bool fault_stuck_on_death() const { return fault_stuck_on_death_; }
   ~FabricCluster() override { stop_monitor(); }
 
   void connect() {
@@ -119,6 +127,7 @@ class FabricCluster final : public ControlledCluster, public std::enable_shared_
  private:
   std::shared_ptr<lf::Domain> domain_;
   std::unique_ptr<lf::RawEndpoint> primary_;
+  const bool fault_stuck_on_death_;
 };
 
 }  // namespace
@@ -180,9 +189,17 @@ FabricEndpoint::~FabricEndpoint() {
   // buffers; operations toward dead memnodes are abandoned.
   auto deadline = Clock::now() + std::chrono::seconds(2);
   std::array<Completion, 32> buf;
-  while (in_flight_ > 0 && Clock::now() < deadline) read_cq(buf);
+  while (live_in_flight() && Clock::now() < deadline) read_cq(buf);
   raw_.close();  // before pool_mr_ and pool_ (declared after raw_) go: posted receives point into pool_
   cluster_->unregister_address(my_name_);
+}
+
+// Operations in flight toward memnodes still alive (those toward dead ones may never complete).
+bool FabricEndpoint::live_in_flight() const {
+  if (in_flight_ == 0) return false;
+  for (const auto& c : ctxs_)
+    if (c.in_use && c.role == OpCtx::kOp && cluster_->alive(c.node)) return true;
+  return false;
 }
 
 std::string FabricEndpoint::node_name(uint16_t node) const { return cluster_->node_name(node); }
@@ -400,6 +417,7 @@ size_t FabricEndpoint::poll_impl(std::span<Completion> out) {
   if (n == 0 && ++empty_polls_ % 256 == 0) sched_yield();
   uint64_t deaths = cluster_->deaths();
   if (deaths != seen_deaths_ && n < out.size()) {
+    while (cluster_->fault_stuck_on_death()) std::this_thread::sleep_for(std::chrono::seconds(1));
     size_t m = fail_dead(out.subspan(n));
     n += m;
     if (m == 0) seen_deaths_ = deaths;  // nothing left to fail

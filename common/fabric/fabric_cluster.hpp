@@ -28,6 +28,12 @@ struct ClusterOptions {
   /// this long, while some wait on it, is declared dead too: it may answer heartbeats and still
   /// not progress (libfabric 1.17's shm provider, when a computenode is killed inside it).
   int stall_timeout_ms = 10000;
+  /// When > 0: once a memnode with no live copy left is declared dead (the run cannot go on),
+  /// the process exits with code 1 this long after unless it exited by itself. A provider call
+  /// can stay stuck on the dead peer for ever (libfabric 1.17's shm keeps spin locks in shared
+  /// memory that a process killed inside it leaves held), and the error must still come out
+  /// within seconds. For commands that end when the run fails; a service leaves it 0.
+  int fatal_exit_ms = 0;
 };
 
 /// The RMA lane (of `lanes` > 0) that computenode `cn`'s `ordinal`-th endpoint reads through.

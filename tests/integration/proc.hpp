@@ -121,6 +121,7 @@ class Proc {
     auto end = std::chrono::steady_clock::now() + timeout;
     while (running()) {
       if (std::chrono::steady_clock::now() > end) {
+        append_stacks();
         ::kill(pid_, SIGKILL);
         ::waitpid(pid_, nullptr, 0);
         remove_shm_files();
@@ -136,6 +137,15 @@ class Proc {
   pid_t pid() const { return pid_; }
 
  private:
+  /// Every thread's stack of a process that missed its deadline, appended to its log (which the
+  /// test prints): a hang seen once on a loaded CI host can then be read, not guessed.
+  void append_stacks() const {
+    if (::access("/usr/bin/gdb", X_OK) != 0) return;
+    const std::string cmd = "echo '--- stacks at the deadline (gdb) ---' >> '" + log_ +
+                            "'; timeout 30 /usr/bin/gdb -p " + std::to_string(pid_) +
+                            " -batch -nx -ex 'thread apply all bt' >> '" + log_ + "' 2>&1";
+    [[maybe_unused]] int rc = std::system(cmd.c_str());
+  }
   /// The /dev/shm files of libfabric's shm provider (`<pid>:<n>:<m>`) that this process, reaped
   /// after a signal killed it, left behind (docs/operations.md): tests kill memnodes on purpose.
   void remove_shm_files() const {
