@@ -93,12 +93,16 @@ void QuerySession::route(PhaseRun& run) {
   scratch.scores.resize(K_);
   std::vector<char> msg(sizeof(QueryMsg) + 4ull * p_.dim);
   uint64_t batch_no = 0;
+  // Flow control: the router runs at most this far ahead of the workers. Routing needs a queue to
+  // compare (the threshold t); a lone computenode only keeps its coroutines fed, so that a
+  // --repeat-seconds window ends on time when queries are slow (a TCG guest answers ~50 per s).
+  const uint64_t ahead = run.need_done ? 2ull * o_.route_threshold + 64 : 4ull * o_.threads * o_.coroutines + 16;
   for (size_t i = 0; !run.stop.load();) {
     batch_pos.clear();
     while (batch_pos.size() < gather && !run.stop.load()) {
       if (items.empty() || (i >= items.size() && (run.min_seconds <= 0 || Clock::now() >= run.deadline))) break;
       // Flow control: do not run far ahead of the workers.
-      while (ex_.queue_len(run.phase) > 2ull * o_.route_threshold + 64 && !run.stop.load())
+      while (ex_.queue_len(run.phase) > ahead && !run.stop.load())
         std::this_thread::sleep_for(std::chrono::microseconds(100));
       batch_pos.push_back(items[i % items.size()]);
       ++i;
