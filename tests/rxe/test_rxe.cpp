@@ -80,7 +80,7 @@ TEST_CASE("verbs on soft-RoCE: selftest, one doorbell per batch, the memnode's C
 
 TEST_CASE("verbs on soft-RoCE: a shine build and query answer as over shm", "[rxe]") {
   REQUIRE_GUEST();
-  SmallData d(200, 1000);  // the guest builds under TCG, ~10x slower than the host
+  SmallData d(200, 600);  // the guest builds under TCG, ~10x slower than the host
   TempDir dir;
   // The reference: the same build and query over shm on the host.
   {
@@ -99,7 +99,7 @@ TEST_CASE("verbs on soft-RoCE: a shine build and query answer as over shm", "[rx
   INFO(r.output);
   REQUIRE(r.code == 0);
   auto br = load_json(dir.file("build.json"));
-  CHECK(br["inserted"] == 1000);
+  CHECK(br["inserted"] == 600);
   // The build's READs, WRITEs, FETCH_ADDs (allocation) and CASes (locks) cost the memnodes no CPU.
   const double wall = br["memnode_cpu"]["wall_s"];
   for (const auto& s : br["memnode_cpu"]["seconds"]) {
@@ -142,9 +142,9 @@ TEST_CASE("verbs on soft-RoCE: a d-HNSW query answers as over shm", "[rxe]") {
 
 TEST_CASE("verbs on soft-RoCE: lock hand-over by COMPARE_SWAP holds, the plain-WRITE release is lost", "[rxe]") {
   REQUIRE_GUEST();
-  SmallData d(20, 1000);
+  SmallData d(20, 500);
   TempDir dir;
-  auto r = in_guest(dir, "locks", {"6", "20", d.base});
+  auto r = in_guest(dir, "locks", {"3", "20", d.base});
   INFO(r.output);
   REQUIRE(r.code == 0);
   // 2 threads x 4 coroutines on 2 words, released by COMPARE_SWAP: exclusive, nothing lost.
@@ -155,7 +155,7 @@ TEST_CASE("verbs on soft-RoCE: lock hand-over by COMPARE_SWAP holds, the plain-W
                            Contains("hammer write exit 1"));
   // A shine build with 8 coroutines per thread and no build cache hands node locks over often.
   CHECK_THAT(r.output, Contains("build exit 0"));
-  CHECK(load_json(dir.file("build.json"))["inserted"] == 1000);
+  CHECK(load_json(dir.file("build.json"))["inserted"] == 500);
   for (const char* line : {"release by cas: ", "release by write: ", "FAILED: "})
     if (const auto at = r.output.find(line); at != std::string::npos)
       WARN(r.output.substr(at, r.output.find('\n', at) - at));
