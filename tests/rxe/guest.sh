@@ -51,21 +51,32 @@ case $CASE in
       --json "$W/fabric-bench.json" || exit 1
     perftest ib_read_lat -s 512 -n 2000
     perftest ib_atomic_lat -n 2000
+    # Then a memnode killed under a computenode's reads: the computenode fails naming it, fast.
+    TAG=k start_memnode 0
+    "$B/computenode" --provider verbs --memnodes "$MN" selftest --atomics 10 --loop 60 >"$W/cn.log" 2>&1 &
+    CNPID=$!
+    for _ in $(seq 600); do grep -q "selftest\|all checks" "$W/cn.log" && break; sleep 0.05; done
+    sleep 1
+    kill -KILL "$MNPID"
+    t0=$(date +%s.%N)
+    wait "$CNPID"
+    rc=$?
+    t1=$(date +%s.%N)
+    cat "$W/cn.log"
+    echo "computenode exit $rc after $(awk "BEGIN{printf \"%.2f\", $t1 - $t0}") s"
     ;;
-  shine)
-    # A small shine build and query over two memnodes; the host compares recall with shm.
+  shine-dhnsw)
+    # A small shine build and query over two memnodes, then d-HNSW images built on the host
+    # ($3, its workload $4) served by two more and queried; the host compares recall with shm.
     start_memnode 0; M0=$MN
     start_memnode 1; M1=$MN
     CN=("$B/computenode" --mode shine --provider verbs --memnodes "$M0,$M1" --cn-id 0 --num-cns 1)
     "${CN[@]}" build --data "$1" --id-capacity 0 --m 12 --ef-construction 80 --threads 1 --report "$W/build.json" || exit 1
     "${CN[@]}" query --workload "$2" --k 10 --ef-search 32 --threads 1 --coroutines 2 --report "$W/query.json" || exit 1
-    ;;
-  dhnsw)
-    # d-HNSW images built on the host, served by two memnodes, queried over verbs.
-    start_memnode 0 --load "$1.0"; M0=$MN
-    start_memnode 1 --load "$1.1"; M1=$MN
-    "$B/computenode" --mode dhnsw --provider verbs --memnodes "$M0,$M1" --cn-id 0 --num-cns 1 \
-      query --workload "$2" --k 10 --ef-search 32 --threads 1 --report "$W/query.json" || exit 1
+    TAG=d0 start_memnode 0 --load "$3.0"; D0=$MN
+    TAG=d1 start_memnode 1 --load "$3.1"; D1=$MN
+    "$B/computenode" --mode dhnsw --provider verbs --memnodes "$D0,$D1" --cn-id 0 --num-cns 1 \
+      query --workload "$4" --k 10 --ef-search 32 --threads 1 --report "$W/dhnsw-query.json" || exit 1
     ;;
   locks)
     # Lock hand-over under contention (docs/architecture.md, "Words that atomics touch"): the
@@ -108,21 +119,6 @@ case $CASE in
       --report "$W/query2.json" >"$W/query2.log" 2>&1
     echo "query2 exit $?"
     cat "$W/query2.log"
-    ;;
-  kill)
-    # A memnode killed under a computenode's reads: the computenode fails naming it, fast.
-    start_memnode 0
-    "$B/computenode" --provider verbs --memnodes "$MN" selftest --atomics 10 --loop 60 >"$W/cn.log" 2>&1 &
-    CNPID=$!
-    for _ in $(seq 600); do grep -q "selftest\|all checks" "$W/cn.log" && break; sleep 0.05; done
-    sleep 1
-    kill -KILL "$MNPID"
-    t0=$(date +%s.%N)
-    wait "$CNPID"
-    rc=$?
-    t1=$(date +%s.%N)
-    cat "$W/cn.log"
-    echo "computenode exit $rc after $(awk "BEGIN{printf \"%.2f\", $t1 - $t0}") s"
     ;;
   readme)
     # README.md's RDMA blocks, extracted on the host (tests/docs/readme_blocks.py --extract rdma
