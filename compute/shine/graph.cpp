@@ -249,7 +249,7 @@ Task<Neighbor> Worker::greedy(const float* q, Neighbor cur, unsigned level, OpCo
 }
 
 Task<std::vector<Neighbor>> Worker::search_layer(const float* q, std::vector<Neighbor> eps, uint32_t ef,
-                                                 unsigned level, OpContext& ctx, VecCache* cache) {
+                                                 unsigned level, OpContext& ctx, VecCache* cache, InEdges* in) {
   ctx.visited.clear();
   std::priority_queue<Neighbor, std::vector<Neighbor>, ByDistGreater> cand;  // nearest first
   std::priority_queue<Neighbor, std::vector<Neighbor>, ByDistLess> top;      // farthest first
@@ -268,6 +268,8 @@ Task<std::vector<Neighbor>> Worker::search_layer(const float* q, std::vector<Nei
     if (c.dist > bound && top.size() >= ef) break;
     cand.pop();
     std::vector<RemotePtr> nbrs = co_await read_list(c.node, level, ctx);
+    if (in != nullptr && c.node != in->target && std::find(nbrs.begin(), nbrs.end(), in->target) != nbrs.end())
+      in->found.push_back(c.node);
     if (cache != nullptr && cache->shared != nullptr)  // the lookups in read_vectors overlap the visited checks
       for (RemotePtr p : nbrs) cache->shared->prefetch(p);
     std::vector<RemotePtr> fresh;
@@ -521,12 +523,49 @@ Task<unsigned> Worker::reuse(RemotePtr n, const float* v, uint64_t label, bool u
   co_return level;
 }
 
+Task<std::vector<std::vector<RemotePtr>>> Worker::find_in_edges(RemotePtr s, const float* v, unsigned level,
+                                                                 OpContext& ctx, VecCache& cache) {
+  std::vector<std::vector<RemotePtr>> in(level + 1u);
+  const Entry entry = co_await read_entry(ctx);
+  if (entry.node.is_null()) co_return in;
+  std::vector<RemotePtr> start{entry.node};
+  std::vector<Neighbor> first = co_await read_vectors(start, v, ctx, &cache);
+  if (first.empty()) co_return in;
+  Neighbor cur = first.front();
+  for (unsigned l = entry.level; l > level; --l) cur = co_await greedy(v, cur, l, ctx, &cache);
+  std::vector<Neighbor> eps{cur};
+  for (int l = static_cast<int>(std::min(level, entry.level)); l >= 0; --l) {
+    InEdges probe{s, {}};
+    std::vector<Neighbor> w =
+        co_await search_layer(v, eps, g_.params().ef_construction, static_cast<unsigned>(l), ctx, &cache, &probe);
+    in[static_cast<size_t>(l)] = std::move(probe.found);
+    if (!w.empty()) eps = std::move(w);
+  }
+  co_return in;
+}
+
 Task<void> Worker::detach(RemotePtr s, unsigned level, const float* any, OpContext& ctx) {
   const auto& L = g_.layout();
-  VecCache cache;  // the vectors this reuse reads (its own: they are compared, not searched)
+  VecCache cache;  // the vectors this reuse reads (compared and searched)
+  cache.shared = shared_;
+  if (shared_ != nullptr) {  // no vector of a record reused since is taken from the shared cache
+    const Entry entry = co_await read_entry(ctx);
+    if (entry.reused > shared_->applied()) co_await apply_reuse_log_to_vectors(entry.reused, ctx);
+  }
+  // Its old vector, still in the record: the nodes near it that link to it are found by a search.
+  std::vector<RemotePtr> me(1, s);
+  co_await read_vectors(me, any, ctx, &cache);
+  std::vector<std::vector<RemotePtr>> in(level + 1u);
+  if (const auto old = cache.find(s)) {
+    const std::vector<float> v(old->v, old->v + L.dim());
+    in = co_await find_in_edges(s, v.data(), level, ctx, cache);
+  }
   for (unsigned l = 0; l <= level; ++l) {
     const std::vector<RemotePtr> out = co_await read_list(s, l, ctx);
-    for (RemotePtr n : out) {
+    std::vector<RemotePtr> linking = out;  // those that may link back, then those found linking
+    for (RemotePtr n : in[l])
+      if (std::find(linking.begin(), linking.end(), n) == linking.end()) linking.push_back(n);
+    for (RemotePtr n : linking) {
       if (n == s) continue;
       if (!cache.find(n)) {
         std::vector<RemotePtr> one(1, n);  // (a braced list in a co_await trips GCC 12)

@@ -100,7 +100,7 @@ def exact_top(base, ids, queries, metric):
 class Run:
     def __init__(self, a, work):
         self.a, self.work = a, work
-        base, q, _, self.metric = dmh.dataset_files(a.set, work)
+        base, q, _, self.metric = dmh.dataset_files(a.set, Path(a.data_dir).resolve() if a.data_dir else work)
         self.x = read_bvecs_as_float(base) if str(base).endswith(".bvecs") else read_fvecs(base)
         self.q = read_fvecs(q)[:a.queries]
         self.qpath = work / "queries.fvecs"
@@ -644,6 +644,8 @@ def main():
     ap.add_argument("--region", default="1GiB")
     ap.add_argument("--timeout", type=float, default=1800)
     ap.add_argument("--bin", default=str(dmh.BIN))
+    ap.add_argument("--data-dir", default=None,
+                    help="where the synthetic sets are kept or made (default: WORK, which each run empties)")
     ap.add_argument("--work", default=str(dmh.ROOT / "runs" / "churn"))
     ap.add_argument("--out", default=None, help="results file (default: results.json here; with --quick WORK/results.json); "
                     "the parts not run keep their results from it")
