@@ -82,7 +82,7 @@ class QueryCommand {
   int run_dhnsw(RunEnv& env);
   CLI::App* query_ = nullptr;
   shine::QueryOptions qo_;
-  std::string ef_list_ = "64", report_, cache_bytes_, mix_;
+  std::string ef_list_ = "64", report_, mix_;
   dhnsw::QueryOptions dq_;
   dhnsw::MixedOptions dmo_;
   bool no_regroup_ = false, no_doorbell_ = false, no_pipeline_ = false;

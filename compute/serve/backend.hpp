@@ -58,12 +58,9 @@ struct BackendMetrics {
 };
 
 struct ShineServeOptions {
-  uint32_t threads = 2;      // worker threads, each with its own endpoint
-  uint32_t coroutines = 8;   // queries in flight per thread
-  uint32_t ef_search = 64;   // when a request gives none
-  uint64_t cache_bytes = 0;  // the node cache (cooling table); 0: none
-  double admit_probability = 0.01;
-  RouteOptions route;        // routing of live requests between serving computenodes
+  shine::SearchOptions search;  // threads, coroutines, the node cache, routing: as `query` has them
+  uint32_t ef_search = 64;      // when a request gives none
+  LiveRouteOptions live;        // how live requests are gathered for routing, and a routed query's timeout
 };
 std::unique_ptr<Backend> make_shine_backend(const compute::RunContext& rc, const ShineServeOptions& o,
                                             BackendMetrics& m, Registry& r);

@@ -22,6 +22,7 @@
 #include "compute/serve/backend.hpp"
 #include "compute/serve/shine_router.hpp"
 #include "compute/shine/graph.hpp"
+#include "compute/shine/sample.hpp"
 
 namespace dmhnsw::serve {
 namespace {
@@ -65,19 +66,23 @@ class ShineBackend final : public Backend {
   ShineBackend(const compute::RunContext& rc, const ShineServeOptions& o, BackendMetrics& m, Registry& r)
       : rc_(rc), o_(o), m_(m), control_(rc.cluster->make_endpoint(8u << 20)),
         p_(shine::format_or_attach(*rc.cluster, *control_, nullptr)), g_(*rc.cluster, p_) {
-    if (o_.cache_bytes > 0) {
+    const shine::SearchOptions& so = o_.search;
+    const uint64_t cache_bytes = so.cache_bytes > 0 || so.cache_ratio <= 0
+                                     ? so.cache_bytes
+                                     : so.cache_capacity(shine::index_bytes(g_, *control_));
+    if (cache_bytes > 0) {
       cache::NodeCacheConfig cc;
       cc.dim = p_.dim;
-      cc.capacity_bytes = o_.cache_bytes;
-      cc.admit_probability = o_.admit_probability;
+      cc.capacity_bytes = cache_bytes;
+      cc.admit_probability = so.admit_probability;
       cc.seed = p_.seed * 1000;
       ncache_ = std::make_unique<cache::NodeCache>(cc);
       spdlog::info("serve: node cache of {} entries ({} MiB), level-0 admission p={}", ncache_->capacity_entries(),
-                   o_.cache_bytes >> 20, o_.admit_probability);
+                   cache_bytes >> 20, so.admit_probability);
     }
     // The router first: if it cannot start (a peer's partitioning refused, a dead memnode), the
     // constructor throws before any worker thread exists to be left joinable.
-    if (o_.route.policy != "none" && rc.num_cns > 1) {
+    if (so.routing.policy != "none" && rc.num_cns > 1) {
       LiveRouter::Hooks h;
       h.run_here = [this](LiveQuery q) { enqueue(Job{std::move(q)}); };
       h.queue_len = [this] {
@@ -85,9 +90,9 @@ class ShineBackend final : public Backend {
         return static_cast<uint64_t>(queue_.size());
       };
       std::lock_guard g(control_mu_);
-      router_ = std::make_unique<LiveRouter>(rc, g_, *control_, o_.route, std::move(h), r);
+      router_ = std::make_unique<LiveRouter>(rc, g_, *control_, so.routing, o_.live, std::move(h), r);
     }
-    for (uint32_t t = 0; t < o_.threads; ++t) threads_.emplace_back([this, t] { work(t); });
+    for (uint32_t t = 0; t < so.threads; ++t) threads_.emplace_back([this, t] { work(t); });
   }
   ~ShineBackend() override {
     router_.reset();  // first: answers routed here go out while the workers still run
@@ -232,14 +237,14 @@ class ShineBackend final : public Backend {
     auto ep = rc_.cluster->make_endpoint(32u << 20);
     compute::Scheduler s(*ep);
     shine::Worker w(g_, s, p_.seed * 1000003 + rc_.cn_id * 1009 + t);
-    std::vector<shine::OpContext> ctxs(o_.coroutines);
+    std::vector<shine::OpContext> ctxs(o_.search.coroutines);
     for (;;) {
       std::vector<Job> jobs;
       {
         std::unique_lock g(mu_);
         cv_.wait(g, [&] { return stop_ || !queue_.empty(); });
         if (stop_ && queue_.empty()) return;
-        while (!queue_.empty() && jobs.size() < o_.coroutines) {
+        while (!queue_.empty() && jobs.size() < o_.search.coroutines) {
           jobs.push_back(std::move(queue_.front()));
           queue_.pop_front();
         }

@@ -41,8 +41,8 @@ constexpr size_t answer_bytes(uint32_t k) { return sizeof(ServeAnswerMsg) + 12ul
 }  // namespace
 
 LiveRouter::LiveRouter(const compute::RunContext& rc, const shine::Graph& g, fabric::Endpoint& control,
-                       const RouteOptions& o, Hooks h, Registry& m)
-    : rc_(rc), dim_(g.params().dim), o_(o), h_(std::move(h)), loads_(rc.num_cns, 0), gone_(rc.num_cns, 0),
+                       const shine::RoutingOptions& o, const LiveRouteOptions& live, Hooks h, Registry& m)
+    : rc_(rc), dim_(g.params().dim), o_(o), live_(live), h_(std::move(h)), loads_(rc.num_cns, 0), gone_(rc.num_cns, 0),
       to_self_(m.counter("dmhnsw_routed_total", "queries routed, by where they ran", {{"to", "self"}})),
       to_peer_(m.counter("dmhnsw_routed_total", "queries routed, by where they ran", {{"to", "peer"}})),
       routed_in_(m.counter("dmhnsw_routed_in_total", "queries other serving computenodes routed here")),
@@ -60,7 +60,7 @@ LiveRouter::LiveRouter(const compute::RunContext& rc, const shine::Graph& g, fab
   shine::LevelSample smp = shine::sample_level(g, control, 1000, 100000, o_.kmeans_seed);
   router::BalancedKMeansOptions ko;
   ko.seed = o_.kmeans_seed;
-  ko.balance_oracle = true;
+  ko.balance_oracle = o_.oracle == "balanced";
   const size_t n = smp.size(dim_);
   router::Clustering cl = router::balanced_kmeans(smp.vectors.data(), n, dim_, K, g.params().metric, ko);
   oracle_ = router::Oracle(cl.centroids, K, dim_, g.params().metric, cl.offsets);
@@ -126,7 +126,7 @@ void LiveRouter::router_loop() {
         std::lock_guard p(policy_mu_);
         room = o_.batch - in_batch_;
       }
-      rq_cv_.wait_until(g, first_at_ + std::chrono::microseconds(o_.wait_us),
+      rq_cv_.wait_until(g, first_at_ + std::chrono::microseconds(live_.wait_us),
                         [&] { return stop_router_ || rq_.size() >= room; });
       const size_t n = std::min<size_t>(rq_.size(), room);
       batch.assign(std::make_move_iterator(rq_.begin()), std::make_move_iterator(rq_.begin() + static_cast<std::ptrdiff_t>(n)));
@@ -320,10 +320,10 @@ void LiveRouter::watch() {
     {
       std::lock_guard g(pending_mu_);
       for (const auto& [req, p] : pending_)
-        if (now - p.sent > std::chrono::milliseconds(o_.timeout_ms)) late.push_back(req);
+        if (now - p.sent > std::chrono::milliseconds(live_.timeout_ms)) late.push_back(req);
     }
     for (uint64_t req : late) {
-      spdlog::warn("serve: a query routed to a computenode got no answer in {} ms: answering it here", o_.timeout_ms);
+      spdlog::warn("serve: a query routed to a computenode got no answer in {} ms: answering it here", live_.timeout_ms);
       take_back(req, "timeout");
     }
     // Adaptive routing weighs the others' queues: tell them ours when it changed (and now and

@@ -22,23 +22,16 @@
 #include "compute/run_context.hpp"
 #include "compute/serve/metrics.hpp"
 #include "compute/shine/graph.hpp"
+#include "compute/shine/options.hpp"
 #include "router/partition.hpp"
 #include "router/policy.hpp"
 
 namespace dmhnsw::serve {
 
-struct RouteOptions {
-  std::string policy = "none";  // none | best-fit | balanced | adaptive (router/policy.hpp)
-  uint32_t batch = 1000;        // b: queries per routing batch (balanced, adaptive)
-  uint32_t threshold = 1000;    // t: adaptive's queue length that is not backlog
-  uint64_t kmeans_seed = 1;     // the partitioning's seed: the same on every serving computenode
-  uint32_t timeout_ms = 5000;   // a routed query not answered this long runs here
-  uint32_t wait_us = 1000;      // queries of concurrent requests gathered this long into one choice
-  // adaptive: what the queue weights scale (router::QuotaBase). "demand" (the default here):
-  // each computenode's first-choice demand, so with no backlog above the threshold queries go
-  // to their best fit; "even" (query's default): equal shares, which with the short queues of a
-  // live service swing a whole batch to whichever computenode's queue was shorter.
-  std::string quota = "demand";
+/// What live routing adds to shine::RoutingOptions.
+struct LiveRouteOptions {
+  uint32_t timeout_ms = 5000;  // a routed query not answered this long runs here
+  uint32_t wait_us = 1000;     // queries of concurrent requests gathered this long into one choice
 };
 
 /// One query of a request, wherever it runs; `done` is called exactly once.
@@ -57,8 +50,8 @@ class LiveRouter {
     std::function<uint64_t()> queue_len;      // this computenode's working queue
   };
   /// Samples the index, partitions it (balanced k-means, as `query`), joins the relay.
-  LiveRouter(const compute::RunContext& rc, const shine::Graph& g, fabric::Endpoint& control, const RouteOptions& o,
-             Hooks h, Registry& metrics);
+  LiveRouter(const compute::RunContext& rc, const shine::Graph& g, fabric::Endpoint& control,
+             const shine::RoutingOptions& o, const LiveRouteOptions& live, Hooks h, Registry& metrics);
   ~LiveRouter();
   LiveRouter(const LiveRouter&) = delete;
   LiveRouter& operator=(const LiveRouter&) = delete;
@@ -88,7 +81,8 @@ class LiveRouter {
 
   compute::RunContext rc_;
   uint32_t dim_;
-  RouteOptions o_;
+  shine::RoutingOptions o_;
+  LiveRouteOptions live_;
   Hooks h_;
   router::Oracle oracle_;
   std::mutex policy_mu_;

@@ -8,6 +8,7 @@
 
 #include "common/fabric/transport.hpp"
 #include "compute/shine/graph.hpp"
+#include "compute/shine/options.hpp"
 #include "compute/run_context.hpp"
 
 namespace dmhnsw::shine {
@@ -42,21 +43,9 @@ struct QueryOptions {
   std::string workload;
   uint32_t k = 10;
   std::vector<uint32_t> ef_search{64};
-  uint32_t threads = 2;
-  uint32_t coroutines = 4;
+  SearchOptions search;  // threads, coroutines, the node cache, routing: as `serve` has them
   ReadMode mode = ReadMode::Batch;
   double repeat_seconds = 0;  // > 0: cycle through the measured part for at least this long
-  // ---- node cache (issue 4): capacity from cache_bytes if > 0, else cache_ratio x index size
-  double cache_ratio = 0;      // share of the index size; 0 and cache_bytes 0 = no cache
-  uint64_t cache_bytes = 0;
-  double admit_probability = 0.01;
-  // ---- logical partitioning and routing
-  std::string routing = "none";  // none | best-fit | balanced | adaptive
-  uint32_t route_batch = 1000;   // b
-  uint32_t route_threshold = 1000;  // t: the router waits while its working queue is longer
-  uint64_t kmeans_seed = 1;
-  std::string oracle = "balanced";  // balanced | nearest (router::balance_offsets)
-  std::string adaptive_quota = "even";  // adaptive: even (Algorithm 2) | demand (router::QuotaBase)
   std::string trace_dir;         // record node-cache accesses here (tools/csp-report)
   /// Called with the finished report before the run's connections are torn down (so the
   /// report is out even if the teardown fails).

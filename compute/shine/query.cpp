@@ -23,7 +23,7 @@ QuerySession::QuerySession(const RunContext& rc, const QueryOptions& o)
   if (o.k > wl_.k())
     throw std::invalid_argument("--k " + std::to_string(o.k) + ": the workload's ground truth has only " +
                                 std::to_string(wl_.k()) + " ids per query");
-  policy_ = router::parse_policy(o.routing);
+  policy_ = router::parse_policy(o.search.routing.policy);
   control_ = c_.make_endpoint(16u << 20);
   p_ = format_or_attach(c_, *control_, nullptr);
   if (p_.dim != wl_.dim())
@@ -41,14 +41,13 @@ QuerySession::QuerySession(const RunContext& rc, const QueryOptions& o)
 void QuerySession::make_node_cache() {
   idx_bytes_ = index_bytes(*g_, *control_);
   cc_.dim = p_.dim;
-  cc_.admit_probability = o_.admit_probability;
+  cc_.admit_probability = o_.search.admit_probability;
   cc_.seed = p_.seed * 1000;  // the same policy on every computenode (csp-report replays it)
-  cc_.capacity_bytes = o_.cache_bytes > 0 ? o_.cache_bytes
-                                          : static_cast<uint64_t>(o_.cache_ratio * static_cast<double>(idx_bytes_));
+  cc_.capacity_bytes = o_.search.cache_capacity(idx_bytes_);
   if (cc_.capacity_bytes > 0) {
     ncache_ = std::make_unique<cache::NodeCache>(cc_);
     spdlog::info("node cache: {} entries ({} MiB; index {} MiB), level-0 admission p={}", ncache_->capacity_entries(),
-                 cc_.capacity_bytes >> 20, idx_bytes_ >> 20, o_.admit_probability);
+                 cc_.capacity_bytes >> 20, idx_bytes_ >> 20, o_.search.admit_probability);
   }
 }
 
@@ -56,10 +55,10 @@ void QuerySession::make_node_cache() {
 void QuerySession::make_partition_oracle() {
   if (policy_ == router::Policy::None || K_ <= 1) return;
   auto t0 = Clock::now();
-  LevelSample smp = sample_level(*g_, *control_, 1000, 100000, o_.kmeans_seed);
+  LevelSample smp = sample_level(*g_, *control_, 1000, 100000, o_.search.routing.kmeans_seed);
   router::BalancedKMeansOptions ko;
-  ko.seed = o_.kmeans_seed;
-  ko.balance_oracle = o_.oracle == "balanced";
+  ko.seed = o_.search.routing.kmeans_seed;
+  ko.balance_oracle = o_.search.routing.oracle == "balanced";
   size_t n = smp.size(p_.dim);
   router::Clustering cl = router::balanced_kmeans(smp.vectors.data(), n, p_.dim, K_, p_.metric, ko);
   oracle_ = router::Oracle(cl.centroids, K_, p_.dim, p_.metric, cl.offsets);
@@ -68,14 +67,14 @@ void QuerySession::make_partition_oracle() {
                 {"sample", n},
                 {"sizes", cl.sizes},
                 {"imbalance", cl.imbalance()},
-                {"oracle", o_.oracle},
+                {"oracle", o_.search.routing.oracle},
                 {"offsets", cl.offsets},
                 {"oracle_load_nearest", cl.oracle_load_nearest},
                 {"oracle_load", ko.balance_oracle ? cl.oracle_load_balanced : cl.oracle_load_nearest},
                 {"seconds", secs_since(t0)}};
   spdlog::info("partitioning: level {} ({} nodes, {} sampled), {} clusters of sizes {}; {} oracle splits the "
                "sample {:.2f}x the mean at most (nearest centroid: {:.2f}x); {:.2f} s",
-               smp.level, smp.nodes_at_level, n, K_, partition_["sizes"].dump(), o_.oracle,
+               smp.level, smp.nodes_at_level, n, K_, partition_["sizes"].dump(), o_.search.routing.oracle,
                partition_["oracle_load"].get<double>(), cl.oracle_load_nearest, partition_["seconds"].get<double>());
 }
 
@@ -145,7 +144,7 @@ compute::RelayClient::Callbacks QuerySession::relay_callbacks() {
 }
 
 void QuerySession::open_traces() {
-  traces_.resize(o_.threads);
+  traces_.resize(o_.search.threads);
   if (o_.trace_dir.empty()) return;
   if (!ncache_)
     throw std::invalid_argument("--trace " + o_.trace_dir + ": needs a node cache (--cache-ratio or --cache-bytes)");
@@ -155,13 +154,13 @@ void QuerySession::open_traces() {
   meta.num_cns = K_;
   meta.dim = p_.dim;
   meta.capacity_bytes = cc_.capacity_bytes;
-  meta.admit_probability = o_.admit_probability;
+  meta.admit_probability = o_.search.admit_probability;
   meta.cooling_share = cc_.cooling_share;
   meta.seed = cc_.seed;
   meta.start_unix_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
                            std::chrono::system_clock::now().time_since_epoch()).count();
   std::snprintf(meta.label, sizeof meta.label, "%s", router::policy_name(policy_));
-  for (uint32_t t = 0; t < o_.threads; ++t) {
+  for (uint32_t t = 0; t < o_.search.threads; ++t) {
     meta.thread = t;
     traces_[t] = std::make_unique<cache::TraceWriter>(
         o_.trace_dir + "/cn" + std::to_string(self_) + "-t" + std::to_string(t) + ".trace", meta);

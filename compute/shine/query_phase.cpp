@@ -79,13 +79,13 @@ void QuerySession::note_progress(PhaseRun& run) {
 void QuerySession::route(PhaseRun& run) {
   const std::vector<uint32_t>& items = *run.items;
   PhaseResult& pr = run.result;
-  router::RoutingPolicy rp(policy_, K_, self_, o_.route_batch, router::parse_quota_base(o_.adaptive_quota),
-                           o_.route_threshold);
+  router::RoutingPolicy rp(policy_, K_, self_, o_.search.routing.batch, router::parse_quota_base(o_.search.routing.quota),
+                           o_.search.routing.threshold);
   // Balanced/adaptive route a batch of b queries at once (RoutingPolicy::choose_batch: the
   // queries nearest a partition boundary are the ones moved when a computenode's limit is
   // reached); the others one query at a time.
   const size_t gather =
-      run.need_done && (policy_ == router::Policy::Balanced || policy_ == router::Policy::Adaptive) ? o_.route_batch
+      run.need_done && (policy_ == router::Policy::Balanced || policy_ == router::Policy::Adaptive) ? o_.search.routing.batch
                                                                                                     : 1;
   std::vector<uint32_t> batch_pos;
   RouteScratch scratch;
@@ -96,7 +96,7 @@ void QuerySession::route(PhaseRun& run) {
   // Flow control: the router runs at most this far ahead of the workers. Routing needs a queue to
   // compare (the threshold t); a lone computenode only keeps its coroutines fed, so that a
   // --repeat-seconds window ends on time when queries are slow (a TCG guest answers ~50 per s).
-  const uint64_t ahead = run.need_done ? 2ull * o_.route_threshold + 64 : 4ull * o_.threads * o_.coroutines + 16;
+  const uint64_t ahead = run.need_done ? 2ull * o_.search.routing.threshold + 64 : 4ull * o_.search.threads * o_.search.coroutines + 16;
   for (size_t i = 0; !run.stop.load();) {
     batch_pos.clear();
     while (batch_pos.size() < gather && !run.stop.load()) {
@@ -205,7 +205,7 @@ void QuerySession::share_queue_length(PhaseRun& run, router::RoutingPolicy& rp, 
     // is every kProgressEvery instead of only after its next batch (a slow computenode would
     // otherwise look as short as it last was).
     auto next = Clock::now() + kProgressEvery;
-    while (ex_.queue_len(run.phase) > o_.route_threshold && !run.stop.load()) {
+    while (ex_.queue_len(run.phase) > o_.search.routing.threshold && !run.stop.load()) {
       std::this_thread::sleep_for(std::chrono::microseconds(100));
       if (Clock::now() >= next) {
         pm.queue_len = ex_.queue_len(run.phase);
@@ -227,11 +227,11 @@ void QuerySession::share_queue_length(PhaseRun& run, router::RoutingPolicy& rp, 
 // workload's ground truth.
 void QuerySession::answer(PhaseRun& run, std::vector<PerQuery>& out) {
   std::mutex mu;
-  parallel(c_, o_.threads, run.stop, [&](uint32_t t, fabric::Endpoint& ep) {
+  parallel(c_, o_.search.threads, run.stop, [&](uint32_t t, fabric::Endpoint& ep) {
     compute::Scheduler s(ep);
     Worker w(*g_, s, p_.seed + t);
     std::vector<PerQuery> local;
-    std::vector<OpContext> ctxs(o_.coroutines);
+    std::vector<OpContext> ctxs(o_.search.coroutines);
     for (auto& x : ctxs) {
       x.mode = o_.mode;
       x.node_cache = ncache_.get();

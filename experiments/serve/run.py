@@ -163,7 +163,7 @@ def routing_run(images, wl, k, cache_bytes, policy, tag):
         try:
             for i in range(k):
                 servers.append(Serve(mn, "shine", i, k, ["--threads", 1, "--coroutines", 8, "--ef-search", 64,
-                                                         "--cache", int(cache_bytes),
+                                                         "--cache-bytes", int(cache_bytes),
                                                          "--routing", policy.replace("-even", ""),
                                                          "--adaptive-quota", "even" if policy.endswith("-even") else "demand",
                                                          "--route-batch", 200, "--route-threshold", 50], tag))

@@ -364,7 +364,7 @@ TEST_CASE("serve: shine and dhnsw answer gRPC searches with the recall of query 
   {
     Cluster c(dir, "shine", d);
     check_service(dir, "shine", c.mns, d,
-                  {"--max-message-bytes", "4194304", "--ef-search", "64", "--cache", "1MiB", "--metrics-listen",
+                  {"--max-message-bytes", "4194304", "--ef-search", "64", "--cache-bytes", "1MiB", "--metrics-listen",
                    "127.0.0.1:0"},
                   0.95);
   }
@@ -384,7 +384,7 @@ TEST_CASE("serve: shine routes live queries to the serving computenode whose par
   Cluster c(dir, "shine", d);
   const std::string& mns = c.mns;
   const Workload wl = read_workload(d.wl);
-  const std::vector<std::string> flags{"--routing", "best-fit", "--cache", "1MiB", "--metrics-listen", "127.0.0.1:0",
+  const std::vector<std::string> flags{"--routing", "best-fit", "--cache-bytes", "1MiB", "--metrics-listen", "127.0.0.1:0",
                                        "--route-timeout-ms", "3000"};
   Server s0(dir, "shine", mns, flags, 0, 2), s1(dir, "shine", mns, flags, 1, 2);
   Client c0(s0.address);
@@ -460,7 +460,7 @@ void churn_through_service(const std::string& mode, const std::string& provider)
       // (dhnsw); their entries go stale as ids are deleted and upserted. The dhnsw index's gaps
       // fill with the upserts and inserts: rebuilds run while the querier searches.
       const std::vector<std::string> flags =
-          mode == "shine" ? std::vector<std::string>{"--cache", "4MiB", "--admit-probability", "1", "--ef-search", "64"}
+          mode == "shine" ? std::vector<std::string>{"--cache-bytes", "4MiB", "--admit-probability", "1", "--ef-search", "64"}
                           : std::vector<std::string>{"--probe", "4", "--cache-subs", "4", "--batch", "16",
                                                      "--max-wait-us", "1000", "--ef-search", "64"};
       Server srv(dir, mode, mns, flags, 0, 1, provider);

@@ -1,0 +1,26 @@
+#include "compute/dhnsw/options.hpp"
+
+namespace dmhnsw::dhnsw {
+
+void add_engine_flags(CLI::App& cmd, EngineOptions& o) {
+  cmd.add_option("--batch", o.batch, "dhnsw: B, most queries per batch")->capture_default_str()->check(CLI::PositiveNumber);
+  cmd.add_option("--max-wait-us", o.max_wait_us, "dhnsw: a batch closes this long after its first query arrived")
+      ->capture_default_str();
+  cmd.add_option("--probe", o.probe, "dhnsw: b, partitions (sub-HNSWs) searched per query")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  cmd.add_option("--meta-ef-search", o.meta_ef_search, "dhnsw: efSearch in the meta-HNSW")->capture_default_str();
+  cmd.add_option("--cache-subs", o.cache_subs,
+                 "dhnsw: c, deserialized sub-HNSWs kept across batches (-1: --cache-ratio of them, 10 % by default)")
+      ->capture_default_str();
+  cmd.add_option("--doorbell-subs", o.doorbell_subs, "dhnsw: sub-HNSW fetches posted with one doorbell")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  cmd.add_option("--queue-depth", o.queue_depth, "dhnsw: items between two pipeline stages")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  cmd.add_option("--search-threads", o.search_threads, "dhnsw: threads of one sub-HNSW search (0: every core)")
+      ->capture_default_str();
+}
+
+}  // namespace dmhnsw::dhnsw

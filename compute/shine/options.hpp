@@ -1,0 +1,42 @@
+#pragma once
+// How a computenode searches a shine index: one definition of each idea (its flag, its
+// default) for every command that searches, `query` and `serve` alike.
+#include <CLI/CLI.hpp>
+
+#include <cstdint>
+#include <string>
+
+namespace dmhnsw::shine {
+
+/// Routing of queries between computenodes by logical partition (router/policy.hpp).
+struct RoutingOptions {
+  std::string policy = "none";    // none | best-fit | balanced | adaptive
+  uint32_t batch = 1000;          // b: queries per routing batch (balanced, adaptive)
+  uint32_t threshold = 1000;      // t: a working queue no longer than this is not backlog (adaptive)
+  uint64_t kmeans_seed = 1;       // the partitioning's seed: the same on every computenode
+  std::string oracle = "balanced";  // balanced | nearest (router::balance_offsets)
+  // adaptive: what the queue weights scale (router::QuotaBase). demand: each computenode's
+  // first-choice demand, so with no backlog queries go to their best fit; even: equal shares
+  // (the paper's Algorithm 2), which swing a whole batch to the shorter queue.
+  std::string quota = "demand";
+};
+
+struct SearchOptions {
+  uint32_t threads = 2;        // worker threads, each with its own endpoint
+  uint32_t coroutines = 4;     // queries in flight per thread
+  double cache_ratio = 0;      // node cache as a share of the index size (0 and cache_bytes 0: none)
+  uint64_t cache_bytes = 0;    // node cache in bytes (overrides cache_ratio)
+  double admit_probability = 0.01;  // level-0 nodes enter the cache with this probability
+  RoutingOptions routing;
+
+  /// The node cache's capacity for an index of `index_bytes`.
+  uint64_t cache_capacity(uint64_t index_bytes) const {
+    return cache_bytes > 0 ? cache_bytes : static_cast<uint64_t>(cache_ratio * static_cast<double>(index_bytes));
+  }
+  /// Registers --threads, --coroutines, --cache-ratio, --cache-bytes, --admit-probability,
+  /// --routing, --route-batch, --route-threshold, --kmeans-seed, --oracle and --adaptive-quota on
+  /// `cmd`. `cache_ratio_also` ends --cache-ratio's help (another mode may read it too).
+  void add_flags(CLI::App& cmd, const std::string& cache_ratio_also = "");
+};
+
+}  // namespace dmhnsw::shine
