@@ -34,7 +34,9 @@ double percentile(std::vector<double> v, double p) {
 }  // namespace
 
 nlohmann::json InsertStats::to_json(double seconds) const {
-  const double n = inserted > 0 ? static_cast<double>(inserted) : 1.0;
+  // Per vector acknowledged; a delete run (nothing inserted) per vector it deleted.
+  const uint64_t per = inserted > 0 ? inserted : deleted;
+  const double n = per > 0 ? static_cast<double>(per) : 1.0;
   return {{"inserted", inserted},
           {"seconds", seconds},
           {"inserts_per_s", seconds > 0 ? static_cast<double>(inserted) / seconds : 0.0},
