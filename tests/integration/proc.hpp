@@ -165,6 +165,19 @@ class Proc {
   int code_ = -1;
 };
 
+/// SIGKILLs `victim`, then waits up to `limit` for `p` to end by itself: its exit code (-1: still
+/// running at the limit, then killed) and the seconds from the kill to its end.
+struct TimedExit {
+  int code;
+  double secs;
+};
+inline TimedExit kill_then_wait(Proc& victim, Proc& p, std::chrono::seconds limit) {
+  victim.signal(SIGKILL);
+  const auto t0 = std::chrono::steady_clock::now();
+  const int code = p.wait(limit);
+  return {code, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()};
+}
+
 /// A memnode on a free port. `prefix` runs it inside something (e.g. "ip netns exec NS").
 struct Memnode {
   std::unique_ptr<Proc> proc;
