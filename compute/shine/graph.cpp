@@ -248,6 +248,16 @@ Task<Neighbor> Worker::greedy(const float* q, Neighbor cur, unsigned level, OpCo
   co_return cur;
 }
 
+Task<Neighbor> Worker::descend(const float* q, RemotePtr ep, unsigned from, unsigned to, OpContext& ctx,
+                               VecCache* cache) {
+  std::vector<RemotePtr> start{ep};
+  std::vector<Neighbor> first = co_await read_vectors(start, q, ctx, cache);
+  if (first.empty()) throw FabricError("the entry point of the index is not a valid node");
+  Neighbor cur = first.front();
+  for (unsigned l = from; l > to; --l) cur = co_await greedy(q, cur, l, ctx, cache);
+  co_return cur;
+}
+
 Task<std::vector<Neighbor>> Worker::search_layer(const float* q, std::vector<Neighbor> eps, uint32_t ef,
                                                  unsigned level, OpContext& ctx, VecCache* cache, InEdges* in) {
   ctx.visited.clear();
@@ -524,16 +534,11 @@ Task<unsigned> Worker::reuse(RemotePtr n, const float* v, uint64_t label, bool u
 }
 
 Task<std::vector<std::vector<RemotePtr>>> Worker::find_in_edges(RemotePtr s, const float* v, unsigned level,
-                                                                 OpContext& ctx, VecCache& cache) {
+                                                                 const Entry& entry, OpContext& ctx, VecCache& cache) {
   std::vector<std::vector<RemotePtr>> in(level + 1u);
-  const Entry entry = co_await read_entry(ctx);
   if (entry.node.is_null()) co_return in;
-  std::vector<RemotePtr> start{entry.node};
-  std::vector<Neighbor> first = co_await read_vectors(start, v, ctx, &cache);
-  if (first.empty()) co_return in;
-  Neighbor cur = first.front();
-  for (unsigned l = entry.level; l > level; --l) cur = co_await greedy(v, cur, l, ctx, &cache);
-  std::vector<Neighbor> eps{cur};
+  const Neighbor top = co_await descend(v, entry.node, entry.level, level, ctx, &cache);
+  std::vector<Neighbor> eps{top};
   for (int l = static_cast<int>(std::min(level, entry.level)); l >= 0; --l) {
     InEdges probe{s, {}};
     std::vector<Neighbor> w =
@@ -546,19 +551,19 @@ Task<std::vector<std::vector<RemotePtr>>> Worker::find_in_edges(RemotePtr s, con
 
 Task<void> Worker::detach(RemotePtr s, unsigned level, const float* any, OpContext& ctx) {
   const auto& L = g_.layout();
+  const Entry entry = co_await read_entry(ctx);
+  // No vector of a record reused since is taken from the shared cache (which the log may also
+  // turn off: then this reuse keeps what it reads itself).
+  if (shared_ != nullptr && entry.reused > shared_->applied()) co_await apply_reuse_log_to_vectors(entry.reused, ctx);
   VecCache cache;  // the vectors this reuse reads (compared and searched)
   cache.shared = shared_;
-  if (shared_ != nullptr) {  // no vector of a record reused since is taken from the shared cache
-    const Entry entry = co_await read_entry(ctx);
-    if (entry.reused > shared_->applied()) co_await apply_reuse_log_to_vectors(entry.reused, ctx);
-  }
   // Its old vector, still in the record: the nodes near it that link to it are found by a search.
   std::vector<RemotePtr> me(1, s);
   co_await read_vectors(me, any, ctx, &cache);
   std::vector<std::vector<RemotePtr>> in(level + 1u);
   if (const auto old = cache.find(s)) {
     const std::vector<float> v(old->v, old->v + L.dim());
-    in = co_await find_in_edges(s, v.data(), level, ctx, cache);
+    in = co_await find_in_edges(s, v.data(), level, entry, ctx, cache);
   }
   for (unsigned l = 0; l <= level; ++l) {
     const std::vector<RemotePtr> out = co_await read_list(s, l, ctx);
@@ -644,12 +649,8 @@ Task<void> Worker::link_new(RemotePtr me, const float* v, unsigned level, uint64
   }
 
   // 3. Greedy descent above the new node's level, then efConstruction search and linking.
-  std::vector<RemotePtr> start{ep};
-  std::vector<Neighbor> first = co_await read_vectors(start, v, ctx, &cache);
-  if (first.empty()) throw FabricError("the entry point of the index is not a valid node");
-  Neighbor cur = first.front();
-  for (unsigned l = max_level; l > level; --l) cur = co_await greedy(v, cur, l, ctx, &cache);
-  std::vector<Neighbor> eps{cur};
+  const Neighbor top = co_await descend(v, ep, max_level, level, ctx, &cache);
+  std::vector<Neighbor> eps{top};
   for (int l = static_cast<int>(std::min(level, max_level)); l >= 0; --l) {
     std::vector<Neighbor> w = co_await search_layer(v, eps, P.ef_construction, static_cast<unsigned>(l), ctx, &cache);
     // With deletes in the index, candidates the cache gave are checked: no new edge to a deleted node.
@@ -824,12 +825,8 @@ Task<std::vector<Neighbor>> Worker::search(const float* q, uint32_t k, uint32_t 
   if (ep.is_null()) co_return std::vector<Neighbor>{};
   if (ctx.node_cache != nullptr && entry.reused > ctx.node_cache->applied())
     co_await apply_reuse_log(entry.reused, ctx);
-  std::vector<RemotePtr> start{ep};
-  std::vector<Neighbor> first = co_await read_vectors(start, q, ctx, nullptr);
-  if (first.empty()) throw FabricError("the entry point of the index is not a valid node");
-  Neighbor cur = first.front();
-  for (unsigned l = max_level; l > 0; --l) cur = co_await greedy(q, cur, l, ctx, nullptr);
-  std::vector<Neighbor> eps{cur};
+  const Neighbor top = co_await descend(q, ep, max_level, 0, ctx, nullptr);
+  std::vector<Neighbor> eps{top};
   std::vector<Neighbor> w = co_await search_layer(q, std::move(eps), std::max(ef, k), 0, ctx, nullptr);
   // A node cache's entries do not see deletes: while the index has any, the results it gave
   // are checked against the index.

@@ -222,7 +222,8 @@ class Worker {
   Task<void> keep_for_reuse(RemotePtr n, OpContext& ctx);
   /// Reuse of deleted record `n` (hnswlib's replace_deleted): the nodes that link to it (those in
   /// its lists and those a search for its old vector finds) get its neighbours instead (pruned
-  /// with the heuristic), so no list keeps an edge chosen for the old vector; then `rec` (label, vector, empty lists) is written under its lock, the id mapped, and
+  /// with the heuristic), so no list keeps an edge chosen for the old vector; then `rec` (label,
+  /// vector, empty lists) is written under its lock, the id mapped, and
   /// it comes back live with the next generation. Returns the level; throws for a duplicate id
   /// (the record then goes back to the stacks).
   Task<unsigned> reuse(RemotePtr n, const float* v, uint64_t label, bool upsert, RemotePtr& replaced, OpContext& ctx);
@@ -243,6 +244,9 @@ class Worker {
                                            VecCache* cache);
   Task<std::vector<RemotePtr>> read_list(RemotePtr node, unsigned level, OpContext& ctx);
   Task<Neighbor> greedy(const float* q, Neighbor cur, unsigned level, OpContext& ctx, VecCache* cache);
+  /// From entry point `ep` at level `from`, greedy steps down to level `to` + 1: the node nearest
+  /// q found there (throws when `ep` holds no valid node).
+  Task<Neighbor> descend(const float* q, RemotePtr ep, unsigned from, unsigned to, OpContext& ctx, VecCache* cache);
   /// The nodes a search expanded whose list links to `target` (a reuse's repair collects them).
   struct InEdges {
     RemotePtr target;
@@ -253,7 +257,7 @@ class Worker {
   /// For each level 0..level of deleted record `s` with vector `v`: the nodes near v that link
   /// to s, found by searching for v as an insert would (most of s's in-edges are one-way).
   Task<std::vector<std::vector<RemotePtr>>> find_in_edges(RemotePtr s, const float* v, unsigned level,
-                                                          OpContext& ctx, VecCache& cache);
+                                                          const Entry& entry, OpContext& ctx, VecCache& cache);
   std::vector<Neighbor> select_heuristic(std::vector<Neighbor> cands, uint32_t m, const VecCache& cache) const;
   Task<void> link(RemotePtr n, RemotePtr me, float d_me, unsigned level, OpContext& ctx, VecCache& cache);
   Task<void> write_list(RemotePtr n, unsigned level, const std::vector<RemotePtr>& list, OpContext& ctx);
