@@ -68,8 +68,6 @@ int QueryCommand::run_dhnsw(RunEnv& env) {
   dq_.workload = qo_.workload;
   dq_.engine.k = qo_.k;
   dq_.ef_search = parse_ef_list(ef_list_);
-  // --cache-ratio is a share of the sub-HNSWs here (default 0.10, like the paper)
-  dq_.engine.cache_ratio = query_->get_option("--cache-ratio")->count() > 0 ? qo_.search.cache_ratio : 0.10;
   dq_.engine.regroup = !no_regroup_;
   dq_.engine.doorbell = !no_doorbell_;
   dq_.engine.pipeline = !no_pipeline_;

@@ -21,6 +21,10 @@ void add_engine_flags(CLI::App& cmd, EngineOptions& o) {
       ->check(CLI::PositiveNumber);
   cmd.add_option("--search-threads", o.search_threads, "dhnsw: threads of one sub-HNSW search (0: every core)")
       ->capture_default_str();
+  // --cache-ratio is registered once for both modes (shine::SearchOptions); given, it is also the
+  // share of sub-HNSWs kept here (else EngineOptions' 10 %).
+  if (CLI::Option* ratio = cmd.get_option_no_throw("--cache-ratio"))
+    ratio->each([&o](const std::string& v) { o.cache_ratio = std::stod(v); });
 }
 
 }  // namespace dmhnsw::dhnsw

@@ -272,7 +272,6 @@ int run_serve(const compute::RunContext& rc, const ServeOptions& o) {
     dhnsw::EngineOptions eo = o.dhnsw;
     eo.k = o.max_k;
     eo.ef_search = o.shine.ef_search;
-    if (o.shine.search.cache_ratio > 0) eo.cache_ratio = o.shine.search.cache_ratio;  // --cache-ratio, shared by the modes
     backend = make_dhnsw_backend(rc, eo, bm);
   } else {
     throw std::invalid_argument("--mode " + o.mode + ": serve needs shine or dhnsw");

@@ -67,9 +67,7 @@ class ShineBackend final : public Backend {
       : rc_(rc), o_(o), m_(m), control_(rc.cluster->make_endpoint(8u << 20)),
         p_(shine::format_or_attach(*rc.cluster, *control_, nullptr)), g_(*rc.cluster, p_) {
     const shine::SearchOptions& so = o_.search;
-    const uint64_t cache_bytes = so.cache_bytes > 0 || so.cache_ratio <= 0
-                                     ? so.cache_bytes
-                                     : so.cache_capacity(shine::index_bytes(g_, *control_));
+    const uint64_t cache_bytes = so.cache_capacity(so.cache_ratio > 0 ? shine::index_bytes(g_, *control_) : 0);
     if (cache_bytes > 0) {
       cache::NodeCacheConfig cc;
       cc.dim = p_.dim;
