@@ -112,6 +112,16 @@ class Run:
         write_vecs(p, self.x[rows], np.float32)
         return p
 
+    def data_and_ids(self, name, rows, ids):
+        """ROWS as NAME.fvecs and IDS as NAME_ids.txt: the --data and --ids of a build, insert or upsert."""
+        idf = self.work / f"{name}_ids.txt"
+        write_ids(idf, ids)
+        return self.rows_file(name, rows), idf
+
+    def not_live(self, live):
+        """The rows no live id holds, in order."""
+        return sorted(set(range(self.x.shape[0])) - set(live.values()))
+
     def workload(self, name, live):
         """A workload of the queries against the exact top 10 of `live` (id -> row)."""
         ids = np.fromiter(live.keys(), dtype=np.int64)
@@ -137,10 +147,7 @@ class Run:
         return r
 
     def build(self, mn, live, name, store=None):
-        rows = list(live.values())
-        data = self.rows_file(name + "_data", rows)
-        idf = self.work / f"{name}_ids.txt"
-        write_ids(idf, live.keys())
+        data, idf = self.data_and_ids(name + "_data", list(live.values()), live.keys())
         args = ["--data", data, "--ids", idf, "--m", M, "--ef-construction", EFC, "--metric", self.metric,
                 "--threads", 2, "--coroutines", 4, "--id-capacity", 2 * self.a.n0]
         if store:
@@ -163,9 +170,7 @@ class Run:
             del live[i]
         rows = rng.sample(sorted(pool), n)
         new_ids = [r + self.x.shape[0] * (round_no + 1) for r in rows]
-        data = self.rows_file(name + "_new", rows)
-        idf = self.work / f"{name}_new.txt"
-        write_ids(idf, new_ids)
+        data, idf = self.data_and_ids(name + "_new", rows, new_ids)
         ins = self.cn(mn, "insert", ["--data", data, "--ids", idf, "--threads", 2, "--coroutines", 4],
                       name + "_insert")
         for i, r in zip(new_ids, rows):
@@ -221,8 +226,7 @@ def hnswlib_part(run, fractions, rounds, initial, rng_seed):
         dels = n / (time.time() - t0)
         for i in gone:
             del live[i]
-        pool = sorted(set(range(x.shape[0])) - set(live.values()))
-        rows = rng.sample(pool, n)
+        rows = rng.sample(run.not_live(live), n)
         new_ids = np.array([r + x.shape[0] for r in rows], dtype=np.int64)
         t0 = time.time()
         idx.add_items(x[rows], new_ids, num_threads=2)
@@ -247,8 +251,7 @@ def hnswlib_part(run, fractions, rounds, initial, rng_seed):
         for i in gone:
             idx.mark_deleted(i)
             del live[i]
-        pool = sorted(set(range(x.shape[0])) - set(live.values()))
-        rows = rng.sample(pool, n)
+        rows = rng.sample(run.not_live(live), n)
         new_ids = np.array([row + x.shape[0] * (r + 1) for row in rows], dtype=np.int64)
         idx.add_items(x[rows], new_ids, num_threads=2)
         for i, row in zip(new_ids.tolist(), rows):
@@ -286,7 +289,7 @@ def shine_part(run, a, work, fractions, initial):
         name = f"churn{int(frac * 100)}"
         dmh.log(f"churn {frac:.0%}: delete and insert {int(frac * a.n0)}")
         with run.memnodes(name, load=images) as mn:
-            pool = set(range(run.x.shape[0])) - set(live.values())
+            pool = run.not_live(live)
             d, ins, _, _ = run.churn(mn, live, frac, pool, rng, 0, name)
             wl = run.workload(name, live)
             q = run.query(mn, wl, name + "_query")
@@ -306,7 +309,7 @@ def shine_part(run, a, work, fractions, initial):
     rounds = []
     with run.memnodes("rounds", load=images) as mn:
         for r in range(a.rounds):
-            pool = set(range(run.x.shape[0])) - set(live.values())
+            pool = run.not_live(live)
             d, ins, _, _ = run.churn(mn, live, 0.3, pool, rng, r, f"round{r}")
             used.append(run.bytes_used(ins))
             rounds.append({"deletes_per_s": d["deletes_per_s"], "inserts_per_s": ins["inserts_per_s"],
@@ -316,11 +319,8 @@ def shine_part(run, a, work, fractions, initial):
         q = run.query(mn, wl, "rounds_query")
         # upserts: 10 % of the live ids get the vectors of rows not live
         up_ids = rng.sample(sorted(live), a.n0 // 10)
-        pool = sorted(set(range(run.x.shape[0])) - set(live.values()))
-        up_rows = rng.sample(pool, len(up_ids))
-        data = run.rows_file("upsert_data", up_rows)
-        idf = work / "upsert_ids.txt"
-        write_ids(idf, up_ids)
+        up_rows = rng.sample(run.not_live(live), len(up_ids))
+        data, idf = run.data_and_ids("upsert", up_rows, up_ids)
         u = run.cn(mn, "upsert", ["--data", data, "--ids", idf, "--threads", 2, "--coroutines", 4], "upsert")
     fresh, _ = run.fresh_recall(live, wl, "rounds")
     res["rounds"] = {"bytes_used": used, "memory_ratio": used[-1] / used[0], "per_round": rounds,
@@ -456,9 +456,7 @@ def dhnsw_part(run, fractions, initial, seed):
            "command": dmh.command_line(), "date": time.strftime("%Y-%m-%d %H:%M"), "fractions": {}}
 
     def build(mn, live, name):
-        data = run.rows_file(name + "_data", list(live.values()))
-        idf = work / f"{name}_ids.txt"
-        write_ids(idf, live.keys())
+        data, idf = run.data_and_ids(name + "_data", list(live.values()), live.keys())
         (r,), _, wall = dhnsw_cns(run, mn, 1, "build", ["--data", data, "--ids", idf, "--metric", run.metric,
                                                          "--partitions", P, "--m", M, "--ef-construction", EFC], name)
         secs = r["seconds"]["total"] + r["write"]["seconds"]
@@ -529,12 +527,9 @@ def dhnsw_part(run, fractions, initial, seed):
             for i in gone:
                 del live[i]
             # inserts of as many rows that are not live, under new ids
-            pool = sorted(set(range(run.x.shape[0])) - set(live.values()))
-            rows = rng.sample(pool, n)
+            rows = rng.sample(run.not_live(live), n)
             new_ids = [r + run.x.shape[0] for r in rows]
-            data = run.rows_file(name + "_new", rows)
-            idf = work / f"{name}_new.txt"
-            write_ids(idf, new_ids)
+            data, idf = run.data_and_ids(name + "_new", rows, new_ids)
             ins = merged(*dhnsw_cns(run, mn, 2, "insert", ["--data", data, "--ids", idf], name + "_insert"), "insert")
             for i, r in zip(new_ids, rows):
                 live[i] = r
@@ -555,11 +550,8 @@ def dhnsw_part(run, fractions, initial, seed):
             live_b = dict(live)
             # upserts: 10 % of the live ids get the vectors of rows that are not live
             up_ids = rng.sample(sorted(live), a.n0 // 10)
-            pool = sorted(set(range(run.x.shape[0])) - set(live.values()))
-            up_rows = rng.sample(pool, len(up_ids))
-            data = run.rows_file(name + "_up", up_rows)
-            idf = work / f"{name}_up.txt"
-            write_ids(idf, up_ids)
+            up_rows = rng.sample(run.not_live(live), len(up_ids))
+            data, idf = run.data_and_ids(name + "_up", up_rows, up_ids)
             up = merged(*dhnsw_cns(run, mn, 2, "upsert", ["--data", data, "--ids", idf], name + "_upsert"), "upsert")
             for i, r in zip(up_ids, up_rows):
                 live[i] = r
