@@ -3,7 +3,9 @@
 namespace dmhnsw::dhnsw {
 
 void add_engine_flags(CLI::App& cmd, EngineOptions& o) {
-  cmd.add_option("--batch", o.batch, "dhnsw: B, most queries per batch")->capture_default_str()->check(CLI::PositiveNumber);
+  cmd.add_option("--batch", o.batch, "dhnsw: B, most queries per batch")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
   cmd.add_option("--max-wait-us", o.max_wait_us, "dhnsw: a batch closes this long after its first query arrived")
       ->capture_default_str();
   cmd.add_option("--probe", o.probe, "dhnsw: b, partitions (sub-HNSWs) searched per query")

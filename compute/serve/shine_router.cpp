@@ -323,7 +323,8 @@ void LiveRouter::watch() {
         if (now - p.sent > std::chrono::milliseconds(live_.timeout_ms)) late.push_back(req);
     }
     for (uint64_t req : late) {
-      spdlog::warn("serve: a query routed to a computenode got no answer in {} ms: answering it here", live_.timeout_ms);
+      spdlog::warn("serve: a query routed to a computenode got no answer in {} ms: answering it here",
+                   live_.timeout_ms);
       take_back(req, "timeout");
     }
     // Adaptive routing weighs the others' queues: tell them ours when it changed (and now and

@@ -79,14 +79,13 @@ void QuerySession::note_progress(PhaseRun& run) {
 void QuerySession::route(PhaseRun& run) {
   const std::vector<uint32_t>& items = *run.items;
   PhaseResult& pr = run.result;
-  router::RoutingPolicy rp(policy_, K_, self_, o_.search.routing.batch, router::parse_quota_base(o_.search.routing.quota),
-                           o_.search.routing.threshold);
+  const RoutingOptions& ro = o_.search.routing;
+  router::RoutingPolicy rp(policy_, K_, self_, ro.batch, router::parse_quota_base(ro.quota), ro.threshold);
   // Balanced/adaptive route a batch of b queries at once (RoutingPolicy::choose_batch: the
   // queries nearest a partition boundary are the ones moved when a computenode's limit is
   // reached); the others one query at a time.
   const size_t gather =
-      run.need_done && (policy_ == router::Policy::Balanced || policy_ == router::Policy::Adaptive) ? o_.search.routing.batch
-                                                                                                    : 1;
+      run.need_done && (policy_ == router::Policy::Balanced || policy_ == router::Policy::Adaptive) ? ro.batch : 1;
   std::vector<uint32_t> batch_pos;
   RouteScratch scratch;
   scratch.ranks.resize(gather * K_);
@@ -96,7 +95,8 @@ void QuerySession::route(PhaseRun& run) {
   // Flow control: the router runs at most this far ahead of the workers. Routing needs a queue to
   // compare (the threshold t); a lone computenode only keeps its coroutines fed, so that a
   // --repeat-seconds window ends on time when queries are slow (a TCG guest answers ~50 per s).
-  const uint64_t ahead = run.need_done ? 2ull * o_.search.routing.threshold + 64 : 4ull * o_.search.threads * o_.search.coroutines + 16;
+  const uint64_t ahead =
+      run.need_done ? 2ull * ro.threshold + 64 : 4ull * o_.search.threads * o_.search.coroutines + 16;
   for (size_t i = 0; !run.stop.load();) {
     batch_pos.clear();
     while (batch_pos.size() < gather && !run.stop.load()) {
