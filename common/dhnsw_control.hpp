@@ -8,7 +8,9 @@
 // `phase` says where a rebuild is:
 //   kIdle       inserts commit in place into the current epoch;
 //   kBuilding   the master re-partitions and rebuilds the index into a shadow area; inserts go
-//               to the insert buffer, which every query also searches;
+//               to the insert buffer, which every query also searches; deletes mark the live
+//               epoch in place until `deletes_closed`, when the master carries the ones its
+//               snapshot missed into the shadow (later deletes wait for the epoch to move);
 //   kPublished  the new epoch is live (memnode headers and `epoch` switched); the master merges
 //               the buffer into it (inserts commit in place again), then empties it.
 // The area of the previous epoch is kept (old_base/old_end) until every computenode that is
@@ -58,7 +60,8 @@ struct Control {
   uint64_t cur_base, cur_end;  // area of the live epoch: [metadata block, end of its last group) on any memnode
   uint64_t old_base, old_end;  // area of the previous epoch until every computenode left it (0, 0: free)
   uint64_t rebuilds;           // completed rebuilds
-  uint64_t reserved[5];
+  uint64_t deletes_closed;     // 1 while the master carries the live epoch's deletes into the shadow
+  uint64_t reserved[4];
   uint64_t bucket_words[kMaxBuckets];
   uint64_t acks[kMaxAckSlots];
 };
@@ -70,6 +73,7 @@ static_assert(offsetof(Control, lsh_seed) == 64);
 static_assert(offsetof(Control, cur_base) == 72);
 static_assert(offsetof(Control, old_base) == 88);
 static_assert(offsetof(Control, rebuilds) == 104);
+static_assert(offsetof(Control, deletes_closed) == 112);
 static_assert(offsetof(Control, bucket_words) == 152);
 static_assert(offsetof(Control, acks) == 664);
 static_assert(sizeof(Control) == 1176 && kControlOffset + sizeof(Control) <= fabric::kRejoinBlockOffset);  // the rejoin block, then the presence table follow

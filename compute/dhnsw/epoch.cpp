@@ -151,6 +151,13 @@ struct Snapshot {
   std::vector<RemotePtr> where;  // the label entry of each vector read from a sub-HNSW
   uint64_t bytes = 0, from_buffer = 0, dropped = 0;  // dropped: deleted vectors left out
   uint64_t duplicates = 0;  // copies of an id left out (an upsert cut short by this rebuild)
+  /// The label entries of each group as read (deleted ones too): carry_deletes reads them again.
+  struct LabelRun {
+    uint32_t group;  // its slot-0 sub
+    RemotePtr at;
+    uint64_t bytes;
+  };
+  std::vector<LabelRun> label_runs;
 };
 
 /// An id live twice (an upsert whose old vector this snapshot read before it was marked, or two
@@ -211,6 +218,8 @@ Snapshot snapshot(fabric::Endpoint& ep, const Index& idx, uint32_t cn_id, bool b
       auto* st = dynamic_cast<const faiss::IndexFlatCodes*>(sub.index->storage);
       const float* v = reinterpret_cast<const float*>(st->codes.data());
       const std::vector<Segment> labels = array_segments(buf.data(), len, d)[kLabels];
+      for (const Segment& sg : labels)
+        if (sg.bytes > 0) s.label_runs.push_back({g.id, RemotePtr(d.memnode, sg.region), sg.bytes});
       for (size_t i = 0; i < sub.labels.size(); ++i) {
         if (label_deleted(sub.labels[i])) {  // a rebuild drops what was deleted
           ++s.dropped;
@@ -238,6 +247,72 @@ Snapshot snapshot(fabric::Endpoint& ep, const Index& idx, uint32_t cn_id, bool b
     }
   }
   return s;
+}
+
+constexpr size_t kCarryLanes = 16;  // id index operations in flight at once
+
+compute::Task<void> carry_lane(IdIndex& x, const std::vector<int64_t>& ids, size_t lane, std::vector<RemotePtr>& at) {
+  for (size_t i = lane; i < ids.size(); i += kCarryLanes) {
+    const RemotePtr p = co_await x.find(static_cast<uint64_t>(ids[i]));
+    if (!p.is_null()) co_await x.erase(static_cast<uint64_t>(ids[i]), p);
+    at[i] = p;
+  }
+}
+
+/// Deletes acknowledged while the rebuild ran mark the live epoch in place; those that came
+/// after the snapshot read their group are carried into the shadow `b` (not yet published, so
+/// written without locks): with deletes closed, each group's label entries are read again under
+/// its lock, and every vector the snapshot kept whose entry now has the deleted bit loses its
+/// id index entry, gets the bit and counts in its sub's `deleted`. Returns their ids.
+std::vector<int64_t> carry_deletes(fabric::Endpoint& ep, const Index& idx, uint32_t cn_id, const Snapshot& s,
+                                   const BuiltIndex& b) {
+  std::unordered_map<uint64_t, int64_t> kept;  // label entry -> id, of the vectors the snapshot kept
+  kept.reserve(s.where.size());
+  for (size_t i = 0; i < s.where.size(); ++i) kept.emplace(s.where[i].raw(), s.ids[i]);
+  std::vector<int64_t> gone;
+  uint64_t ticket = static_cast<uint64_t>(Clock::now().time_since_epoch().count());
+  std::vector<char> buf;
+  for (size_t r = 0; r < s.label_runs.size();) {
+    const uint32_t g = s.label_runs[r].group;
+    const GroupLock lock(ep, idx, g, cn_id, 2000, ticket, nullptr, nullptr, "rebuild: carrying deletes");
+    for (; r < s.label_runs.size() && s.label_runs[r].group == g; ++r) {
+      const auto& run = s.label_runs[r];
+      buf.resize(run.bytes);
+      ep.read(run.at, buf.data(), run.bytes);
+      for (uint64_t o = 0; o + 8 <= run.bytes; o += 8) {
+        int64_t label;
+        std::memcpy(&label, buf.data() + o, 8);
+        if (!label_deleted(label)) continue;
+        const auto it = kept.find(RemotePtr(run.at.node(), run.at.offset() + o).raw());
+        if (it != kept.end()) gone.push_back(it->second);
+      }
+    }
+  }
+  if (gone.empty()) return gone;
+  compute::Scheduler sched(ep);
+  IdIndex ids(id_table(b.header), 0, sched, ticket);
+  std::vector<RemotePtr> at(gone.size());
+  for (size_t l = 0; l < std::min(gone.size(), kCarryLanes); ++l) sched.spawn(carry_lane(ids, gone, l, at));
+  sched.run();
+  std::map<uint32_t, uint64_t> per_sub;
+  for (size_t i = 0; i < gone.size(); ++i) {
+    if (at[i].is_null()) throw std::runtime_error("dhnsw rebuild: id " + std::to_string(gone[i]) +
+                                                  " is not in the new epoch's id index");
+    put_word(ep, at[i], static_cast<uint64_t>(gone[i]) | kDeletedLabel);
+    bool found = false;
+    for (const SubDesc& d : b.subs)
+      if (d.memnode == at[i].node() && at[i].offset() >= d.block_offset && at[i].offset() < d.block_offset + d.block_bytes) {
+        ++per_sub[d.id];
+        found = true;
+        break;
+      }
+    if (!found) throw std::runtime_error("dhnsw rebuild: the new epoch's id index names memnode " +
+                                         num(at[i].node()) + " offset " + num(at[i].offset()) + ", in no sub-HNSW");
+  }
+  for (const auto& [sub, n] : per_sub)
+    put_word(ep, RemotePtr(b.subs[sub].memnode, live_desc_offset(b.header, sub) + offsetof(SubDesc, deleted)),
+             b.subs[sub].deleted + n);
+  return gone;
 }
 
 /// A base offset, the same on every memnode, where `span[m]` bytes fit on memnode m beside
@@ -570,6 +645,9 @@ nlohmann::json run_rebuild(fabric::Cluster& c, fabric::Endpoint& ep, uint32_t cn
         ep.atomic_store(bucket_ptr(b), bucket_word(kBucketActive, 0), ctl.bucket_words[b]);
       put_word(ep, cfield(offsetof(Control, phase)), kBuilding);
     }
+    // Deletes mark the live epoch in place while this snapshot and build run (a master that
+    // died while carrying them left them closed: this one reads them all again).
+    put_word(ep, cfield(offsetof(Control, deletes_closed)), 0);
     if (ctl.old_end > ctl.old_base)  // the previous epoch's area, once every live computenode left it
       free_old_area(ep, ctl.epoch, cn_id, o, rep, true);
     ctl = read_control(ep);
@@ -609,6 +687,13 @@ nlohmann::json run_rebuild(fabric::Cluster& c, fabric::Endpoint& ep, uint32_t cn
     for (uint16_t m = 0; m < built.regions.size(); ++m)
       write_bytes(ep, m, base, built.regions[m].data(), built.regions[m].size(), ws);
     ms.check();
+    if (o.on_snapshot_written) o.on_snapshot_written();
+    const auto tc = Clock::now();
+    put_word(ep, cfield(offsetof(Control, deletes_closed)), 1);
+    const std::vector<int64_t> carried = carry_deletes(ep, idx, cn_id, snap, built);
+    const double carry_s = secs(tc);
+    if (o.on_deletes_closed) o.on_deletes_closed();
+    ms.check();
     test_pause("before");
     uint64_t area_end = 0;
     for (size_t m = 0; m < span.size(); ++m) area_end = std::max(area_end, base + span[m]);
@@ -639,7 +724,7 @@ nlohmann::json run_rebuild(fabric::Cluster& c, fabric::Endpoint& ep, uint32_t cn
     rep["epoch"] = bo.epoch;
     rep["vectors"] = n;
     rep["base_offset"] = base;
-    rep["seconds"] = {{"snapshot", snap_s}, {"build", build_s}, {"write", write_s}};
+    rep["seconds"] = {{"snapshot", snap_s}, {"build", build_s}, {"write", write_s}, {"carry", carry_s}};
     rep["bytes_written"] = ws.bytes;
     rep["bytes_read"] = snap.bytes;
     // 4. Merge the buffer, 5. free the old area if every computenode moved already (else the
@@ -647,7 +732,11 @@ nlohmann::json run_rebuild(fabric::Cluster& c, fabric::Endpoint& ep, uint32_t cn
     rep["from_buffer"] = snap.from_buffer;
     rep["deleted_dropped"] = snap.dropped;
     rep["duplicates_dropped"] = snap.duplicates;
-    if (merge_buffer(c, ep, cn_id, ms, rep, std::unordered_set<int64_t>(snap.ids.begin(), snap.ids.end()))) {
+    rep["deletes_carried"] = carried.size();
+    // A carried id may be in the buffer again (inserted after its delete): the merge takes it.
+    std::unordered_set<int64_t> known(snap.ids.begin(), snap.ids.end());
+    for (int64_t id : carried) known.erase(id);
+    if (merge_buffer(c, ep, cn_id, ms, rep, std::move(known))) {
       free_old_area(ep, bo.epoch, cn_id, o, rep, false);
       break;
     }

@@ -9,7 +9,9 @@
 //      group lock, and the master reads each group under its lock: nothing is missed);
 //   2. reads every sub-HNSW, re-partitions all vectors (balanced k-means) and builds the
 //      sub-HNSWs and the meta-HNSW into a shadow area of the regions (a free range at the same
-//      offset on every memnode: after the live epoch, or before it);
+//      offset on every memnode: after the live epoch, or before it); deletes meanwhile mark the
+//      live epoch in place and are acknowledged at once: the master closes deletes, reads each
+//      group's labels again under its lock and deletes in the shadow what its snapshot missed;
 //   3. publishes: the memnodes' region headers (memnode 0 last), then the control block's epoch
 //      and phase kPublished;
 //   4. freezes the buffer's buckets, merges their entries into the new epoch with in-place
@@ -19,6 +21,7 @@
 // A master killed before 3 leaves the old epoch serving and the buffer intact: the next master
 // starts over. Killed after 3, the next master only merges (4) and frees (5).
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -68,6 +71,9 @@ struct RebuildOptions {
   /// Another master's word: watch it (taking it over when it stays unchanged for a lease)
   /// instead of returning "skipped" at once.
   bool wait_for_master = true;
+  /// For the tests: called once the shadow area is written, and once the deletes are carried
+  /// into it (deletes closed) before it is published.
+  std::function<void()> on_snapshot_written, on_deletes_closed;
 };
 
 /// Clears computenode `cn_id`'s ack slot: it leaves, nobody waits for it (best effort).

@@ -184,13 +184,21 @@ void Inserter::map_ids(const std::vector<std::pair<int64_t, RemotePtr>>& placed)
   }
 }
 
-void Inserter::wait_for_idle() {
+namespace {
+/// Deletes mark the live epoch in place while it is idle, and while a rebuild builds until its
+/// master closes them to carry them into the new epoch (compute/dhnsw/epoch.hpp).
+bool deletes_open(const Control& c) { return c.phase == kIdle || (c.phase == kBuilding && c.deletes_closed == 0); }
+}  // namespace
+
+uint64_t Inserter::wait_for_idle(bool deletes) {
   uint64_t seen = ~uint64_t{0};
   auto since = Clock::now();
   bool waited = false;
+  uint64_t phase = kIdle;
   for (;;) {
     const Control ctl = read_control(ep_);
-    if (ctl.phase == kIdle) break;
+    phase = ctl.phase;
+    if (deletes ? deletes_open(ctl) : ctl.phase == kIdle) break;
     if (!waited) {
       waited = true;
       ++st_.rebuild_waits;
@@ -207,6 +215,7 @@ void Inserter::wait_for_idle() {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   if (waited || read_control(ep_).epoch != index_->header.epoch) reload();
+  return phase;
 }
 
 uint32_t Inserter::group_of(RemotePtr p) const {
@@ -560,7 +569,7 @@ Inserter::Marked Inserter::mark_deleted(const std::vector<std::pair<int64_t, Rem
     const uint64_t mine = lock.word();
     const Control ctl = read_control(ep_);
     if (ctl.epoch != idx.header.epoch) return Marked::EpochMoved;
-    if (ctl.phase != kIdle && !merge_) return Marked::NotIdle;
+    if (!merge_ && !deletes_open(ctl)) return Marked::NotIdle;
     const SubDesc& s0 = idx.subs[g0];
     const uint16_t mem = s0.memnode;
     const uint32_t subs[2] = {g0, s0.partner};
@@ -679,15 +688,24 @@ std::vector<int64_t> Inserter::remove(const int64_t* ids, size_t n) {
       if (seen.insert(ids[i]).second) pending.push_back(ids[i]);
     }
   }
-  std::vector<int64_t> missing;
+  std::vector<int64_t> missing, later;
   bool rebuild = false;
-  while (!pending.empty()) {
-    wait_for_idle();  // a buffered insert of the id would be merged after the delete
+  while (!pending.empty() || !later.empty()) {
+    uint64_t phase;
+    if (pending.empty()) {
+      // Ids the id index lacked while a rebuild ran may be in its insert buffer, which the merge
+      // empties into the index: they are looked up again once it is idle.
+      pending.swap(later);
+      phase = wait_for_idle(false);
+    } else {
+      phase = wait_for_idle(true);
+    }
     const std::vector<RemotePtr> at = lookup(pending.data(), pending.size());
     std::vector<std::pair<int64_t, RemotePtr>> e;
     for (size_t i = 0; i < pending.size(); ++i) {
-      if (at[i].is_null()) missing.push_back(pending[i]);
-      else e.emplace_back(pending[i], at[i]);
+      if (!at[i].is_null()) e.emplace_back(pending[i], at[i]);
+      else if (phase == kIdle) missing.push_back(pending[i]);
+      else later.push_back(pending[i]);
     }
     std::vector<char> done(e.size(), 0), gone(e.size(), 0);
     const Marked m = mark_deleted(e, done, gone, rebuild);

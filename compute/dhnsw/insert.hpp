@@ -99,7 +99,9 @@ class Inserter {
   void insert(const float* x, const int64_t* ids, size_t n, bool upsert = false);
   /// Marks the vectors of `ids` deleted: under their group's lock, the label entry's top bit
   /// (seqlocked like a commit), then the id's entry is removed. Returns the ids the index does
-  /// not hold. Waits for a running rebuild to finish first. Throws std::invalid_argument when
+  /// not hold. While a rebuild builds, the live epoch is marked and the master carries the marks
+  /// into the new epoch; only ids the id index lacks then (maybe in the insert buffer) and
+  /// deletes while the master carries or merges wait for it. Throws std::invalid_argument when
   /// the index has no id index.
   std::vector<int64_t> remove(const int64_t* ids, size_t n);
   bool has_id_index() const { return ids_ != nullptr; }
@@ -118,9 +120,10 @@ class Inserter {
                       std::vector<char>& done);
   void reload();
   void ack();
-  /// Returns once the control block's phase is idle (no rebuild, no merge); takes over a master
-  /// whose word stays unchanged for a lease.
-  void wait_for_idle();
+  /// Returns once the control block's phase is idle (no rebuild, no merge), or with `deletes`
+  /// once deletes may mark the live epoch (idle, or a rebuild building with deletes open); the
+  /// phase it saw. Takes over a master whose word stays unchanged for a lease.
+  uint64_t wait_for_idle(bool deletes = false);
   /// The id index's entries of `ids` (null: absent), looked up concurrently.
   std::vector<RemotePtr> lookup(const int64_t* ids, size_t n);
   /// Maps each (id, label entry) with IdIndex::insert(replace = upsert_); upserted ids' old

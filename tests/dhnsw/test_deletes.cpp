@@ -10,6 +10,7 @@
 #include <cstring>
 #include <random>
 #include <set>
+#include <thread>
 #include <unordered_map>
 
 #include "common/fabric/local_fabric.hpp"
@@ -196,4 +197,81 @@ TEST_CASE("dhnsw deletes: delete 30 %, upsert 10 %, insert sparse ids, and a reb
   live[ids[0]] = std::vector<float>(more.begin() + 60 * kDim, more.begin() + 61 * kDim);
   CHECK(again.stats().replaced == 1);
   check_live(*cluster, live);
+}
+
+TEST_CASE("dhnsw deletes: while a rebuild builds a delete is acknowledged at once and carried into its epoch",
+          "[dhnsw][delete][rebuild]") {
+  const std::vector<float> data = blobs(kN, 11);
+  std::vector<int64_t> ids(kN);
+  for (size_t i = 0; i < kN; ++i) ids[i] = static_cast<int64_t>(1000 + 7 * i);
+  auto cluster = place(data, ids);
+  Live live;
+  for (size_t i = 0; i < kN; ++i) live[ids[i]] = std::vector<float>(data.begin() + i * kDim, data.begin() + (i + 1) * kDim);
+  auto ep = cluster->make_endpoint();
+  InsertTuning t;
+  t.rebuild_deleted = 0;
+  // 10 % deleted before the rebuild: its snapshot leaves them out.
+  {
+    Inserter before(*cluster, *ep, 0, t);
+    CHECK(before.remove(ids.data(), kN / 10).empty());
+    for (size_t i = 0; i < kN / 10; ++i) live.erase(ids[i]);
+  }
+  const std::vector<float> fresh = blobs(1, 12);
+  const int64_t again = ids[kN / 10];  // deleted while the rebuild builds, then inserted anew
+  std::vector<int64_t> late(ids.begin() + kN / 2, ids.begin() + kN / 2 + 100);
+  std::thread late_deleter;
+  uint64_t late_waits = 0;
+  std::vector<int64_t> late_missing{-1};
+
+  RebuildOptions ro;
+  ro.on_snapshot_written = [&] {
+    // The snapshot is taken and the shadow written: 20 % more are deleted now, without waiting.
+    auto dep = cluster->make_endpoint();
+    Inserter del(*cluster, *dep, 1, t);
+    CHECK(del.remove(ids.data() + kN / 10, kN / 5).empty());
+    CHECK(del.stats().rebuild_waits == 0);
+    CHECK(del.stats().deleted == kN / 5);
+    for (size_t i = kN / 10; i < kN / 10 + kN / 5; ++i) live.erase(ids[i]);
+    // An id deleted meanwhile can be inserted again: into the insert buffer.
+    del.insert(fresh.data(), &again, 1);
+    CHECK(del.stats().buffered == 1);
+    live[again] = fresh;
+    check_live(*cluster, live);  // the live epoch and the buffer: no deleted id answers
+  };
+  ro.on_deletes_closed = [&] {
+    // The master carries the deletes now: a delete from here on waits for the new epoch.
+    late_deleter = std::thread([&] {
+      auto lep = cluster->make_endpoint();
+      Inserter del(*cluster, *lep, 2, t);
+      late_missing = del.remove(late.data(), late.size());
+      late_waits = del.stats().rebuild_waits;
+    });
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  };
+  const nlohmann::json rr = run_rebuild(*cluster, *ep, 0, ro);
+  late_deleter.join();
+  for (int64_t id : late) live.erase(id);
+  REQUIRE_FALSE(rr.contains("skipped"));
+  CHECK(rr["deleted_dropped"].get<uint64_t>() == kN / 10);
+  CHECK(rr["deletes_carried"].get<uint64_t>() == kN / 5);
+  CHECK(rr["merged"].get<uint64_t>() == 1);  // the id inserted again after its delete
+  CHECK(late_missing.empty());
+  CHECK(late_waits == 1);
+  {
+    Index idx = load_index(*cluster, *ep);
+    uint64_t count = 0, deleted = 0;
+    for (const SubDesc& s : idx.subs) {  // the live descriptors (the block's copies on other memnodes are not)
+      SubDesc d;
+      ep->read(RemotePtr(s.memnode, live_desc_offset(idx.header, s.id)), &d, sizeof d);
+      count += d.count, deleted += d.deleted;
+    }
+    CHECK(count - deleted == live.size());
+    CHECK(deleted == kN / 5 + late.size());
+  }
+  check_live(*cluster, live);
+  // The carried deletes left the new epoch's id index too: deleting them again finds none.
+  Inserter after(*cluster, *ep, 3, t);
+  std::vector<int64_t> carried(ids.begin() + kN / 10 + 1, ids.begin() + kN / 10 + kN / 5);
+  CHECK(after.remove(carried.data(), carried.size()).size() == carried.size());
+  CHECK(after.remove(&again, 1).empty());  // the new vector of the id inserted again is there
 }
