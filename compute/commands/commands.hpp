@@ -50,7 +50,7 @@ class IndexCommands {
   void add(CLI::App& app);
   /// The `--read-mode` flag of build and insert (registered after every subcommand's own flags).
   void add_read_mode(std::string& read_mode);
-  bool selected() const { return *build_ || *insert_ || *upsert_ || *delete_ || *rebuild_; }
+  bool selected() const { return *build_ || *insert_ || *upsert_ || *delete_ || *consolidate_ || *rebuild_; }
   bool wants_report() const { return !report_.empty(); }
   int run(RunEnv& env, shine::ReadMode rm);
 
@@ -59,8 +59,10 @@ class IndexCommands {
   int run_dhnsw(RunEnv& env);
   int run_shine(RunEnv& env, shine::ReadMode rm);
   CLI::App *build_ = nullptr, *insert_ = nullptr, *upsert_ = nullptr, *delete_ = nullptr, *rebuild_ = nullptr;
+  CLI::App* consolidate_ = nullptr;
   shine::BuildOptions bo_;
   shine::DeleteOptions del_;
+  shine::ConsolidateOptions con_;
   std::string ids_file_;
   int64_t id_capacity_ = -1;  // shine build: -1 twice the rows, 0 no id index
   std::string build_cache_ = "2GiB", metric_ = "l2", report_, store_dir_, partition_metric_ = "l2", share_;

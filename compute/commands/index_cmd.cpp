@@ -24,6 +24,13 @@ void IndexCommands::add(CLI::App& app) {
   delete_->add_option("--threads", del_.threads, "worker threads (each with its own endpoint)")->capture_default_str();
   delete_->add_option("--coroutines", del_.coroutines, "deletes in flight per thread")->capture_default_str();
   delete_->add_option("--report", report_, "write the delete report (JSON) here (computenode 0, merged)");
+  consolidate_ = app.add_subcommand("consolidate", "shine: replace every live node's edges to deleted nodes by "
+                                                   "their live neighbours (FreshDiskANN's consolidation), so that "
+                                                   "inserts reusing deleted records leave no stale edge (this "
+                                                   "computenode's share of the nodes)");
+  consolidate_->add_option("--threads", con_.threads, "worker threads (each with its own endpoint)")->capture_default_str();
+  consolidate_->add_option("--coroutines", con_.coroutines, "nodes in flight per thread")->capture_default_str();
+  consolidate_->add_option("--report", report_, "write the consolidation report (JSON) here (computenode 0, merged)");
   for (auto* sc : {build_, insert_, upsert_}) {
     sc->add_option("--data", bo_.data, "base vectors (.fvecs .bvecs .fbin .u8bin .i8bin); labels are row ids "
                                        "unless --ids")->required();
@@ -101,7 +108,15 @@ void IndexCommands::add_read_mode(std::string& read_mode) {
 
 int IndexCommands::run(RunEnv& env, shine::ReadMode rm) {
   if (*rebuild_) return run_rebuild(env);
+  if (env.flags.mode == "dhnsw" && *consolidate_)
+    throw std::invalid_argument("consolidate: only --mode shine; d-HNSW's rebuild drops deleted vectors");
   if (env.flags.mode == "dhnsw") return run_dhnsw(env);
+  if (*consolidate_) {
+    auto r = shine::run_consolidate(env.rc, con_);
+    if (env.flags.cn_id == 0) shine::print_consolidate(r);
+    env.write_report(report_, r);
+    return 0;
+  }
   if (*delete_) {
     del_.ids = load_id_list(ids_file_);
     auto r = shine::run_delete(env.rc, del_);

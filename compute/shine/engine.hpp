@@ -39,6 +39,12 @@ struct DeleteOptions {
   bool progress = true;
 };
 
+struct ConsolidateOptions {
+  uint32_t threads = 2;
+  uint32_t coroutines = 4;
+  bool progress = true;
+};
+
 struct QueryOptions {
   std::string workload;
   uint32_t k = 10;
@@ -58,6 +64,11 @@ nlohmann::json run_build(const RunContext& rc, const BuildOptions& o);
 /// counts, and the ids that were not in the index (not an error).
 nlohmann::json run_delete(const RunContext& rc, const DeleteOptions& o);
 void print_delete(const nlohmann::json& r);
+/// `computenode --mode shine consolidate`: every live node (this computenode's share of the id
+/// index's entries, and the entry point) has its edges to deleted nodes replaced
+/// (Worker::consolidate), so that reusing their records leaves no live list pointing at them.
+nlohmann::json run_consolidate(const RunContext& rc, const ConsolidateOptions& o);
+void print_consolidate(const nlohmann::json& r);
 /// Runs the workload; returns the query report (merged on computenode 0).
 nlohmann::json run_query(const RunContext& rc, const QueryOptions& o);
 /// A short human table of a report on stdout.

@@ -97,6 +97,9 @@ void raise_id_ceiling(fabric::Endpoint& ep, uint64_t ceiling);
 /// to it. Two claims of overlapping ranges never both succeed.
 bool claim_ids(fabric::Endpoint& ep, uint64_t lo, uint64_t hi, uint64_t& ceiling);
 
+/// The nodes an id index names (each live node once), read bucket by bucket from every memnode.
+std::vector<RemotePtr> live_nodes(fabric::Endpoint& ep, const IdTable& t);
+
 /// The process-wide view of the graph: layout, bounds, distance kernel. Read-only, shared
 /// by all worker threads.
 class Graph {
@@ -169,6 +172,10 @@ class Worker {
   Task<bool> remove(uint64_t id, OpContext& ctx);
   /// k nearest neighbours with efSearch `ef` (Algorithm 1; upper levels with ef = 1).
   Task<std::vector<Neighbor>> search(const float* q, uint32_t k, uint32_t ef, OpContext& ctx);
+  /// FreshDiskANN's delete consolidation for node `p` (compute/shine/consolidate.cpp): each of
+  /// its lists that names deleted nodes gets, under p's lock, those nodes' live neighbours in
+  /// their place, pruned with the heuristic. Returns the lists rewritten.
+  Task<unsigned> consolidate(RemotePtr p, OpContext& ctx);
 
  private:
   /// The vectors one insert knows: the shared cache first, then its own overflow.
@@ -228,6 +235,10 @@ class Worker {
   /// (the record then goes back to the stacks).
   Task<unsigned> reuse(RemotePtr n, const float* v, uint64_t label, bool upsert, RemotePtr& replaced, OpContext& ctx);
   Task<void> detach(RemotePtr n, unsigned level, const float* any, OpContext& ctx);
+  /// Consolidation: reads the nodes of `nodes` not in `deleted` yet (their vectors into `cache`,
+  /// distances to q) and notes whether each is deleted.
+  Task<void> read_flags(const std::vector<RemotePtr>& nodes, const float* q, std::unordered_map<uint64_t, bool>& deleted,
+                        OpContext& ctx, VecCache& cache);
   /// The node cache drops the records reused since it last looked, up to reuse `upto`.
   Task<void> apply_reuse_log(uint64_t upto, OpContext& ctx);
   /// The same for the shared vector cache of inserts.

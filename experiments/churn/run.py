@@ -166,6 +166,11 @@ class Run:
         idf = self.work / f"{name}_del.txt"
         write_ids(idf, gone)
         d = self.cn(mn, "delete", ["--ids", idf, "--threads", 2, "--coroutines", 4], name + "_delete")
+        if self.a.shine_consolidate:  # live lists rid of deleted nodes before the inserts reuse them
+            c = self.cn(mn, "consolidate", ["--threads", 2, "--coroutines", 4], name + "_consolidate")
+            d["consolidate"] = {k: c[k] for k in ("nodes", "nodes_changed", "lists_rewritten", "seconds", "nodes_per_s")}
+            dmh.log(f"  consolidated: {c['nodes_changed']} of {c['nodes']} nodes linked to deleted ones, "
+                    f"{c['seconds']:.1f} s")
         for i in gone:
             del live[i]
         rows = rng.sample(sorted(pool), n)
@@ -298,6 +303,7 @@ def shine_part(run, a, work, fractions, initial):
                                        "deletes_per_s": d["deletes_per_s"], "inserts_per_s": ins["inserts_per_s"],
                                        "deleted": d["deleted"], "inserted": ins["inserted"],
                                        "records_reused": ins.get("records_reused"),
+                                       "consolidate": d.get("consolidate"),
                                        "bytes_used": run.bytes_used(ins)}
         dmh.log(f"  recall {q['recall']:.4f} (fresh build {fresh:.4f}); {d['deletes_per_s']:.0f} deletes/s, "
                 f"{ins['inserts_per_s']:.0f} inserts/s into deleted records; {run.bytes_used(ins) >> 20} MiB")
@@ -329,6 +335,9 @@ def shine_part(run, a, work, fractions, initial):
     dmh.log(f"  memory {used[-1] / used[0]:.3f}x, recall {q['recall']:.4f} (fresh {fresh:.4f}), "
             f"{u['inserts_per_s']:.0f} upserts/s")
 
+    if a.skip_hnswlib:
+        res["seconds"] = time.time() - t_start
+        return res
     dmh.log("hnswlib, the same operations")
     res["hnswlib"] = hnswlib_part(run, fractions, a.rounds, initial, 11)
     res["seconds"] = time.time() - t_start
@@ -649,6 +658,9 @@ def main():
     ap.add_argument("--dhnsw-batch", type=int, default=500, help="d-HNSW queries per batch (default %(default)s)")
     ap.add_argument("--dhnsw-rebuilds", type=int, default=5,
                     help="d-HNSW rebuilds of the churned live set, each queried (default %(default)s)")
+    ap.add_argument("--shine-consolidate", action="store_true",
+                    help="shine: run `consolidate` after each delete, before the inserts reuse the records")
+    ap.add_argument("--skip-hnswlib", action="store_true", help="leave hnswlib's part out")
     ap.add_argument("--quick", action="store_true", help="n0 4000, 200 queries, 2 rounds (a smoke run)")
     a = ap.parse_args()
     if a.quick:

@@ -155,7 +155,7 @@ def classify(r: dict) -> str | None:
         return by_tool[tool]
     if mode == "shine" and kind in ("insert", "upsert"):
         return "shine-build"  # one section for build, insert and upsert
-    if mode == "shine" and kind in ("build", "query", "import", "delete"):
+    if mode == "shine" and kind in ("build", "query", "import", "delete", "consolidate"):
         return "shine-" + kind
     if mode == "dhnsw" and kind in ("query", "mixed"):
         return "dhnsw-" + kind
@@ -414,6 +414,8 @@ def make_reports(r: Runner) -> list[str]:
                            "q.fvecs", "--ids", "ids.txt", "--threads", "1", "--report", "shine-upsert.json"])
     r.run("shine-delete", ["computenode", "--mode", "shine", "--provider", "shm", "--memnodes", mn, "delete", "--ids",
                            "ids.txt", "--threads", "1", "--report", "shine-delete.json"])
+    r.run("shine-consolidate", ["computenode", "--mode", "shine", "--provider", "shm", "--memnodes", mn, "consolidate",
+                                "--threads", "1", "--report", "shine-consolidate.json"])
     r.stop(single)
 
     # ---- a replica set whose copy 1 starts joining (memnode --rejoin); `rejoin` fills it
@@ -440,7 +442,8 @@ def make_reports(r: Runner) -> list[str]:
             "fabric-bench.json", "serve-bench.json", "serve-bench-open.json", "hnswlib-bench.json",
             "dhnsw-build.json", "dhnsw-build-skipped.json.cn1", "dhnsw-query2.json", "dhnsw-query2.json.cn1",
             "dhnsw-insert.json", "dhnsw-upsert.json", "dhnsw-delete.json", "dhnsw-query.json", "dhnsw-mixed.json", "dhnsw-rebuild.json",
-            "dhnsw-build-tool.json", "shine-import.json", "shine-upsert.json", "shine-delete.json", "rejoin.json"]
+            "dhnsw-build-tool.json", "shine-import.json", "shine-upsert.json", "shine-delete.json", "shine-consolidate.json",
+            "rejoin.json"]
     missing = [f for f in want if not (w / f).exists()]
     if missing:
         raise RuntimeError("reports not written: " + ", ".join(missing))

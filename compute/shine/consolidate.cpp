@@ -1,0 +1,184 @@
+// Delete consolidation (FreshDiskANN, Singh et al. 2021, section 4): after deletes, every live
+// node's edges to deleted nodes are replaced by those nodes' live neighbours, pruned with the
+// heuristic. A reuse of a deleted record then finds no live list pointing at it: without this,
+// the lists that a reuse's in-edge search does not reach keep an edge that, once the record
+// holds another vector, leads somewhere unrelated (what costs recall under churn at scale).
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <mutex>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "common/progress.hpp"
+#include "compute/board.hpp"
+#include "compute/shine/engine.hpp"
+#include "compute/shine/graph.hpp"
+#include "compute/shine/run_util.hpp"
+
+namespace dmhnsw::shine {
+
+using nlohmann::json;
+
+Task<void> Worker::read_flags(const std::vector<RemotePtr>& nodes, const float* q,
+                              std::unordered_map<uint64_t, bool>& deleted, OpContext& ctx, VecCache& cache) {
+  std::vector<RemotePtr> fresh;
+  for (RemotePtr n : nodes)
+    if (!deleted.contains(n.raw()) && std::find(fresh.begin(), fresh.end(), n) == fresh.end()) fresh.push_back(n);
+  const std::vector<Neighbor> got = co_await read_vectors(fresh, q, ctx, &cache);
+  for (const Neighbor& n : got) deleted[n.node.raw()] = n.deleted;
+}
+
+Task<unsigned> Worker::consolidate(RemotePtr p, OpContext& ctx) {
+  const auto& L = g_.layout();
+  VecCache cache;  // this node's candidates: read here, so their deleted flags are current
+  std::unordered_map<uint64_t, bool> deleted;  // node -> deleted, as read
+  const std::vector<float> zero(L.dim(), 0.f);
+  {
+    std::vector<RemotePtr> me(1, p);
+    co_await read_flags(me, zero.data(), deleted, ctx, cache);
+  }
+  const auto self = cache.find(p);
+  if (!self) co_return 0;  // not a node (an entry reused or moved meanwhile)
+  const unsigned level = self->level;
+  unsigned rewritten = 0;
+  for (unsigned l = 0; l <= level; ++l) {
+    {  // Without the lock first: most lists of a node far from the deletes need nothing.
+      const std::vector<RemotePtr> list = co_await read_list(p, l, ctx);
+      co_await read_flags(list, self->v, deleted, ctx, cache);
+      if (std::none_of(list.begin(), list.end(), [&](RemotePtr n) { return deleted[n.raw()]; })) continue;
+    }
+    const uint64_t held = co_await lock_node(p, level, ctx);
+    const std::vector<RemotePtr> list = co_await read_list(p, l, ctx);
+    co_await read_flags(list, self->v, deleted, ctx, cache);
+    std::vector<RemotePtr> cand, via;
+    for (RemotePtr n : list) (deleted[n.raw()] ? via : cand).push_back(n);
+    std::vector<RemotePtr> more;
+    for (RemotePtr d : via) {
+      const std::vector<RemotePtr> dl = co_await read_list(d, l, ctx);
+      for (RemotePtr n : dl)
+        if (n != p && std::find(cand.begin(), cand.end(), n) == cand.end()) more.push_back(n);
+    }
+    co_await read_flags(more, self->v, deleted, ctx, cache);
+    for (RemotePtr n : more)
+      if (!deleted[n.raw()] && std::find(cand.begin(), cand.end(), n) == cand.end()) cand.push_back(n);
+    if (!via.empty() && !cand.empty()) {
+      std::vector<Neighbor> nb;
+      for (RemotePtr n : cand)
+        if (const auto e = cache.find(n); e && e->level >= l) nb.push_back({g_.distance()(self->v, e->v), n, e->label});
+      std::sort(nb.begin(), nb.end(), [](const Neighbor& a, const Neighbor& b) { return a.dist < b.dist; });
+      std::vector<RemotePtr> next;
+      for (const auto& c : select_heuristic(nb, L.capacity(l), cache)) next.push_back(c.node);
+      co_await write_list(p, l, next, ctx);
+      ++rewritten;
+    }
+    co_await unlock_node(p, held, NodeHeader::unlocked(held), ctx);
+  }
+  co_return rewritten;
+}
+
+std::vector<RemotePtr> live_nodes(fabric::Endpoint& ep, const IdTable& t) {
+  std::vector<RemotePtr> out;
+  constexpr uint64_t kChunk = 4u << 20;
+  const uint64_t bytes = t.bytes_per_memnode();
+  std::vector<char> buf;
+  for (uint16_t m = 0; m < t.memnodes; ++m)
+    for (uint64_t at = 0; at < bytes; at += kChunk) {
+      const uint64_t n = std::min(kChunk, bytes - at);
+      buf.resize(n);
+      ep.read(RemotePtr(m, t.offset + at), buf.data(), n);
+      for (uint64_t o = 0; o < n; o += 8) {
+        if ((at + o) % IdSlot::kBucketBytes == 0) continue;  // a bucket's lock word
+        uint64_t w;
+        std::memcpy(&w, buf.data() + o, 8);
+        if (w != 0) out.push_back(IdSlot::node(w));
+      }
+    }
+  return out;
+}
+
+json run_consolidate(const RunContext& rc, const ConsolidateOptions& o) {
+  fabric::Cluster& c = *rc.cluster;
+  auto control = c.make_endpoint(16u << 20);
+  const GraphParams p = format_or_attach(c, *control, nullptr, rc.cn_id);
+  if (p.ids.buckets == 0)
+    throw std::invalid_argument("consolidate: this shine index has no id index (it has no deletes either)");
+  Graph g(c, p);
+  const auto t0 = Clock::now();
+  std::vector<RemotePtr> all = live_nodes(*control, p.ids);
+  uint64_t entry = 0;  // the entry point stays even when deleted: it guides every search
+  control->read(RemotePtr(0, mode_word_offset(shine_word::kEntryPoint)), &entry, 8);
+  if (entry != 0 && std::find(all.begin(), all.end(), RemotePtr::from_raw(entry)) == all.end())
+    all.push_back(RemotePtr::from_raw(entry));
+  std::vector<RemotePtr> mine;
+  for (size_t i = rc.cn_id; i < all.size(); i += rc.num_cns) mine.push_back(all[i]);
+  compute::Board board(c, *control, rc.cn_id, rc.num_cns, "consolidate", rc.departed_at_connect);
+  std::atomic<size_t> next{0};
+  std::atomic<bool> stop{false};
+  std::atomic<uint64_t> lists{0}, nodes_changed{0};
+  std::mutex mu;
+  IoStats io;
+  SearchStats ss;
+  ProgressOptions po;
+  po.enabled = o.progress;
+  Progress done("shine consolidate", mine.size(), "nodes", po);
+  parallel(c, o.threads, stop, [&](uint32_t t, fabric::Endpoint& ep) {
+    compute::Scheduler s(ep);
+    Worker w(g, s, p.seed * 7919 + rc.cn_id * 1009 + t);
+    std::vector<OpContext> ctxs(o.coroutines);
+    auto loop = [&](OpContext& ctx) -> compute::Task<void> {
+      for (;;) {
+        if (stop.load()) co_return;
+        const size_t i = next.fetch_add(1);
+        if (i >= mine.size()) co_return;
+        const unsigned r = co_await w.consolidate(mine[i], ctx);
+        lists += r;
+        nodes_changed += r > 0;
+        done.add();
+      }
+    };
+    for (auto& ctx : ctxs) s.spawn(loop(ctx));
+    s.run();
+    std::lock_guard g(mu);
+    for (auto& x : ctxs) io += x.io, ss.hops += x.search.hops, ss.visited += x.search.visited;
+  });
+  done.finish();
+  const double secs = secs_since(t0);
+  json mine_j = {{"cn_id", rc.cn_id},           {"nodes", mine.size()},       {"nodes_changed", nodes_changed.load()},
+                 {"lists_rewritten", lists.load()}, {"lists_read", ss.hops},   {"vectors_read", ss.visited},
+                 {"seconds", secs},               {"io", io_json(io)}};
+  const uint64_t gen = board.barrier();
+  board.publish(gen, mine_j.dump());
+  json report = {{"mode", "shine"}, {"kind", "consolidate"}, {"provider", rc.provider}, {"num_cns", rc.num_cns},
+                 {"threads", o.threads}, {"coroutines", o.coroutines}};
+  if (rc.cn_id != 0) {
+    report["cn"] = mine_j;
+    return report;
+  }
+  uint64_t nodes = 0, changed = 0, rewritten = 0;
+  double max_secs = 0;
+  json per_cn = json::array();
+  for (const auto& text : board.gather(gen)) {
+    json j = json::parse(text);
+    nodes += j["nodes"].get<uint64_t>();
+    changed += j["nodes_changed"].get<uint64_t>();
+    rewritten += j["lists_rewritten"].get<uint64_t>();
+    max_secs = std::max(max_secs, j["seconds"].get<double>());
+    per_cn.push_back(j);
+  }
+  report.update({{"nodes", nodes}, {"nodes_changed", changed}, {"lists_rewritten", rewritten}, {"seconds", max_secs},
+                 {"nodes_per_s", static_cast<double>(nodes) / std::max(max_secs, 1e-9)}, {"per_cn", per_cn}});
+  return report;
+}
+
+void print_consolidate(const json& r) {
+  if (!r.contains("nodes")) return;
+  std::printf("shine consolidate: %llu nodes checked, %llu of them linked to deleted nodes (%llu lists rewritten), "
+              "%.2f s (%.0f nodes/s)\n",
+              static_cast<unsigned long long>(r["nodes"].get<uint64_t>()),
+              static_cast<unsigned long long>(r["nodes_changed"].get<uint64_t>()),
+              static_cast<unsigned long long>(r["lists_rewritten"].get<uint64_t>()), r["seconds"].get<double>(),
+              r["nodes_per_s"].get<double>());
+}
+
+}  // namespace dmhnsw::shine
