@@ -20,6 +20,10 @@ namespace dmhnsw::shine {
 
 using nlohmann::json;
 
+namespace {
+constexpr float kAlpha = 1.2f;
+}  // namespace
+
 Task<void> Worker::read_flags(const std::vector<RemotePtr>& nodes, const float* q,
                               std::unordered_map<uint64_t, bool>& deleted, OpContext& ctx, VecCache& cache) {
   std::vector<RemotePtr> fresh;
@@ -67,14 +71,72 @@ Task<unsigned> Worker::consolidate(RemotePtr p, OpContext& ctx) {
       for (RemotePtr n : cand)
         if (const auto e = cache.find(n); e && e->level >= l) nb.push_back({g_.distance()(self->v, e->v), n, e->label});
       std::sort(nb.begin(), nb.end(), [](const Neighbor& a, const Neighbor& b) { return a.dist < b.dist; });
+      // DiskANN's RobustPrune with alpha 1.2 (FreshDiskANN consolidates so): nearest first, a
+      // candidate goes when a kept one is nearer to it than its distance to p over alpha. Alpha
+      // above hnswlib's 1 keeps some longer edges, in place of the paths the deleted nodes gave.
+      const float a2 = g_.params().metric == Metric::L2 ? kAlpha * kAlpha : 1.0f;  // squared L2
       std::vector<RemotePtr> next;
-      for (const auto& c : select_heuristic(nb, L.capacity(l), cache)) next.push_back(c.node);
+      std::vector<const float*> kept;
+      for (const Neighbor& c : nb) {
+        if (next.size() >= L.capacity(l)) break;
+        const float* cv = cache.find(c.node)->v;
+        bool good = nb.size() <= L.capacity(l);
+        if (!good) {
+          good = true;
+          for (const float* kv : kept)
+            if (a2 * g_.distance()(cv, kv) <= c.dist) {
+              good = false;
+              break;
+            }
+        }
+        if (good) next.push_back(c.node), kept.push_back(cv);
+      }
       co_await write_list(p, l, next, ctx);
       ++rewritten;
     }
     co_await unlock_node(p, held, NodeHeader::unlocked(held), ctx);
   }
   co_return rewritten;
+}
+
+Task<bool> Worker::orphan(RemotePtr n, uint64_t seen, OpContext& ctx) {
+  if (!g_.plausible(n) || !NodeHeader::valid(seen) || !NodeHeader::deleted(seen)) co_return false;
+  const unsigned level = NodeHeader::level(seen);
+  const uint64_t held = co_await lock_node(n, level, ctx);
+  // Reused since (a later generation), it may be linked again: left alone.
+  const bool same = NodeHeader::deleted(held) && NodeHeader::generation(held) == NodeHeader::generation(seen);
+  const std::vector<RemotePtr> none;
+  if (same)
+    for (unsigned l = 0; l <= level; ++l) co_await write_list(n, l, none, ctx);
+  co_await unlock_node(n, held, NodeHeader::unlocked(held), ctx);
+  co_return same;
+}
+
+std::vector<std::pair<RemotePtr, uint64_t>> kept_records(fabric::Endpoint& ep, const FreeTable& t) {
+  std::vector<std::pair<RemotePtr, uint64_t>> out;
+  constexpr size_t kBatch = 256;
+  for (uint16_t m = 0; m < t.memnodes && t.capacity > 0; ++m) {
+    uint64_t w = 0;
+    ep.read(t.state(m), &w, 8);
+    const uint64_t count = std::min(FreeState::count(w), t.capacity);
+    std::vector<uint64_t> slots(count);
+    if (count > 0) ep.read(t.slot(m, 0), slots.data(), 8 * count);
+    fabric::Buffer b = ep.alloc(8 * kBatch);
+    for (size_t at = 0; at < slots.size(); at += kBatch) {
+      std::vector<fabric::Op> ops;
+      for (size_t i = at; i < std::min(slots.size(), at + kBatch); ++i)
+        ops.push_back(fabric::Op::read(RemotePtr::from_raw(slots[i]), b.data() + 8 * (i - at), 8, ops.size()));
+      if (ep.post(ops) != fabric::Status::Ok)
+        throw fabric::FabricError("consolidate: reading deleted records' headers on memnode " + std::to_string(m) + " failed");
+      ep.wait_all(ops.size());
+      for (size_t i = 0; i < ops.size(); ++i) {
+        uint64_t h;
+        std::memcpy(&h, b.data() + 8 * i, 8);
+        out.emplace_back(RemotePtr::from_raw(slots[at + i]), h);
+      }
+    }
+  }
+  return out;
 }
 
 std::vector<RemotePtr> live_nodes(fabric::Endpoint& ep, const IdTable& t) {
@@ -113,6 +175,10 @@ json run_consolidate(const RunContext& rc, const ConsolidateOptions& o) {
   std::vector<RemotePtr> mine;
   for (size_t i = rc.cn_id; i < all.size(); i += rc.num_cns) mine.push_back(all[i]);
   compute::Board board(c, *control, rc.cn_id, rc.num_cns, "consolidate", rc.departed_at_connect);
+  // The records deleted before any computenode begins: no live list names them after the pass.
+  std::vector<std::pair<RemotePtr, uint64_t>> before;
+  if (rc.cn_id == 0) before = kept_records(*control, p.free);
+  board.barrier();
   std::atomic<size_t> next{0};
   std::atomic<bool> stop{false};
   std::atomic<uint64_t> lists{0}, nodes_changed{0};
@@ -143,11 +209,32 @@ json run_consolidate(const RunContext& rc, const ConsolidateOptions& o) {
     for (auto& x : ctxs) io += x.io, ss.hops += x.search.hops, ss.visited += x.search.visited;
   });
   done.finish();
+  const uint64_t gen = board.barrier();
+  // Every computenode is done: computenode 0 empties the lists of the records deleted before.
+  std::atomic<uint64_t> orphaned{0};
+  if (!before.empty()) {
+    std::atomic<size_t> at{0};
+    parallel(c, o.threads, stop, [&](uint32_t t, fabric::Endpoint& ep) {
+      compute::Scheduler s(ep);
+      Worker w(g, s, p.seed * 7919 + rc.cn_id * 1009 + t + 77);
+      std::vector<OpContext> ctxs(o.coroutines);
+      auto loop = [&](OpContext& ctx) -> compute::Task<void> {
+        for (;;) {
+          const size_t i = at.fetch_add(1);
+          if (i >= before.size() || stop.load()) co_return;
+          if (co_await w.orphan(before[i].first, before[i].second, ctx)) ++orphaned;
+        }
+      };
+      for (auto& ctx : ctxs) s.spawn(loop(ctx));
+      s.run();
+      std::lock_guard g(mu);
+      for (auto& x : ctxs) io += x.io;
+    });
+  }
   const double secs = secs_since(t0);
   json mine_j = {{"cn_id", rc.cn_id},           {"nodes", mine.size()},       {"nodes_changed", nodes_changed.load()},
                  {"lists_rewritten", lists.load()}, {"lists_read", ss.hops},   {"vectors_read", ss.visited},
-                 {"seconds", secs},               {"io", io_json(io)}};
-  const uint64_t gen = board.barrier();
+                 {"records_emptied", orphaned.load()}, {"seconds", secs},       {"io", io_json(io)}};
   board.publish(gen, mine_j.dump());
   json report = {{"mode", "shine"}, {"kind", "consolidate"}, {"provider", rc.provider}, {"num_cns", rc.num_cns},
                  {"threads", o.threads}, {"coroutines", o.coroutines}};
@@ -155,7 +242,7 @@ json run_consolidate(const RunContext& rc, const ConsolidateOptions& o) {
     report["cn"] = mine_j;
     return report;
   }
-  uint64_t nodes = 0, changed = 0, rewritten = 0;
+  uint64_t nodes = 0, changed = 0, rewritten = 0, emptied = 0;
   double max_secs = 0;
   json per_cn = json::array();
   for (const auto& text : board.gather(gen)) {
@@ -163,10 +250,12 @@ json run_consolidate(const RunContext& rc, const ConsolidateOptions& o) {
     nodes += j["nodes"].get<uint64_t>();
     changed += j["nodes_changed"].get<uint64_t>();
     rewritten += j["lists_rewritten"].get<uint64_t>();
+    emptied += j["records_emptied"].get<uint64_t>();
     max_secs = std::max(max_secs, j["seconds"].get<double>());
     per_cn.push_back(j);
   }
-  report.update({{"nodes", nodes}, {"nodes_changed", changed}, {"lists_rewritten", rewritten}, {"seconds", max_secs},
+  report.update({{"nodes", nodes}, {"nodes_changed", changed}, {"lists_rewritten", rewritten},
+                 {"records_emptied", emptied}, {"seconds", max_secs},
                  {"nodes_per_s", static_cast<double>(nodes) / std::max(max_secs, 1e-9)}, {"per_cn", per_cn}});
   return report;
 }
@@ -174,10 +263,11 @@ json run_consolidate(const RunContext& rc, const ConsolidateOptions& o) {
 void print_consolidate(const json& r) {
   if (!r.contains("nodes")) return;
   std::printf("shine consolidate: %llu nodes checked, %llu of them linked to deleted nodes (%llu lists rewritten), "
-              "%.2f s (%.0f nodes/s)\n",
+              "%llu deleted records emptied for reuse, %.2f s (%.0f nodes/s)\n",
               static_cast<unsigned long long>(r["nodes"].get<uint64_t>()),
               static_cast<unsigned long long>(r["nodes_changed"].get<uint64_t>()),
-              static_cast<unsigned long long>(r["lists_rewritten"].get<uint64_t>()), r["seconds"].get<double>(),
+              static_cast<unsigned long long>(r["lists_rewritten"].get<uint64_t>()),
+              static_cast<unsigned long long>(r["records_emptied"].get<uint64_t>()), r["seconds"].get<double>(),
               r["nodes_per_s"].get<double>());
 }
 

@@ -557,6 +557,10 @@ Task<void> Worker::detach(RemotePtr s, unsigned level, const float* any, OpConte
   if (shared_ != nullptr && entry.reused > shared_->applied()) co_await apply_reuse_log_to_vectors(entry.reused, ctx);
   VecCache cache;  // the vectors this reuse reads (compared and searched)
   cache.shared = shared_;
+  {
+    const std::vector<RemotePtr> first = co_await read_list(s, 0, ctx);
+    if (first.empty()) co_return;  // emptied after a consolidation: nothing links to it, nothing to repair
+  }
   // Its old vector, still in the record: the nodes near it that link to it are found by a search.
   std::vector<RemotePtr> me(1, s);
   co_await read_vectors(me, any, ctx, &cache);

@@ -99,6 +99,8 @@ bool claim_ids(fabric::Endpoint& ep, uint64_t lo, uint64_t hi, uint64_t& ceiling
 
 /// The nodes an id index names (each live node once), read bucket by bucket from every memnode.
 std::vector<RemotePtr> live_nodes(fabric::Endpoint& ep, const IdTable& t);
+/// The records on the free stacks now, each with its header as read.
+std::vector<std::pair<RemotePtr, uint64_t>> kept_records(fabric::Endpoint& ep, const FreeTable& t);
 
 /// The process-wide view of the graph: layout, bounds, distance kernel. Read-only, shared
 /// by all worker threads.
@@ -176,6 +178,11 @@ class Worker {
   /// its lists that names deleted nodes gets, under p's lock, those nodes' live neighbours in
   /// their place, pruned with the heuristic. Returns the lists rewritten.
   Task<unsigned> consolidate(RemotePtr p, OpContext& ctx);
+  /// After a consolidation pass: deleted record `n`, whose header read `seen` before the pass
+  /// began, has its lists emptied under its lock if it is still that deleted record (same
+  /// generation). No live list names it any more, so a reuse of it skips the in-edge search
+  /// (Worker::detach). Returns whether it did.
+  Task<bool> orphan(RemotePtr n, uint64_t seen, OpContext& ctx);
 
  private:
   /// The vectors one insert knows: the shared cache first, then its own overflow.
