@@ -2,6 +2,7 @@
 #include <catch2/catch.hpp>
 
 #include <cstring>
+#include <atomic>
 #include <thread>
 #include <chrono>
 #include <random>
@@ -584,4 +585,88 @@ TEST_CASE("shine: consolidation leaves no live list naming a deleted node, and i
   }
   CHECK(gone == 0);
   CHECK(static_cast<double>(hits) / 1000.0 >= 0.95);
+}
+
+TEST_CASE("shine: consolidation while another thread inserts into deleted records and a third queries",
+          "[shine][id_index][delete]") {
+  constexpr size_t kN = 1500, kD = 16, kChurn = kN * 3 / 10;
+  GraphParams p;
+  p.dim = kD;
+  p.m = 8;
+  p.ef_construction = 64;
+  p.id_capacity = 2 * kN;
+  auto c = make_cluster(2, 32u << 20);
+  auto ep = c->make_endpoint(16u << 20);
+  const GraphParams got = format_or_attach(*c, *ep, &p);
+  c->refresh_headers();
+  Graph g(*c, got);
+  const auto base = gaussian_data(kN + kChurn, kD, 6);
+  std::set<uint64_t> deleted;
+  {
+    Scheduler s(*ep);
+    Worker w(g, s, 9);
+    OpContext ctx;
+    for (size_t i = 0; i < kN; ++i) compute::run_sync(s, w.insert(&base[i * kD], 1000 + i, ctx));
+    std::mt19937_64 rng(8);
+    std::vector<uint64_t> ids;
+    for (size_t i = 0; i < kN; ++i) ids.push_back(1000 + i);
+    std::shuffle(ids.begin(), ids.end(), rng);
+    for (size_t i = 0; i < kChurn; ++i) {
+      REQUIRE(compute::run_sync(s, w.remove(ids[i], ctx)));
+      deleted.insert(ids[i]);
+    }
+  }
+  const auto before = kept_records(*ep, got.free);
+  std::atomic<bool> done{false};
+  std::atomic<size_t> returned_deleted{0}, queries{0};
+  unsigned rewritten = 0;
+  std::thread consolidator([&] {
+    auto e = c->make_endpoint(16u << 20);
+    Scheduler s(*e);
+    Worker w(g, s, 21);
+    OpContext ctx;
+    for (RemotePtr n : live_nodes(*e, got.ids)) rewritten += compute::run_sync(s, w.consolidate(n, ctx));
+  });
+  std::thread inserter([&] {
+    auto e = c->make_endpoint(16u << 20);
+    Scheduler s(*e);
+    Worker w(g, s, 22);
+    OpContext ctx;
+    for (size_t i = kN; i < kN + kChurn / 2; ++i) compute::run_sync(s, w.insert(&base[i * kD], 1000 + i, ctx));
+  });
+  std::thread querier([&] {
+    auto e = c->make_endpoint(16u << 20);
+    Scheduler s(*e);
+    Worker w(g, s, 23);
+    OpContext ctx;
+    for (size_t q = 0; !done.load(); q = (q + 1) % kN, ++queries)
+      for (const auto& r : compute::run_sync(s, w.search(&base[q * kD], 10, 48, ctx)))
+        returned_deleted += deleted.count(r.label);
+  });
+  consolidator.join();
+  inserter.join();
+  done = true;
+  querier.join();
+  CHECK(rewritten > 0);
+  CHECK(queries.load() > 0);
+  CHECK(returned_deleted.load() == 0);
+  // Afterwards: the records still deleted are emptied, the rest of the inserts reuse them, and
+  // every live vector finds itself.
+  Scheduler s(*ep);
+  Worker w(g, s, 24);
+  OpContext ctx;
+  size_t emptied = 0;
+  for (const auto& [n, h] : before) emptied += compute::run_sync(s, w.orphan(n, h, ctx));
+  CHECK(emptied > 0);
+  CHECK(emptied <= before.size() - kChurn / 2 + 1);  // those reused meanwhile are left alone
+  for (size_t i = kN + kChurn / 2; i < kN + kChurn; ++i) compute::run_sync(s, w.insert(&base[i * kD], 1000 + i, ctx));
+  size_t self = 0, live = 0;
+  for (size_t i = 0; i < kN + kChurn; ++i) {
+    if (deleted.count(1000 + i)) continue;
+    ++live;
+    const auto r = compute::run_sync(s, w.search(&base[i * kD], 10, 64, ctx));
+    self += !r.empty() && r[0].label == 1000 + i;
+    for (const auto& x : r) CHECK(deleted.count(x.label) == 0);
+  }
+  CHECK(static_cast<double>(self) >= 0.99 * static_cast<double>(live));
 }
