@@ -30,6 +30,11 @@ void IndexCommands::add(CLI::App& app) {
                                                    "computenode's share of the nodes)");
   consolidate_->add_option("--threads", con_.threads, "worker threads (each with its own endpoint)")->capture_default_str();
   consolidate_->add_option("--coroutines", con_.coroutines, "nodes in flight per thread")->capture_default_str();
+  consolidate_->add_option("--alpha", con_.alpha,
+                           "RobustPrune's alpha for the rewritten lists: a candidate is dropped when a kept one is "
+                           "nearer to it than its distance over alpha (1: hnswlib's heuristic)")
+      ->capture_default_str()
+      ->check(CLI::Range(1.0f, 2.0f));
   consolidate_->add_option("--report", report_, "write the consolidation report (JSON) here (computenode 0, merged)");
   for (auto* sc : {build_, insert_, upsert_}) {
     sc->add_option("--data", bo_.data, "base vectors (.fvecs .bvecs .fbin .u8bin .i8bin); labels are row ids "

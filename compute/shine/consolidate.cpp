@@ -20,9 +20,6 @@ namespace dmhnsw::shine {
 
 using nlohmann::json;
 
-namespace {
-constexpr float kAlpha = 1.2f;
-}  // namespace
 
 Task<void> Worker::read_flags(const std::vector<RemotePtr>& nodes, const float* q,
                               std::unordered_map<uint64_t, bool>& deleted, OpContext& ctx, VecCache& cache) {
@@ -33,7 +30,7 @@ Task<void> Worker::read_flags(const std::vector<RemotePtr>& nodes, const float* 
   for (const Neighbor& n : got) deleted[n.node.raw()] = n.deleted;
 }
 
-Task<unsigned> Worker::consolidate(RemotePtr p, OpContext& ctx) {
+Task<unsigned> Worker::consolidate(RemotePtr p, OpContext& ctx, float alpha) {
   const auto& L = g_.layout();
   VecCache cache;  // this node's candidates: read here, so their deleted flags are current
   std::unordered_map<uint64_t, bool> deleted;  // node -> deleted, as read
@@ -71,10 +68,9 @@ Task<unsigned> Worker::consolidate(RemotePtr p, OpContext& ctx) {
       for (RemotePtr n : cand)
         if (const auto e = cache.find(n); e && e->level >= l) nb.push_back({g_.distance()(self->v, e->v), n, e->label});
       std::sort(nb.begin(), nb.end(), [](const Neighbor& a, const Neighbor& b) { return a.dist < b.dist; });
-      // DiskANN's RobustPrune with alpha 1.2 (FreshDiskANN consolidates so): nearest first, a
-      // candidate goes when a kept one is nearer to it than its distance to p over alpha. Alpha
-      // above hnswlib's 1 keeps some longer edges, in place of the paths the deleted nodes gave.
-      const float a2 = g_.params().metric == Metric::L2 ? kAlpha * kAlpha : 1.0f;  // squared L2
+      // DiskANN's RobustPrune: nearest first, a candidate goes when a kept one is nearer to it
+      // than its distance to p over alpha (1: hnswlib's heuristic; above 1 keeps longer edges).
+      const float a2 = g_.params().metric == Metric::L2 ? alpha * alpha : alpha;  // squared L2
       std::vector<RemotePtr> next;
       std::vector<const float*> kept;
       for (const Neighbor& c : nb) {
@@ -197,7 +193,7 @@ json run_consolidate(const RunContext& rc, const ConsolidateOptions& o) {
         if (stop.load()) co_return;
         const size_t i = next.fetch_add(1);
         if (i >= mine.size()) co_return;
-        const unsigned r = co_await w.consolidate(mine[i], ctx);
+        const unsigned r = co_await w.consolidate(mine[i], ctx, o.alpha);
         lists += r;
         nodes_changed += r > 0;
         done.add();
@@ -237,7 +233,7 @@ json run_consolidate(const RunContext& rc, const ConsolidateOptions& o) {
                  {"records_emptied", orphaned.load()}, {"seconds", secs},       {"io", io_json(io)}};
   board.publish(gen, mine_j.dump());
   json report = {{"mode", "shine"}, {"kind", "consolidate"}, {"provider", rc.provider}, {"num_cns", rc.num_cns},
-                 {"threads", o.threads}, {"coroutines", o.coroutines}};
+                 {"threads", o.threads}, {"coroutines", o.coroutines}, {"alpha", o.alpha}};
   if (rc.cn_id != 0) {
     report["cn"] = mine_j;
     return report;

@@ -42,6 +42,7 @@ struct DeleteOptions {
 struct ConsolidateOptions {
   uint32_t threads = 2;
   uint32_t coroutines = 4;
+  float alpha = 1.0f;  // RobustPrune's alpha for the rewritten lists (1: hnswlib's heuristic)
   bool progress = true;
 };
 

@@ -176,8 +176,9 @@ class Worker {
   Task<std::vector<Neighbor>> search(const float* q, uint32_t k, uint32_t ef, OpContext& ctx);
   /// FreshDiskANN's delete consolidation for node `p` (compute/shine/consolidate.cpp): each of
   /// its lists that names deleted nodes gets, under p's lock, those nodes' live neighbours in
-  /// their place, pruned with the heuristic. Returns the lists rewritten.
-  Task<unsigned> consolidate(RemotePtr p, OpContext& ctx);
+  /// their place, pruned with the heuristic (DiskANN's RobustPrune with `alpha`; 1: hnswlib's).
+  /// Returns the lists rewritten.
+  Task<unsigned> consolidate(RemotePtr p, OpContext& ctx, float alpha = 1.0f);
   /// After a consolidation pass: deleted record `n`, whose header read `seen` before the pass
   /// began, has its lists emptied under its lock if it is still that deleted record (same
   /// generation). No live list names it any more, so a reuse of it skips the in-edge search

@@ -167,7 +167,8 @@ class Run:
         write_ids(idf, gone)
         d = self.cn(mn, "delete", ["--ids", idf, "--threads", 2, "--coroutines", 4], name + "_delete")
         if self.a.shine_consolidate:  # live lists rid of deleted nodes before the inserts reuse them
-            c = self.cn(mn, "consolidate", ["--threads", 2, "--coroutines", 4], name + "_consolidate")
+            c = self.cn(mn, "consolidate", ["--threads", 2, "--coroutines", 4, "--alpha", self.a.shine_alpha],
+                        name + "_consolidate")
             d["consolidate"] = {k: c[k] for k in ("nodes", "nodes_changed", "lists_rewritten", "seconds", "nodes_per_s")}
             dmh.log(f"  consolidated: {c['nodes_changed']} of {c['nodes']} nodes linked to deleted ones, "
                     f"{c['seconds']:.1f} s")
@@ -660,6 +661,7 @@ def main():
                     help="d-HNSW rebuilds of the churned live set, each queried (default %(default)s)")
     ap.add_argument("--shine-consolidate", action="store_true",
                     help="shine: run `consolidate` after each delete, before the inserts reuse the records")
+    ap.add_argument("--shine-alpha", type=float, default=1.0, help="consolidate --alpha (default %(default)s)")
     ap.add_argument("--skip-hnswlib", action="store_true", help="leave hnswlib's part out")
     ap.add_argument("--quick", action="store_true", help="n0 4000, 200 queries, 2 rounds (a smoke run)")
     a = ap.parse_args()
