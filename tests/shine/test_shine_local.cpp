@@ -87,6 +87,26 @@ Built build(const std::vector<float>& base, size_t d, uint32_t m, uint32_t efc, 
   return b;
 }
 
+/// An empty index with an id index for 2n ids (M 8, efConstruction 64) on 2 LocalFabric memnodes.
+struct IdGraph {
+  std::shared_ptr<fabric::LocalCluster> cluster;
+  std::unique_ptr<fabric::Endpoint> ep;
+  GraphParams params;
+  std::unique_ptr<Graph> graph;
+  IdGraph(size_t n, size_t d) {
+    GraphParams p;
+    p.dim = static_cast<uint32_t>(d);
+    p.m = 8;
+    p.ef_construction = 64;
+    p.id_capacity = 2 * n;
+    cluster = make_cluster(2, 32u << 20);
+    ep = cluster->make_endpoint(16u << 20);
+    params = format_or_attach(*cluster, *ep, &p);
+    cluster->refresh_headers();
+    graph = std::make_unique<Graph>(*cluster, params);
+  }
+};
+
 }  // namespace
 
 TEST_CASE("shine node layout: sizes and offsets", "[shine][layout]") {
@@ -484,16 +504,11 @@ TEST_CASE("shine: under steady churn deleted records are reused, the region stay
 TEST_CASE("shine: consolidation leaves no live list naming a deleted node, and inserts reusing the records keep recall",
           "[shine][id_index][delete]") {
   constexpr size_t kN = 1200, kD = 16, kChurn = kN * 3 / 10;
-  GraphParams p;
-  p.dim = kD;
-  p.m = 8;
-  p.ef_construction = 64;
-  p.id_capacity = 2 * kN;
-  auto c = make_cluster(2, 32u << 20);
-  auto ep = c->make_endpoint(16u << 20);
-  const GraphParams got = format_or_attach(*c, *ep, &p);
-  c->refresh_headers();
-  Graph g(*c, got);
+  IdGraph ig(kN, kD);
+  auto& c = ig.cluster;
+  auto& ep = ig.ep;
+  const GraphParams& got = ig.params;
+  Graph& g = *ig.graph;
   Scheduler s(*ep);
   Worker w(g, s, 9);
   OpContext ctx;
@@ -590,16 +605,11 @@ TEST_CASE("shine: consolidation leaves no live list naming a deleted node, and i
 TEST_CASE("shine: consolidation while another thread inserts into deleted records and a third queries",
           "[shine][id_index][delete]") {
   constexpr size_t kN = 1500, kD = 16, kChurn = kN * 3 / 10;
-  GraphParams p;
-  p.dim = kD;
-  p.m = 8;
-  p.ef_construction = 64;
-  p.id_capacity = 2 * kN;
-  auto c = make_cluster(2, 32u << 20);
-  auto ep = c->make_endpoint(16u << 20);
-  const GraphParams got = format_or_attach(*c, *ep, &p);
-  c->refresh_headers();
-  Graph g(*c, got);
+  IdGraph ig(kN, kD);
+  auto& c = ig.cluster;
+  auto& ep = ig.ep;
+  const GraphParams& got = ig.params;
+  Graph& g = *ig.graph;
   const auto base = gaussian_data(kN + kChurn, kD, 6);
   std::set<uint64_t> deleted;
   {
