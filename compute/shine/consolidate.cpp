@@ -116,7 +116,9 @@ std::vector<std::pair<RemotePtr, uint64_t>> kept_records(fabric::Endpoint& ep, c
     ep.read(t.state(m), &w, 8);
     const uint64_t count = std::min(FreeState::count(w), t.capacity);
     std::vector<uint64_t> slots(count);
-    if (count > 0) ep.read(t.slot(m, 0), slots.data(), 8 * count);
+    constexpr uint64_t kChunk = 512 * 1024;  // slots per READ (4 MiB)
+    for (uint64_t i = 0; i < count; i += kChunk)
+      ep.read(t.slot(m, i), slots.data() + i, 8 * std::min(kChunk, count - i));
     fabric::Buffer b = ep.alloc(8 * kBatch);
     for (size_t at = 0; at < slots.size(); at += kBatch) {
       std::vector<fabric::Op> ops;
