@@ -68,25 +68,8 @@ Task<unsigned> Worker::consolidate(RemotePtr p, OpContext& ctx, float alpha) {
       for (RemotePtr n : cand)
         if (const auto e = cache.find(n); e && e->level >= l) nb.push_back({g_.distance()(self->v, e->v), n, e->label});
       std::sort(nb.begin(), nb.end(), [](const Neighbor& a, const Neighbor& b) { return a.dist < b.dist; });
-      // DiskANN's RobustPrune: nearest first, a candidate goes when a kept one is nearer to it
-      // than its distance to p over alpha (1: hnswlib's heuristic; above 1 keeps longer edges).
-      const float a2 = g_.params().metric == Metric::L2 ? alpha * alpha : alpha;  // squared L2
       std::vector<RemotePtr> next;
-      std::vector<const float*> kept;
-      for (const Neighbor& c : nb) {
-        if (next.size() >= L.capacity(l)) break;
-        const float* cv = cache.find(c.node)->v;
-        bool good = nb.size() <= L.capacity(l);
-        if (!good) {
-          good = true;
-          for (const float* kv : kept)
-            if (a2 * g_.distance()(cv, kv) <= c.dist) {
-              good = false;
-              break;
-            }
-        }
-        if (good) next.push_back(c.node), kept.push_back(cv);
-      }
+      for (const auto& x : select_heuristic(nb, L.capacity(l), cache, alpha)) next.push_back(x.node);
       co_await write_list(p, l, next, ctx);
       ++rewritten;
     }
@@ -177,58 +160,36 @@ json run_consolidate(const RunContext& rc, const ConsolidateOptions& o) {
   std::vector<std::pair<RemotePtr, uint64_t>> before;
   if (rc.cn_id == 0) before = kept_records(*control, p.free);
   board.barrier();
-  std::atomic<size_t> next{0};
   std::atomic<bool> stop{false};
-  std::atomic<uint64_t> lists{0}, nodes_changed{0};
-  std::mutex mu;
+  std::atomic<uint64_t> lists{0}, nodes_changed{0}, orphaned{0};
   IoStats io;
   SearchStats ss;
   ProgressOptions po;
   po.enabled = o.progress;
   Progress done("shine consolidate", mine.size(), "nodes", po);
-  parallel(c, o.threads, stop, [&](uint32_t t, fabric::Endpoint& ep) {
-    compute::Scheduler s(ep);
-    Worker w(g, s, p.seed * 7919 + rc.cn_id * 1009 + t);
-    std::vector<OpContext> ctxs(o.coroutines);
-    auto loop = [&](OpContext& ctx) -> compute::Task<void> {
-      for (;;) {
-        if (stop.load()) co_return;
-        const size_t i = next.fetch_add(1);
-        if (i >= mine.size()) co_return;
-        const unsigned r = co_await w.consolidate(mine[i], ctx, o.alpha);
-        lists += r;
-        nodes_changed += r > 0;
-        done.add();
-      }
-    };
-    for (auto& ctx : ctxs) s.spawn(loop(ctx));
-    s.run();
-    std::lock_guard g(mu);
-    for (auto& x : ctxs) io += x.io, ss.hops += x.search.hops, ss.visited += x.search.visited;
-  });
+  const uint64_t seed = p.seed * 7919 + rc.cn_id * 1009;
+  for (const OpContext& x : each_item<Worker, OpContext>(
+           c, g, o.threads, o.coroutines, seed, mine.size(), stop,
+           [&](Worker& w, size_t i, OpContext& ctx) -> compute::Task<void> {
+             const unsigned r = co_await w.consolidate(mine[i], ctx, o.alpha);
+             lists += r;
+             nodes_changed += r > 0;
+             done.add();
+           })) {
+    io += x.io;
+    ss.hops += x.search.hops;
+    ss.visited += x.search.visited;
+  }
   done.finish();
   const uint64_t gen = board.barrier();
   // Every computenode is done: computenode 0 empties the lists of the records deleted before.
-  std::atomic<uint64_t> orphaned{0};
-  if (!before.empty()) {
-    std::atomic<size_t> at{0};
-    parallel(c, o.threads, stop, [&](uint32_t t, fabric::Endpoint& ep) {
-      compute::Scheduler s(ep);
-      Worker w(g, s, p.seed * 7919 + rc.cn_id * 1009 + t + 77);
-      std::vector<OpContext> ctxs(o.coroutines);
-      auto loop = [&](OpContext& ctx) -> compute::Task<void> {
-        for (;;) {
-          const size_t i = at.fetch_add(1);
-          if (i >= before.size() || stop.load()) co_return;
-          if (co_await w.orphan(before[i].first, before[i].second, ctx)) ++orphaned;
-        }
-      };
-      for (auto& ctx : ctxs) s.spawn(loop(ctx));
-      s.run();
-      std::lock_guard g(mu);
-      for (auto& x : ctxs) io += x.io;
-    });
-  }
+  if (!before.empty())
+    for (const OpContext& x : each_item<Worker, OpContext>(
+             c, g, o.threads, o.coroutines, seed + 77, before.size(), stop,
+             [&](Worker& w, size_t i, OpContext& ctx) -> compute::Task<void> {
+               if (co_await w.orphan(before[i].first, before[i].second, ctx)) ++orphaned;
+             }))
+      io += x.io;
   const double secs = secs_since(t0);
   json mine_j = {{"cn_id", rc.cn_id},           {"nodes", mine.size()},       {"nodes_changed", nodes_changed.load()},
                  {"lists_rewritten", lists.load()}, {"lists_read", ss.hops},   {"vectors_read", ss.visited},

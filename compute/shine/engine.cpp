@@ -242,36 +242,23 @@ json run_delete(const RunContext& rc, const DeleteOptions& o) {
   std::vector<uint64_t> mine;
   for (size_t i = rc.cn_id; i < o.ids.size(); i += rc.num_cns) mine.push_back(o.ids[i]);
   compute::Board board(c, *control, rc.cn_id, rc.num_cns, "delete", rc.departed_at_connect);
-  std::atomic<size_t> next{0};
   std::atomic<bool> stop{false};
-  std::mutex mu;
-  std::vector<uint64_t> absent;
+  std::vector<char> removed(mine.size(), 0);
   IoStats io;
   ProgressOptions po;
   po.enabled = o.progress;
   Progress done("shine delete", mine.size(), "ids", po);
   const auto t0 = Clock::now();
-  parallel(c, o.threads, stop, [&](uint32_t t, fabric::Endpoint& ep) {
-    compute::Scheduler s(ep);
-    Worker w(g, s, p.seed * 7919 + rc.cn_id * 1009 + t);
-    std::vector<OpContext> ctxs(o.coroutines);
-    std::vector<uint64_t> my_absent;
-    auto loop = [&](OpContext& ctx) -> compute::Task<void> {
-      for (;;) {
-        if (stop.load()) co_return;
-        const size_t i = next.fetch_add(1);
-        if (i >= mine.size()) co_return;
-        const bool removed = co_await w.remove(mine[i], ctx);
-        if (!removed) my_absent.push_back(mine[i]);
-        done.add();
-      }
-    };
-    for (auto& ctx : ctxs) s.spawn(loop(ctx));
-    s.run();
-    std::lock_guard g(mu);
-    absent.insert(absent.end(), my_absent.begin(), my_absent.end());
-    for (auto& x : ctxs) io += x.io;
-  });
+  for (const OpContext& x : each_item<Worker, OpContext>(c, g, o.threads, o.coroutines, p.seed * 7919 + rc.cn_id * 1009,
+                                                         mine.size(), stop,
+                                                         [&](Worker& w, size_t i, OpContext& ctx) -> compute::Task<void> {
+                                                           removed[i] = co_await w.remove(mine[i], ctx);
+                                                           done.add();
+                                                         }))
+    io += x.io;
+  std::vector<uint64_t> absent;
+  for (size_t i = 0; i < mine.size(); ++i)
+    if (!removed[i]) absent.push_back(mine[i]);
   done.finish();
   const double secs = secs_since(t0);
   std::sort(absent.begin(), absent.end());

@@ -308,8 +308,11 @@ Task<std::vector<Neighbor>> Worker::search_layer(const float* q, std::vector<Nei
 
 // hnswlib's neighbour-selection heuristic: keep a candidate only if it is closer to the base
 // than to every candidate already kept. `cands` sorted nearest first.
-std::vector<Neighbor> Worker::select_heuristic(std::vector<Neighbor> cands, uint32_t m, const VecCache& cache) const {
+std::vector<Neighbor> Worker::select_heuristic(std::vector<Neighbor> cands, uint32_t m, const VecCache& cache,
+                                               float alpha) const {
   if (cands.size() <= m) return cands;
+  // Distances are squared for L2: the factor applies squared.
+  const float f = g_.params().metric == Metric::L2 ? alpha * alpha : alpha;
   std::vector<Neighbor> kept;
   for (const auto& c : cands) {
     if (kept.size() >= m) break;
@@ -318,7 +321,7 @@ std::vector<Neighbor> Worker::select_heuristic(std::vector<Neighbor> cands, uint
     bool good = true;
     for (const auto& s : kept) {
       const auto si = cache.find(s.node);
-      if (g_.distance()(ci->v, si->v) < c.dist) {
+      if (f * g_.distance()(ci->v, si->v) < c.dist) {
         good = false;
         break;
       }
@@ -551,16 +554,14 @@ Task<std::vector<std::vector<RemotePtr>>> Worker::find_in_edges(RemotePtr s, con
 
 Task<void> Worker::detach(RemotePtr s, unsigned level, const float* any, OpContext& ctx) {
   const auto& L = g_.layout();
+  std::vector<RemotePtr> out0 = co_await read_list(s, 0, ctx);
+  if (out0.empty()) co_return;  // emptied after a consolidation: nothing links to it, nothing to repair
   const Entry entry = co_await read_entry(ctx);
   // No vector of a record reused since is taken from the shared cache (which the log may also
   // turn off: then this reuse keeps what it reads itself).
   if (shared_ != nullptr && entry.reused > shared_->applied()) co_await apply_reuse_log_to_vectors(entry.reused, ctx);
   VecCache cache;  // the vectors this reuse reads (compared and searched)
   cache.shared = shared_;
-  {
-    const std::vector<RemotePtr> first = co_await read_list(s, 0, ctx);
-    if (first.empty()) co_return;  // emptied after a consolidation: nothing links to it, nothing to repair
-  }
   // Its old vector, still in the record: the nodes near it that link to it are found by a search.
   std::vector<RemotePtr> me(1, s);
   co_await read_vectors(me, any, ctx, &cache);
@@ -570,7 +571,11 @@ Task<void> Worker::detach(RemotePtr s, unsigned level, const float* any, OpConte
     in = co_await find_in_edges(s, v.data(), level, entry, ctx, cache);
   }
   for (unsigned l = 0; l <= level; ++l) {
-    const std::vector<RemotePtr> out = co_await read_list(s, l, ctx);
+    std::vector<RemotePtr> out;
+    if (l == 0)
+      out = std::move(out0);
+    else
+      out = co_await read_list(s, l, ctx);
     std::vector<RemotePtr> linking = out;  // those that may link back, then those found linking
     for (RemotePtr n : in[l])
       if (std::find(linking.begin(), linking.end(), n) == linking.end()) linking.push_back(n);

@@ -277,7 +277,11 @@ class Worker {
   /// to s, found by searching for v as an insert would (most of s's in-edges are one-way).
   Task<std::vector<std::vector<RemotePtr>>> find_in_edges(RemotePtr s, const float* v, unsigned level,
                                                           const Entry& entry, OpContext& ctx, VecCache& cache);
-  std::vector<Neighbor> select_heuristic(std::vector<Neighbor> cands, uint32_t m, const VecCache& cache) const;
+  /// hnswlib's neighbour heuristic over `cands` (nearest first): a candidate goes when a kept
+  /// one is nearer to it than it is to the node; with `alpha` above 1, DiskANN's RobustPrune
+  /// (nearer by that factor).
+  std::vector<Neighbor> select_heuristic(std::vector<Neighbor> cands, uint32_t m, const VecCache& cache,
+                                         float alpha = 1.0f) const;
   Task<void> link(RemotePtr n, RemotePtr me, float d_me, unsigned level, OpContext& ctx, VecCache& cache);
   Task<void> write_list(RemotePtr n, unsigned level, const std::vector<RemotePtr>& list, OpContext& ctx);
   Task<uint64_t> atomic(fabric::Op op, OpContext& ctx);

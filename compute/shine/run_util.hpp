@@ -49,6 +49,35 @@ void parallel(fabric::Cluster& c, uint32_t threads, std::atomic<bool>& stop, F b
   if (first) std::rethrow_exception(first);
 }
 
+/// Runs `body(worker, i, ctx)` (a coroutine) for every i in [0, n): `threads` threads, each with
+/// a Scheduler and a `W(g, scheduler, seed + thread)`, run `coroutines` coroutines that take
+/// the next i until none is left or `stop`. Returns every coroutine's context (statistics).
+template <class W, class Ctx, class G, class Body>
+std::vector<Ctx> each_item(fabric::Cluster& c, const G& g, uint32_t threads, uint32_t coroutines, uint64_t seed,
+                           size_t n, std::atomic<bool>& stop, Body body) {
+  std::atomic<size_t> next{0};
+  std::mutex mu;
+  std::vector<Ctx> all;
+  parallel(c, threads, stop, [&](uint32_t t, fabric::Endpoint& ep) {
+    compute::Scheduler s(ep);
+    W w(g, s, seed + t);
+    std::vector<Ctx> ctxs(coroutines);
+    auto loop = [&](Ctx& ctx) -> compute::Task<void> {
+      for (;;) {
+        if (stop.load()) co_return;
+        const size_t i = next.fetch_add(1);
+        if (i >= n) co_return;
+        co_await body(w, i, ctx);
+      }
+    };
+    for (auto& ctx : ctxs) s.spawn(loop(ctx));
+    s.run();
+    std::lock_guard l(mu);
+    for (auto& x : ctxs) all.push_back(std::move(x));
+  });
+  return all;
+}
+
 inline nlohmann::json io_json(const compute::IoStats& s) {
   return {{"reads", s.reads}, {"writes", s.writes}, {"atomics", s.atomics}, {"bytes", s.bytes}, {"doorbells", s.doorbells}};
 }
