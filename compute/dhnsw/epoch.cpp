@@ -295,10 +295,11 @@ std::vector<int64_t> carry_deletes(fabric::Endpoint& ep, const Index& idx, uint3
   for (size_t l = 0; l < std::min(gone.size(), kCarryLanes); ++l) sched.spawn(carry_lane(ids, gone, l, at));
   sched.run();
   std::map<uint32_t, uint64_t> per_sub;
+  std::vector<std::pair<RemotePtr, uint64_t>> words;  // the labels, then the subs' counts
   for (size_t i = 0; i < gone.size(); ++i) {
     if (at[i].is_null()) throw std::runtime_error("dhnsw rebuild: id " + std::to_string(gone[i]) +
                                                   " is not in the new epoch's id index");
-    put_word(ep, at[i], static_cast<uint64_t>(gone[i]) | kDeletedLabel);
+    words.emplace_back(at[i], static_cast<uint64_t>(gone[i]) | kDeletedLabel);
     bool found = false;
     for (const SubDesc& d : b.subs)
       if (d.memnode == at[i].node() && at[i].offset() >= d.block_offset && at[i].offset() < d.block_offset + d.block_bytes) {
@@ -310,8 +311,20 @@ std::vector<int64_t> carry_deletes(fabric::Endpoint& ep, const Index& idx, uint3
                                          num(at[i].node()) + " offset " + num(at[i].offset()) + ", in no sub-HNSW");
   }
   for (const auto& [sub, n] : per_sub)
-    put_word(ep, RemotePtr(b.subs[sub].memnode, live_desc_offset(b.header, sub) + offsetof(SubDesc, deleted)),
-             b.subs[sub].deleted + n);
+    words.emplace_back(RemotePtr(b.subs[sub].memnode, live_desc_offset(b.header, sub) + offsetof(SubDesc, deleted)),
+                       b.subs[sub].deleted + n);
+  // WRITEs of 8 bytes, many per doorbell: deletes stay closed while this runs.
+  constexpr size_t kPerDoorbell = 64;
+  fabric::Buffer wb = ep.alloc(8 * kPerDoorbell);
+  for (size_t first = 0; first < words.size(); first += kPerDoorbell) {
+    std::vector<fabric::Op> ops;
+    for (size_t i = first; i < std::min(words.size(), first + kPerDoorbell); ++i) {
+      std::memcpy(wb.data() + 8 * ops.size(), &words[i].second, 8);
+      ops.push_back(fabric::Op::write(words[i].first, wb.data() + 8 * ops.size(), 8, ops.size()));
+    }
+    if (ep.post(ops) != fabric::Status::Ok) throw fabric::FabricError("dhnsw rebuild: writing carried deletes failed");
+    ep.wait_all(ops.size());
+  }
   return gone;
 }
 
