@@ -7,6 +7,11 @@
 // ground truth, QPS (queries / wall time), per-query latency p50/p99 measured inside each thread,
 // and hnswlib's own counters (metric_distance_computations, metric_hops) per query.
 //
+// With --ids the base rows take the application's labels, and --step runs deletes, inserts (into
+// deleted elements, as hnswlib 0.7's replace_deleted) and upserts after the build, in order
+// (tools/hnswlib_churn.hpp): the churn reference of experiments/churn. A `query` step searches
+// at that point; without one the queries run after the last step.
+//
 // Queries come from a dmhnsw workload file (its measured part only; the ground truth is the
 // file's) or from a vector file plus a ground-truth file (one row per query).
 //
@@ -49,6 +54,7 @@
 #include "common/json_file.hpp"
 #include "common/progress.hpp"
 #include "common/workload.hpp"
+#include "hnswlib_churn.hpp"
 
 namespace {
 
@@ -251,7 +257,9 @@ namespace {
 
 struct Flags {
   std::string base_path, workload_path, query_path, truth_path, metric_text = "l2";
-  std::string json_path, save_path;
+  std::string json_path, save_path, ids_path;
+  std::vector<std::string> steps;
+  bool replace_deleted = true;
   std::size_t m = 16, ef_construction = 200, k = 10, max_elements = 0, seed = 100;
   std::vector<std::size_t> ef_search = {10, 20, 40, 80, 160};
   unsigned threads = 0;
@@ -301,6 +309,16 @@ struct Flags {
                    "those rows only")
         ->capture_default_str()->check(non_negative);
     app.add_option("--json", json_path, "write the parameters and results to this JSON file");
+    app.add_option("--ids", ids_path,
+                   "labels of the base rows, one decimal id per line (default: the row numbers); "
+                   "the ground truth then holds labels");
+    app.add_option("--step", steps,
+                   "after the build, in order: delete:IDS (markDelete), insert:DATA:IDS (new "
+                   "labels), upsert:DATA:IDS (live labels, updatePoint) or query (search now)")
+        ->take_all()->allow_extra_args(false);
+    app.add_flag("!--no-replace-deleted", replace_deleted,
+                 "inserts take new elements instead of deleted ones (hnswlib 0.6.2's own "
+                 "behaviour; by default they reuse deleted elements as 0.7's replace_deleted)");
     app.add_option("--save,--save-index", save_path,
                    "save the built index with hnswlib's saveIndex (for shine-import --hnswlib)");
   }
@@ -317,6 +335,7 @@ void check_inputs(const Flags& f, const QuerySet& qs, std::size_t n, std::size_t
   if (qs.truth_k < f.k)
     throw std::invalid_argument("--k " + std::to_string(f.k) + ": " + qs.groundtruth_source + " has only " +
                                 std::to_string(qs.truth_k) + " ground-truth ids per query");
+  if (!f.ids_path.empty() || !f.steps.empty()) return;  // labels: checked when the queries run
   for (std::size_t q = 0; q < qs.vectors.size(); ++q)
     for (std::size_t j = 0; j < f.k; ++j)
       if (static_cast<std::size_t>(qs.truth[q][j]) >= n)
@@ -329,14 +348,16 @@ void check_inputs(const Flags& f, const QuerySet& qs, std::size_t n, std::size_t
 }
 
 /// Inserts every row with `threads` threads; returns the seconds it took.
-double build(hnswlib::HierarchicalNSW<float>& index, const dmhnsw::FloatMatrix& base, unsigned threads) {
+double build(hnswlib::HierarchicalNSW<float>& index, const dmhnsw::FloatMatrix& base,
+             const std::vector<std::uint64_t>& labels, unsigned threads) {
   const std::size_t n = base.n();
   const auto build_start = Clock::now();
   dmhnsw::Progress progress("hnswlib build", n, "vectors");
-  index.addPoint(base.row(0), 0);  // the entry point, alone (as hnswlib's ParallelFor users do)
+  auto label = [&](std::size_t i) { return labels.empty() ? i : static_cast<std::size_t>(labels[i]); };
+  index.addPoint(base.row(0), label(0));  // the entry point, alone (as hnswlib's ParallelFor users do)
   progress.add();
   parallel_for(1, n, threads, [&](std::size_t i) {
-    index.addPoint(base.row(i), static_cast<hnswlib::labeltype>(i));
+    index.addPoint(base.row(i), label(i));
     progress.add();
   });
   progress.finish();
@@ -364,8 +385,62 @@ void save_index(hnswlib::HierarchicalNSW<float>& index, const std::string& save_
   std::printf("saved index to %s (%ju bytes)\n", save_path.c_str(), static_cast<std::uintmax_t>(size));
 }
 
+using dmhnsw::hnswlib_churn::ChurnIndex;
+using dmhnsw::hnswlib_churn::Step;
+using dmhnsw::hnswlib_churn::StepResult;
+
+/// Runs one delete, insert or upsert step (files read before the clock starts).
+StepResult run_step(const Step& s, ChurnIndex& churn, hnswlib::HierarchicalNSW<float>& index, std::size_t dim,
+                    unsigned threads) {
+  StepResult r;
+  r.op = s.op;
+  const std::vector<std::uint64_t> ids = dmhnsw::load_id_list(s.ids);
+  r.count = ids.size();
+  dmhnsw::FloatMatrix data;
+  if (s.op != "delete") {
+    data = dmhnsw::load_vectors_as_float(s.data);
+    if (data.d() != dim)
+      throw std::invalid_argument("--step " + s.op + ": " + s.data + " has d=" + std::to_string(data.d()) +
+                                  ", the index d=" + std::to_string(dim));
+    if (data.n() != ids.size())
+      throw std::invalid_argument("--step " + s.op + ": " + s.data + " has " + std::to_string(data.n()) +
+                                  " rows but " + s.ids + " has " + std::to_string(ids.size()) + " ids");
+  }
+  const auto t0 = Clock::now();
+  if (s.op == "delete") {
+    churn.remove(ids, r);
+  } else {
+    std::mutex counts;
+    parallel_for(0, ids.size(), threads, [&](std::size_t i) {
+      if (s.op == "insert")
+        churn.insert(data.row(i), ids[i], r, counts);
+      else
+        churn.upsert(data.row(i), ids[i], r, counts);
+    });
+  }
+  r.seconds = seconds_since(t0);
+  r.elements = index.cur_element_count;
+  std::printf("%s: %zu of %zu ids in %.3f s (%.0f/s), %zu not applicable, %zu deleted elements reused, "
+              "%zu elements\n",
+              s.op.c_str(), r.done, r.count, r.seconds, static_cast<double>(r.done) / std::max(r.seconds, 1e-9),
+              r.missing, r.reused, r.elements);
+  std::fflush(stdout);
+  return r;
+}
+
+/// With labels, every ground-truth id of the measured k must be live when the queries run.
+void check_truth_live(const Flags& f, const QuerySet& qs, const ChurnIndex& churn) {
+  for (std::size_t q = 0; q < qs.vectors.size(); ++q)
+    for (std::size_t j = 0; j < f.k; ++j)
+      if (!churn.live(static_cast<std::uint64_t>(qs.truth[q][j])))
+        throw std::invalid_argument(qs.groundtruth_source + ": query " + std::to_string(q) + " has neighbour id " +
+                                    std::to_string(qs.truth[q][j]) +
+                                    ", which is not a live label of the index when the queries run");
+}
+
 void write_report(const Flags& f, const QuerySet& qs, std::size_t n, std::size_t dim, const std::string& metric_name,
-                  const std::string& kernel, double build_seconds, const std::vector<RunResult>& runs) {
+                  const std::string& kernel, double build_seconds, const std::vector<RunResult>& runs,
+                  const std::vector<StepResult>& steps, const hnswlib::HierarchicalNSW<float>& index) {
   nlohmann::json report;
   report["system"] = "hnswlib";
   report["base"] = f.base_path;
@@ -389,6 +464,21 @@ void write_report(const Flags& f, const QuerySet& qs, std::size_t n, std::size_t
                               {"latency_us", {{"p50", r.p50_us}, {"p99", r.p99_us}}},
                               {"dist_comps_per_query", r.dist_comps},
                               {"hops_per_query", r.hops}});
+  report["replace_deleted"] = f.replace_deleted;
+  report["steps"] = nlohmann::json::array();
+  for (const StepResult& s : steps)
+    report["steps"].push_back({{"op", s.op},
+                               {"ids", s.count},
+                               {"done", s.done},
+                               {"not_applicable", s.missing},
+                               {"reused", s.reused},
+                               {"appended", s.appended},
+                               {"seconds", s.seconds},
+                               {"per_s", static_cast<double>(s.done) / std::max(s.seconds, 1e-9)},
+                               {"elements", s.elements}});
+  report["elements"] = index.cur_element_count;
+  report["deleted_elements"] = index.num_deleted_;
+  report["element_bytes"] = dmhnsw::hnswlib_churn::element_bytes(index);
   dmhnsw::write_json_file(f.json_path, report, "--json");
   std::printf("wrote %s\n", f.json_path.c_str());
 }
@@ -427,6 +517,19 @@ int main(int argc, char** argv) {
     const QuerySet qs = load_queries(f.workload_path, f.query_path, f.truth_path);
     const std::size_t n = base.n(), dim = base.d(), nq = qs.vectors.size();
     check_inputs(f, qs, n, dim);
+    std::vector<std::uint64_t> labels;
+    if (!f.ids_path.empty()) {
+      labels = dmhnsw::load_id_list(f.ids_path);
+      if (labels.size() != n)
+        throw std::invalid_argument("--ids " + f.ids_path + " has " + std::to_string(labels.size()) +
+                                    " ids but " + f.base_path + " has " + std::to_string(n) + " rows");
+    }
+    std::vector<Step> steps;
+    std::size_t capacity = n;  // the build's rows and every insert step's (if none reuses)
+    for (const std::string& text : f.steps) {
+      steps.push_back(dmhnsw::hnswlib_churn::parse_step(text));
+      if (steps.back().op == "insert") capacity += dmhnsw::probe(steps.back().data).n;
+    }
 
     const std::string metric_name(dmhnsw::to_string(metric));
     DispatchedSpace space(metric, dim);
@@ -436,23 +539,38 @@ int main(int argc, char** argv) {
                 f.ef_construction, f.threads, f.seed, space.kernel_name().c_str());
     std::fflush(stdout);
 
-    hnswlib::HierarchicalNSW<float> index(&space, n, f.m, f.ef_construction, f.seed);
-    const double build_seconds = build(index, base, f.threads);
+    hnswlib::HierarchicalNSW<float> index(&space, capacity, f.m, f.ef_construction, f.seed);
+    const double build_seconds = build(index, base, labels, f.threads);
     if (!f.save_path.empty()) save_index(index, f.save_path);
 
-    std::printf("%9s %10s %12s %10s %10s %12s %10s\n", "efSearch",
-                ("recall@" + std::to_string(f.k)).c_str(), "QPS", "p50 us", "p99 us", "dist/query",
-                "hops/query");
+    ChurnIndex churn(index, f.replace_deleted);
     std::vector<RunResult> runs;
-    for (std::size_t ef : f.ef_search) {
-      const RunResult r = run_queries(index, qs, f.k, ef, f.threads);
-      std::printf("%9zu %10.4f %12.1f %10.1f %10.1f %12.1f %10.1f\n", r.ef, r.recall, r.qps,
-                  r.p50_us, r.p99_us, r.dist_comps, r.hops);
-      std::fflush(stdout);
-      runs.push_back(r);
+    auto search = [&] {
+      if (!labels.empty() || !steps.empty()) check_truth_live(f, qs, churn);
+      std::printf("%9s %10s %12s %10s %10s %12s %10s\n", "efSearch",
+                  ("recall@" + std::to_string(f.k)).c_str(), "QPS", "p50 us", "p99 us", "dist/query",
+                  "hops/query");
+      for (std::size_t ef : f.ef_search) {
+        const RunResult r = run_queries(index, qs, f.k, ef, f.threads);
+        std::printf("%9zu %10.4f %12.1f %10.1f %10.1f %12.1f %10.1f\n", r.ef, r.recall, r.qps,
+                    r.p50_us, r.p99_us, r.dist_comps, r.hops);
+        std::fflush(stdout);
+        runs.push_back(r);
+      }
+    };
+    std::vector<StepResult> results;
+    bool searched = false;
+    for (const Step& s : steps) {
+      if (s.op == "query") {
+        search();
+        searched = true;
+      } else {
+        results.push_back(run_step(s, churn, index, dim, f.threads));
+      }
     }
+    if (!searched) search();
     if (!f.json_path.empty())
-      write_report(f, qs, n, dim, metric_name, space.kernel_name(), build_seconds, runs);
+      write_report(f, qs, n, dim, metric_name, space.kernel_name(), build_seconds, runs, results, index);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
     return 1;

@@ -14,9 +14,10 @@ On SET (wordnet: 50,000 x 384 sentence embeddings, inner product), 2 memnodes ov
   rounds      --rounds rounds of 30 % churn in a row: the memnodes' bytes in use (the bump words)
               after each, recall@10 after the last against a fresh build, then `upsert` of 10 % of
               the live ids with other vectors (2 computenodes): upserts/s
-  hnswlib     the same operations on hnswlib (Debian's python3-hnswlib 0.6.2: mark_deleted, then
-              add_items of the new rows; 0.6.2 predates replace_deleted, so its index grows), 2
-              threads, same M, efConstruction and efSearch: recall@10, deletes/s, inserts/s, elements
+  hnswlib     the same operations from the same files on hnswlib (tools/hnswlib-bench --step:
+              Debian's hnswlib 0.6.2, markDelete, and inserts into deleted elements as 0.7's
+              replace_deleted), 2 threads, same M, efConstruction and efSearch: recall@10 against
+              its own fresh build, deletes/s, inserts/s, upserts/s, elements
   dhnsw       (`--mode dhnsw`, --dhnsw-partitions 16, M 16, efConstruction 100, gaps 10 %) for F in
               --fractions: the online build of rows [0, N0) under ids = row numbers (computenode 0),
               `delete` of F x N0 live ids and `insert` of as many new rows under new ids (2
@@ -193,80 +194,56 @@ class Run:
         return q["recall"], b
 
 
-def hnswlib_part(run, fractions, rounds, initial, rng_seed):
-    import hnswlib
-    a, x = run.a, run.x
-    space = "ip" if run.metric == "ip" else "l2"
-    out = {"version": "0.6.2 (python3-hnswlib; mark_deleted, no replace_deleted)", "fractions": {}}
+def hnswlib_part(run, fractions, rounds):
+    """The shine part's deletes, inserts and upserts, from its files, on hnswlib (tools/hnswlib-bench
+    --step: Debian's hnswlib 0.6.2 with markDelete, and inserts that reuse deleted elements as
+    0.7's replace_deleted does), 2 threads, same M, efConstruction and efSearch."""
+    w = run.work
+    out = {"version": "0.6.2 (libhnswlib-dev; markDelete, replace_deleted as in 0.7 via hnswlib-bench --step)",
+           "fractions": {}}
 
-    def fresh_index(capacity):
-        idx = hnswlib.Index(space=space, dim=x.shape[1])
-        idx.init_index(max_elements=capacity, ef_construction=EFC, M=M, random_seed=100)
-        idx.set_num_threads(2)
-        return idx
+    def bench(name, base, steps, gt):
+        rep = w / f"hnswlib_{name}.json"
+        args = [dmh.BIN / "hnswlib-bench", "--base", f"{base}.fvecs", "--ids", f"{base}_ids.txt", "--queries",
+                run.qpath, "--groundtruth", gt, "--metric", run.metric, "--m", M, "--ef-construction", EFC,
+                "--ef-search", EF, "--k", K, "--threads", 2, "--json", rep]
+        for st in steps:
+            args += ["--step", st]
+        dmh.run([str(x) for x in args])
+        return json.loads(rep.read_text())
 
-    def recall(idx, live):
-        ids = np.fromiter(live.keys(), dtype=np.int64)
-        rows = np.fromiter(live.values(), dtype=np.int64)
-        gt = exact_top(x[rows], ids, run.q, run.metric)
-        idx.set_ef(EF)
-        got, _ = idx.knn_query(run.q, k=K, num_threads=2)
-        return float(np.mean([len(set(g.tolist()) & set(t.tolist())) / K for g, t in zip(got, gt)]))
+    def churn_steps(name):
+        return [f"delete:{w}/{name}_del.txt", f"insert:{w}/{name}_new.fvecs:{w}/{name}_new_ids.txt"]
 
-    def load_initial():
-        idx = fresh_index(a.n0 * (1 + rounds))
-        t0 = time.time()
-        idx.add_items(x[list(initial.values())], np.fromiter(initial.keys(), dtype=np.int64), num_threads=2)
-        return idx, len(initial) / (time.time() - t0)
+    def rate(step):
+        return step["per_s"]
 
+    init = w / "initial_data"
     for frac in fractions:
-        rng = random.Random(rng_seed)
-        idx, ins0 = load_initial()
-        out["inserts_per_s_initial"] = ins0
-        live = dict(initial)
-        n = int(frac * a.n0)
-        gone = rng.sample(sorted(live), n)
-        t0 = time.time()
-        for i in gone:
-            idx.mark_deleted(i)
-        dels = n / (time.time() - t0)
-        for i in gone:
-            del live[i]
-        rows = rng.sample(run.not_live(live), n)
-        new_ids = np.array([r + x.shape[0] for r in rows], dtype=np.int64)
-        t0 = time.time()
-        idx.add_items(x[rows], new_ids, num_threads=2)
-        ins = n / (time.time() - t0)
-        for i, r in zip(new_ids.tolist(), rows):
-            live[i] = r
-        r_after = recall(idx, live)
-        fresh = fresh_index(len(live))
-        fresh.add_items(x[list(live.values())], np.fromiter(live.keys(), dtype=np.int64), num_threads=2)
-        out["fractions"][str(frac)] = {"recall": r_after, "fresh_recall": recall(fresh, live), "deletes_per_s": dels,
-                                       "inserts_per_s": ins, "elements": idx.get_current_count(),
-                                       "live": len(live)}
-        dmh.log(f"  hnswlib churn {frac}: recall {r_after:.4f}, elements {idx.get_current_count()} for {len(live)} live")
-    # rounds of 30 %: elements grow (no reuse in 0.6.2)
-    rng = random.Random(rng_seed + 1)
-    idx, _ = load_initial()
-    live = dict(initial)
-    elements = [idx.get_current_count()]
-    for r in range(rounds):
-        n = int(0.3 * a.n0)
-        gone = rng.sample(sorted(live), n)
-        for i in gone:
-            idx.mark_deleted(i)
-            del live[i]
-        rows = rng.sample(run.not_live(live), n)
-        new_ids = np.array([row + x.shape[0] * (r + 1) for row in rows], dtype=np.int64)
-        idx.add_items(x[rows], new_ids, num_threads=2)
-        for i, row in zip(new_ids.tolist(), rows):
-            live[i] = row
-        elements.append(idx.get_current_count())
-    fresh = fresh_index(len(live))
-    fresh.add_items(x[list(live.values())], np.fromiter(live.keys(), dtype=np.int64), num_threads=2)
-    out["rounds"] = {"elements": elements, "memory_ratio": elements[-1] / elements[0], "recall": recall(idx, live),
-                     "fresh_recall": recall(fresh, live)}
+        name = f"churn{int(frac * 100)}"
+        r = bench(name, init, churn_steps(name), w / f"{name}_gt.ivecs")
+        fresh = bench(name + "_fresh", w / f"{name}_fresh_build_data", [], w / f"{name}_gt.ivecs")
+        out["inserts_per_s_initial"] = r["n"] / r["build_seconds"]
+        out["fractions"][str(frac)] = {"recall": r["runs"][0]["recall"], "fresh_recall": fresh["runs"][0]["recall"],
+                                       "deletes_per_s": rate(r["steps"][0]), "inserts_per_s": rate(r["steps"][1]),
+                                       "reused": r["steps"][1]["reused"], "elements": r["elements"],
+                                       "element_bytes": r["element_bytes"]}
+        dmh.log(f"  hnswlib churn {frac}: recall {r['runs'][0]['recall']:.4f} (fresh {fresh['runs'][0]['recall']:.4f}), "
+                f"{r['elements']} elements")
+    steps = [st for i in range(rounds) for st in churn_steps(f"round{i}")]
+    r = bench("rounds", init, steps + ["query", f"upsert:{w}/upsert.fvecs:{w}/upsert_ids.txt"], w / "rounds_gt.ivecs")
+    fresh = bench("rounds_fresh", w / "rounds_fresh_build_data", [], w / "rounds_gt.ivecs")
+    out["rounds"] = {"elements": [st["elements"] for st in r["steps"]], "element_bytes": r["element_bytes"],
+                     "recall": r["runs"][0]["recall"], "fresh_recall": fresh["runs"][0]["recall"],
+                     "deletes_per_s": [rate(st) for st in r["steps"] if st["op"] == "delete"],
+                     "inserts_per_s": [rate(st) for st in r["steps"] if st["op"] == "insert"],
+                     "upserts_per_s": rate(r["steps"][-1]), "upserted": r["steps"][-1]["done"]}
+    if (w / "upserted_gt.ivecs").exists():
+        u = bench("upserted", init, steps + [f"upsert:{w}/upsert.fvecs:{w}/upsert_ids.txt"], w / "upserted_gt.ivecs")
+        uf = bench("upserted_fresh", w / "upserted_fresh_build_data", [], w / "upserted_gt.ivecs")
+        out["rounds"]["after_upserts"] = {"recall": u["runs"][0]["recall"], "fresh_recall": uf["runs"][0]["recall"]}
+    dmh.log(f"  hnswlib rounds: recall {r['runs'][0]['recall']:.4f} (fresh {fresh['runs'][0]['recall']:.4f}), "
+            f"elements {out['rounds']['elements']}")
     return out
 
 
@@ -329,18 +306,32 @@ def shine_part(run, a, work, fractions, initial):
         up_rows = rng.sample(run.not_live(live), len(up_ids))
         data, idf = run.data_and_ids("upsert", up_rows, up_ids)
         u = run.cn(mn, "upsert", ["--data", data, "--ids", idf, "--threads", 2, "--coroutines", 4], "upsert")
+        # the live set after the upserts: each upserted id holds its new row
+        upserted = dict(live)
+        upserted.update(zip(up_ids, up_rows))
+        wl_up = run.workload("upserted", upserted)
+        q_up = run.query(mn, wl_up, "upserted_query")
+        after_upserts = {"recall": q_up["recall"], "bytes_used": run.bytes_used(u)}
+        if a.shine_consolidate:  # the upserts' old vectors are deleted nodes too
+            c = run.cn(mn, "consolidate", ["--threads", 2, "--coroutines", 4, "--alpha", a.shine_alpha],
+                       "upserted_consolidate")
+            after_upserts["consolidated_recall"] = run.query(mn, wl_up, "upserted_consolidated_query")["recall"]
+            after_upserts["consolidate"] = {k: c[k] for k in ("nodes", "nodes_changed", "lists_rewritten", "seconds")}
     fresh, _ = run.fresh_recall(live, wl, "rounds")
+    after_upserts["fresh_recall"], _ = run.fresh_recall(upserted, wl_up, "upserted")
     res["rounds"] = {"bytes_used": used, "memory_ratio": used[-1] / used[0], "per_round": rounds,
                      "recall": q["recall"], "fresh_recall": fresh, "upserts_per_s": u["inserts_per_s"],
-                     "upsert_replaced": u["replaced"]}
+                     "upsert_replaced": u["replaced"], "after_upserts": after_upserts}
     dmh.log(f"  memory {used[-1] / used[0]:.3f}x, recall {q['recall']:.4f} (fresh {fresh:.4f}), "
-            f"{u['inserts_per_s']:.0f} upserts/s")
+            f"{u['inserts_per_s']:.0f} upserts/s; after them recall {q_up['recall']:.4f}"
+            + (f", consolidated {after_upserts['consolidated_recall']:.4f}" if a.shine_consolidate else "")
+            + f" (fresh {after_upserts['fresh_recall']:.4f})")
 
     if a.skip_hnswlib:
         res["seconds"] = time.time() - t_start
         return res
     dmh.log("hnswlib, the same operations")
-    res["hnswlib"] = hnswlib_part(run, fractions, a.rounds, initial, 11)
+    res["hnswlib"] = hnswlib_part(run, fractions, a.rounds)
     res["seconds"] = time.time() - t_start
     return res
 

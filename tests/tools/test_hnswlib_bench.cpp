@@ -136,3 +136,139 @@ TEST_CASE("hnswlib-bench reports bad flags and inputs", "[tools]") {
                            "--max-elements", "--json", "--save-index"})
     CHECK(help.out.find(flag) != std::string::npos);
 }
+
+namespace {
+
+/// Rows `rows` of `all` as one matrix.
+FloatMatrix pick(const FloatMatrix& all, const std::vector<std::size_t>& rows) {
+  FloatMatrix m(rows.size(), all.d());
+  for (std::size_t i = 0; i < rows.size(); ++i)
+    std::copy(all.row(rows[i]), all.row(rows[i]) + all.d(), m.mutable_row(i));
+  return m;
+}
+
+void write_id_lines(const std::string& path, const std::vector<std::uint64_t>& ids) {
+  std::ofstream out(path);
+  for (std::uint64_t id : ids) out << id << "\n";
+}
+
+}  // namespace
+
+TEST_CASE("hnswlib-bench churn steps: labels, deletes, inserts into deleted elements, upserts", "[tools]") {
+  TempDir tmp;
+  const FloatMatrix all = load_vectors_as_float(kBase);
+  const FloatMatrix queries = load_vectors_as_float(kQueries, {.max_rows = 100});
+  // 5,000 rows under sparse labels; delete the first 1,500; insert rows 5,000-6,499 under new
+  // labels; upsert labels 1,500-1,599 with the vectors of rows 6,500-6,599.
+  std::vector<std::size_t> base_rows, new_rows, up_rows;
+  std::vector<std::uint64_t> base_ids, gone, new_ids, up_ids;
+  for (std::size_t r = 0; r < 5000; ++r) {
+    base_rows.push_back(r);
+    base_ids.push_back(1'000'000 + 3 * r);
+  }
+  for (std::size_t r = 0; r < 1500; ++r) gone.push_back(base_ids[r]);
+  for (std::size_t r = 5000; r < 6500; ++r) {
+    new_rows.push_back(r);
+    new_ids.push_back(2'000'000 + r);
+  }
+  for (std::size_t r = 0; r < 100; ++r) {
+    up_rows.push_back(6500 + r);
+    up_ids.push_back(base_ids[1500 + r]);
+  }
+  write_fvecs(tmp.file("base.fvecs"), pick(all, base_rows));
+  write_id_lines(tmp.file("base_ids.txt"), base_ids);
+  write_id_lines(tmp.file("gone.txt"), gone);
+  write_fvecs(tmp.file("new.fvecs"), pick(all, new_rows));
+  write_id_lines(tmp.file("new_ids.txt"), new_ids);
+  write_fvecs(tmp.file("up.fvecs"), pick(all, up_rows));
+  write_id_lines(tmp.file("up_ids.txt"), up_ids);
+  write_fvecs(tmp.file("q.fvecs"), queries);
+
+  // The live set (label -> row) and its exact top 10 per query.
+  std::vector<std::pair<std::uint64_t, std::size_t>> live;
+  for (std::size_t r = 1500; r < 5000; ++r) live.emplace_back(base_ids[r], r < 1600 ? 6500 + (r - 1500) : r);
+  for (std::size_t i = 0; i < new_rows.size(); ++i) live.emplace_back(new_ids[i], new_rows[i]);
+  IdMatrix truth(queries.n(), 10);
+  for (std::size_t q = 0; q < queries.n(); ++q) {
+    std::vector<std::pair<float, std::uint64_t>> d;
+    for (const auto& [id, row] : live) {
+      float s = 0;
+      for (std::size_t j = 0; j < all.d(); ++j) {
+        const float t = queries.row(q)[j] - all.row(row)[j];
+        s += t * t;
+      }
+      d.emplace_back(s, id);
+    }
+    std::partial_sort(d.begin(), d.begin() + 10, d.end());
+    for (std::size_t j = 0; j < 10; ++j) truth.mutable_row(q)[j] = static_cast<std::int32_t>(d[j].second);
+  }
+  write_ivecs(tmp.file("gt.ivecs"), truth);
+
+  const std::string common = "--base " + tmp.file("base.fvecs") + " --ids " + tmp.file("base_ids.txt") +
+                             " --queries " + tmp.file("q.fvecs") + " --groundtruth " + tmp.file("gt.ivecs") +
+                             " --m 16 --ef-construction 100 --ef-search 64 --k 10 --threads 2" +
+                             " --step delete:" + tmp.file("gone.txt") + " --step insert:" + tmp.file("new.fvecs") +
+                             ":" + tmp.file("new_ids.txt") + " --step upsert:" + tmp.file("up.fvecs") + ":" +
+                             tmp.file("up_ids.txt");
+  for (const bool reuse : {true, false}) {
+    const std::string json_path = tmp.file(reuse ? "reuse.json" : "grow.json");
+    const auto r = run_bench(tmp, common + " --json " + json_path + (reuse ? "" : " --no-replace-deleted"));
+    INFO("reuse " << reuse << "\nstdout: " << r.out << "\nstderr: " << r.err);
+    REQUIRE(r.code == 0);
+    const auto j = nlohmann::json::parse(slurp(json_path));
+    const auto& steps = j.at("steps");
+    REQUIRE(steps.size() == 3);
+    CHECK(steps[0].at("op") == "delete");
+    CHECK(steps[0].at("done") == 1500);
+    CHECK(steps[1].at("op") == "insert");
+    CHECK(steps[1].at("done") == 1500);
+    CHECK(steps[1].at("reused") == (reuse ? 1500 : 0));
+    CHECK(steps[2].at("op") == "upsert");
+    CHECK(steps[2].at("done") == 100);
+    CHECK(j.at("elements") == (reuse ? 5000 : 6500));
+    CHECK(j.at("deleted_elements") == (reuse ? 0 : 1500));
+    // recall against the live set: the upserted labels answer with their new vectors, no
+    // deleted label answers
+    CHECK(j.at("runs").at(0).at("recall").get<double>() >= 0.9);
+  }
+
+  // a deleted label cannot be upserted, a live one cannot be inserted again: counted, not applied
+  const std::string json_path = tmp.file("na.json");
+  const auto r = run_bench(tmp, "--base " + tmp.file("base.fvecs") + " --ids " + tmp.file("base_ids.txt") +
+                                    " --queries " + tmp.file("q.fvecs") + " --groundtruth " + tmp.file("gt.ivecs") +
+                                    " --threads 2 --ef-search 16 --step delete:" + tmp.file("gone.txt") +
+                                    " --step upsert:" + tmp.file("new.fvecs") + ":" + tmp.file("gone.txt") +
+                                    " --step insert:" + tmp.file("up.fvecs") + ":" + tmp.file("up_ids.txt") +
+                                    " --step insert:" + tmp.file("new.fvecs") + ":" + tmp.file("new_ids.txt") +
+                                    " --step query --json " + json_path);
+  INFO("stdout: " << r.out << "\nstderr: " << r.err);
+  REQUIRE(r.code == 0);
+  const auto j = nlohmann::json::parse(slurp(json_path));
+  CHECK(j.at("steps")[1].at("done") == 0);
+  CHECK(j.at("steps")[1].at("not_applicable") == 1500);
+  CHECK(j.at("steps")[2].at("done") == 0);
+  CHECK(j.at("steps")[2].at("not_applicable") == 100);
+  CHECK(j.at("steps")[3].at("reused") == 1500);
+  CHECK(j.at("elements") == 5000);
+  CHECK(j.at("runs").size() == 1);
+  // before the insert of the new labels the ground truth names labels the index does not hold
+  const auto early = run_bench(tmp, "--base " + tmp.file("base.fvecs") + " --ids " + tmp.file("base_ids.txt") +
+                                        " --queries " + tmp.file("q.fvecs") + " --groundtruth " +
+                                        tmp.file("gt.ivecs") + " --threads 2 --step query");
+  CHECK(early.code != 0);
+  CHECK(early.err.find("not a live label") != std::string::npos);
+
+  auto fails_with = [&](const std::string& args, const std::string& needle) {
+    const auto f = run_bench(tmp, args);
+    INFO("hnswlib-bench " << args << "\nstdout: " << f.out << "\nstderr: " << f.err);
+    CHECK(f.code != 0);
+    CHECK((f.err + f.out).find(needle) != std::string::npos);
+  };
+  const std::string qg = " --queries " + tmp.file("q.fvecs") + " --groundtruth " + tmp.file("gt.ivecs");
+  fails_with("--base " + tmp.file("base.fvecs") + qg + " --step remove:" + tmp.file("gone.txt"), "--step remove");
+  fails_with("--base " + tmp.file("base.fvecs") + qg + " --step insert:" + tmp.file("new.fvecs"), "--step insert");
+  fails_with("--base " + tmp.file("base.fvecs") + qg + " --ids " + tmp.file("gone.txt"), "--ids");
+  fails_with("--base " + tmp.file("base.fvecs") + " --ids " + tmp.file("base_ids.txt") + qg + " --step insert:" +
+                 tmp.file("q.fvecs") + ":" + tmp.file("new_ids.txt"),
+             "q.fvecs");
+}
