@@ -165,7 +165,7 @@ static void parse_share(const std::string& share, dhnsw::InsertOptions& dio) {
 
 int IndexCommands::run_dhnsw(RunEnv& env) {
   const uint32_t cn_id = env.flags.cn_id, num_cns = env.flags.num_cns;
-  const compute::RunContext rc{&env.cluster, cn_id, num_cns, env.flags.provider, {}};
+  const compute::RunContext& rc = env.rc;  // with the departures read at connect (Board)
   std::string path = report_;
   if (!path.empty() && num_cns > 1) path += ".cn" + std::to_string(cn_id);  // one file per process
   std::vector<int64_t> ids;

@@ -64,7 +64,7 @@ int QueryCommand::run(RunEnv& env, shine::ReadMode rm) {
 
 int QueryCommand::run_dhnsw(RunEnv& env) {
   const uint32_t cn_id = env.flags.cn_id, num_cns = env.flags.num_cns;
-  const compute::RunContext rc{&env.cluster, cn_id, num_cns, env.flags.provider, {}};
+  const compute::RunContext& rc = env.rc;  // with the departures read at connect (Board)
   dq_.workload = qo_.workload;
   dq_.engine.k = qo_.k;
   dq_.ef_search = parse_ef_list(ef_list_);

@@ -4,6 +4,7 @@
 // the lists that a reuse's in-edge search does not reach keep an edge that, once the record
 // holds another vector, leads somewhere unrelated (what costs recall under churn at scale).
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cstring>
 #include <mutex>
@@ -18,6 +19,8 @@
 
 namespace dmhnsw::shine {
 
+using fabric::Buffer;
+using fabric::Op;
 using nlohmann::json;
 
 
@@ -63,7 +66,9 @@ Task<unsigned> Worker::consolidate(RemotePtr p, OpContext& ctx, float alpha) {
     co_await read_flags(more, self->v, deleted, ctx, cache);
     for (RemotePtr n : more)
       if (!deleted[n.raw()] && std::find(cand.begin(), cand.end(), n) == cand.end()) cand.push_back(n);
-    if (!via.empty() && !cand.empty()) {
+    // A list whose nodes and their neighbours were all deleted is written empty: an edge to a
+    // record the pass empties would be a dead end, and once reused an edge to an unrelated vector.
+    if (!via.empty()) {
       std::vector<Neighbor> nb;
       for (RemotePtr n : cand)
         if (const auto e = cache.find(n); e && e->level >= l) nb.push_back({g_.distance()(self->v, e->v), n, e->label});
@@ -89,6 +94,40 @@ Task<bool> Worker::orphan(RemotePtr n, uint64_t seen, OpContext& ctx) {
     for (unsigned l = 0; l <= level; ++l) co_await write_list(n, l, none, ctx);
   co_await unlock_node(n, held, NodeHeader::unlocked(held), ctx);
   co_return same;
+}
+
+Task<bool> Worker::retire_entry(RemotePtr old, uint64_t seen, const std::vector<RemotePtr>& live, OpContext& ctx) {
+  if (!NodeHeader::valid(seen) || !NodeHeader::deleted(seen)) co_return false;
+  // The highest live level, from the headers (8 bytes each, 256 per doorbell).
+  RemotePtr best;
+  unsigned best_level = 0;
+  constexpr size_t kBatch = 256;
+  Buffer b = s_.endpoint().alloc(8 * kBatch);
+  for (size_t at = 0; at < live.size(); at += kBatch) {
+    std::vector<Op> ops;
+    for (size_t i = at; i < std::min(live.size(), at + kBatch); ++i)
+      ops.push_back(Op::read(live[i], b.data() + 8 * (i - at), 8));
+    fail(co_await s_.io(ops, true, &ctx.io));
+    for (size_t i = 0; i < ops.size(); ++i) {
+      uint64_t h;
+      std::memcpy(&h, b.data() + 8 * i, 8);
+      if (NodeHeader::valid(h) && !NodeHeader::deleted(h) && (best.is_null() || NodeHeader::level(h) > best_level)) {
+        best = live[at + i];
+        best_level = NodeHeader::level(h);
+      }
+    }
+  }
+  if (best.is_null()) co_return false;  // nothing live to guide: it stays
+  co_await lock_entry(ctx);
+  const Entry e = co_await read_entry(ctx);
+  const bool moved = e.node == old;
+  if (moved) {
+    const std::array<uint64_t, 2> w{best.raw(), best_level};
+    co_await write(RemotePtr(0, mode_word_offset(shine_word::kEntryPoint)), w.data(), 16, ctx);
+  }
+  co_await unlock_entry(ctx);
+  if (moved && co_await orphan(old, seen, ctx)) co_await keep_for_reuse(old, ctx);
+  co_return moved;
 }
 
 std::vector<std::pair<RemotePtr, uint64_t>> kept_records(fabric::Endpoint& ep, const FreeTable& t) {
@@ -157,8 +196,13 @@ json run_consolidate(const RunContext& rc, const ConsolidateOptions& o) {
   for (size_t i = rc.cn_id; i < all.size(); i += rc.num_cns) mine.push_back(all[i]);
   compute::Board board(c, *control, rc.cn_id, rc.num_cns, "consolidate", rc.departed_at_connect);
   // The records deleted before any computenode begins: no live list names them after the pass.
+  // So with the entry point when it is one (deletes keep it off the free stacks).
   std::vector<std::pair<RemotePtr, uint64_t>> before;
-  if (rc.cn_id == 0) before = kept_records(*control, p.free);
+  std::pair<RemotePtr, uint64_t> old_entry{RemotePtr::from_raw(entry), 0};
+  if (rc.cn_id == 0) {
+    before = kept_records(*control, p.free);
+    if (entry != 0) control->read(old_entry.first, &old_entry.second, 8);
+  }
   board.barrier();
   std::atomic<bool> stop{false};
   std::atomic<uint64_t> lists{0}, nodes_changed{0}, orphaned{0};
@@ -190,10 +234,17 @@ json run_consolidate(const RunContext& rc, const ConsolidateOptions& o) {
                if (co_await w.orphan(before[i].first, before[i].second, ctx)) ++orphaned;
              }))
       io += x.io;
+  bool entry_moved = false;
+  if (rc.cn_id == 0 && NodeHeader::valid(old_entry.second) && NodeHeader::deleted(old_entry.second))
+    for (const OpContext& x : each_item<Worker, OpContext>(
+             c, g, 1, 1, seed + 99, 1, stop, [&](Worker& w, size_t, OpContext& ctx) -> compute::Task<void> {
+               entry_moved = co_await w.retire_entry(old_entry.first, old_entry.second, all, ctx);
+             }))
+      io += x.io;
   const double secs = secs_since(t0);
   json mine_j = {{"cn_id", rc.cn_id},           {"nodes", mine.size()},       {"nodes_changed", nodes_changed.load()},
                  {"lists_rewritten", lists.load()}, {"lists_read", ss.hops},   {"vectors_read", ss.visited},
-                 {"records_emptied", orphaned.load()}, {"seconds", secs},       {"io", io_json(io)}};
+                 {"records_emptied", orphaned.load()}, {"entry_moved", entry_moved}, {"seconds", secs},       {"io", io_json(io)}};
   board.publish(gen, mine_j.dump());
   json report = {{"mode", "shine"}, {"kind", "consolidate"}, {"provider", rc.provider}, {"num_cns", rc.num_cns},
                  {"threads", o.threads}, {"coroutines", o.coroutines}, {"alpha", o.alpha}};
@@ -202,6 +253,7 @@ json run_consolidate(const RunContext& rc, const ConsolidateOptions& o) {
     return report;
   }
   uint64_t nodes = 0, changed = 0, rewritten = 0, emptied = 0;
+  bool moved = false;
   double max_secs = 0;
   json per_cn = json::array();
   for (const auto& text : board.gather(gen)) {
@@ -210,11 +262,12 @@ json run_consolidate(const RunContext& rc, const ConsolidateOptions& o) {
     changed += j["nodes_changed"].get<uint64_t>();
     rewritten += j["lists_rewritten"].get<uint64_t>();
     emptied += j["records_emptied"].get<uint64_t>();
+    moved = moved || j["entry_moved"].get<bool>();
     max_secs = std::max(max_secs, j["seconds"].get<double>());
     per_cn.push_back(j);
   }
   report.update({{"nodes", nodes}, {"nodes_changed", changed}, {"lists_rewritten", rewritten},
-                 {"records_emptied", emptied}, {"seconds", max_secs},
+                 {"records_emptied", emptied}, {"entry_moved", moved}, {"seconds", max_secs},
                  {"nodes_per_s", static_cast<double>(nodes) / std::max(max_secs, 1e-9)}, {"per_cn", per_cn}});
   return report;
 }
@@ -222,11 +275,13 @@ json run_consolidate(const RunContext& rc, const ConsolidateOptions& o) {
 void print_consolidate(const json& r) {
   if (!r.contains("nodes")) return;
   std::printf("shine consolidate: %llu nodes checked, %llu of them linked to deleted nodes (%llu lists rewritten), "
-              "%llu deleted records emptied for reuse, %.2f s (%.0f nodes/s)\n",
+              "%llu deleted records emptied for reuse%s, %.2f s (%.0f nodes/s)\n",
               static_cast<unsigned long long>(r["nodes"].get<uint64_t>()),
               static_cast<unsigned long long>(r["nodes_changed"].get<uint64_t>()),
               static_cast<unsigned long long>(r["lists_rewritten"].get<uint64_t>()),
-              static_cast<unsigned long long>(r["records_emptied"].get<uint64_t>()), r["seconds"].get<double>(),
+              static_cast<unsigned long long>(r["records_emptied"].get<uint64_t>()),
+              r["entry_moved"].get<bool>() ? " (the deleted entry point among them: a live node is the entry now)" : "",
+              r["seconds"].get<double>(),
               r["nodes_per_s"].get<double>());
 }
 

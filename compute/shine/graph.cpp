@@ -660,12 +660,23 @@ Task<void> Worker::link_new(RemotePtr me, const float* v, unsigned level, uint64
   // 3. Greedy descent above the new node's level, then efConstruction search and linking.
   const Neighbor top = co_await descend(v, ep, max_level, level, ctx, &cache);
   std::vector<Neighbor> eps{top};
+  bool retried = false;
   for (int l = static_cast<int>(std::min(level, max_level)); l >= 0; --l) {
-    std::vector<Neighbor> w = co_await search_layer(v, eps, P.ef_construction, static_cast<unsigned>(l), ctx, &cache);
-    // With deletes in the index, candidates the cache gave are checked: no new edge to a deleted node.
-    if (entry.deleted > 0) co_await drop_deleted(w, ctx);
-    // A concurrent inserter may already have made me reachable: never pick myself.
-    w.erase(std::remove_if(w.begin(), w.end(), [&](const Neighbor& n) { return n.node == me; }), w.end());
+    std::vector<Neighbor> w;
+    for (;;) {
+      w = co_await search_layer(v, eps, P.ef_construction, static_cast<unsigned>(l), ctx, &cache);
+      // With deletes in the index, candidates the cache gave are checked: no new edge to a deleted node.
+      if (entry.deleted > 0) co_await drop_deleted(w, ctx);
+      // A concurrent inserter may already have made me reachable: never pick myself.
+      w.erase(std::remove_if(w.begin(), w.end(), [&](const Neighbor& n) { return n.node == me; }), w.end());
+      if (!w.empty() || retried || entry.deleted == 0) break;
+      // Nothing live found: the descent ended in a deleted record a consolidation emptied (an
+      // entry point it moved meanwhile). Once, from the entry point as it is now.
+      retried = true;
+      const Entry now = co_await read_entry(ctx);
+      if (now.node.is_null() || now.node == me || now.level < static_cast<unsigned>(l)) break;
+      eps.assign(1, co_await descend(v, now.node, now.level, static_cast<unsigned>(l), ctx, &cache));
+    }
     std::vector<Neighbor> sel = select_heuristic(w, P.m, cache);
     // My own list, under my lock: a concurrent inserter that reached me through an upper
     // level may already have linked itself here; its link is kept (pruned if over capacity).

@@ -184,6 +184,12 @@ class Worker {
   /// generation). No live list names it any more, so a reuse of it skips the in-edge search
   /// (Worker::detach). Returns whether it did.
   Task<bool> orphan(RemotePtr n, uint64_t seen, OpContext& ctx);
+  /// After a consolidation pass: the entry point `old`, deleted before the pass began (header
+  /// `seen`), is replaced by the live node of `live` with the highest level (under the entry
+  /// lock, if still the entry point), then emptied and kept for reuse like the other deleted
+  /// records. A deleted entry point kept with its lists would lead every descent into records
+  /// the pass emptied (dead ends: a search from one finds nothing). Returns whether it moved.
+  Task<bool> retire_entry(RemotePtr old, uint64_t seen, const std::vector<RemotePtr>& live, OpContext& ctx);
 
  private:
   /// The vectors one insert knows: the shared cache first, then its own overflow.

@@ -519,19 +519,31 @@ TEST_CASE("shine: consolidation leaves no live list naming a deleted node, and i
     compute::run_sync(s, w.insert(&base[i * kD], 31 * i + 7, ctx));
     live[31 * i + 7].assign(&base[i * kD], &base[(i + 1) * kD]);
   }
-  std::mt19937_64 rng(4);
-  std::vector<uint64_t> ids;
-  for (auto& kv : live) ids.push_back(kv.first);
-  std::shuffle(ids.begin(), ids.end(), rng);
-  for (size_t i = 0; i < kChurn; ++i) {
-    REQUIRE(compute::run_sync(s, w.remove(ids[i], ctx)));
-    live.erase(ids[i]);
-  }
   auto header = [&](RemotePtr n) {
     uint64_t h;
     std::memcpy(&h, c->region(n.node()) + n.offset(), 8);
     return h;
   };
+  auto entry_point = [&] {
+    uint64_t raw;
+    std::memcpy(&raw, c->region(0) + mode_word_offset(shine_word::kEntryPoint), 8);
+    return RemotePtr::from_raw(raw);
+  };
+  // The entry point among the deleted: deletes keep it off the free stacks, the pass moves it.
+  const RemotePtr old_entry = entry_point();
+  uint64_t entry_label;
+  std::memcpy(&entry_label, c->region(old_entry.node()) + old_entry.offset() + offsetof(NodeFront, label), 8);
+  std::mt19937_64 rng(4);
+  std::vector<uint64_t> ids{entry_label};
+  for (auto& kv : live)
+    if (kv.first != entry_label) ids.push_back(kv.first);
+  std::shuffle(ids.begin() + 1, ids.end(), rng);
+  for (size_t i = 0; i < kChurn; ++i) {
+    REQUIRE(compute::run_sync(s, w.remove(ids[i], ctx)));
+    live.erase(ids[i]);
+  }
+  const uint64_t old_entry_seen = header(old_entry);
+  REQUIRE(NodeHeader::deleted(old_entry_seen));
   // Edges from live nodes (the id index's) to deleted ones, over every level.
   auto stale_edges = [&] {
     size_t stale = 0;
@@ -574,14 +586,31 @@ TEST_CASE("shine: consolidation leaves no live list naming a deleted node, and i
     std::memcpy(&f, c->region(n.node()) + n.offset() + L.list_offset(0), sizeof f);
     CHECK(f.count == 0);
   }
+  // The deleted entry point: a live node of the top live level takes its place, and its record
+  // is emptied and kept for reuse like the others (a descent from it would find nothing).
+  CHECK(compute::run_sync(s, w.retire_entry(old_entry, old_entry_seen, nodes, ctx)));
+  const RemotePtr new_entry = entry_point();
+  CHECK(new_entry != old_entry);
+  CHECK_FALSE(NodeHeader::deleted(header(new_entry)));
+  for (RemotePtr n : nodes) CHECK(NodeHeader::level(header(n)) <= NodeHeader::level(header(new_entry)));
+  CHECK(stale_edges() == 0);
+  CHECK(kept_records(*ep, got.free).size() == kChurn);
+  CHECK_FALSE(compute::run_sync(s, w.retire_entry(new_entry, header(new_entry), nodes, ctx)));  // live: stays
   const uint64_t hops_before = ctx.search.hops;
   // Inserts reuse the records; recall@10 of the live set against brute force stays high.
   for (size_t i = kN; i < kN + kChurn; ++i) {
     compute::run_sync(s, w.insert(&base[i * kD], 31 * i + 7, ctx));
     live[31 * i + 7].assign(&base[i * kD], &base[(i + 1) * kD]);
   }
-  CHECK(ctx.search.reused >= kChurn - 1);
+  CHECK(ctx.search.reused == kChurn);
   INFO("lists read by the inserts into deleted records: " << ctx.search.hops - hops_before);
+  size_t unlinked = 0;  // live nodes with nothing at level 0: a descent that ended in an emptied record
+  for (RemotePtr n : live_nodes(*ep, got.ids)) {
+    ListFront f;
+    std::memcpy(&f, c->region(n.node()) + n.offset() + L.list_offset(0), sizeof f);
+    unlinked += f.count == 0;
+  }
+  CHECK(unlinked == 0);
   std::vector<float> flat;
   std::vector<uint64_t> order;
   for (auto& [id, v] : live) {
