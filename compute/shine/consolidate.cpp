@@ -4,7 +4,6 @@
 // the lists that a reuse's in-edge search does not reach keep an edge that, once the record
 // holds another vector, leads somewhere unrelated (what costs recall under churn at scale).
 #include <algorithm>
-#include <array>
 #include <atomic>
 #include <cstring>
 #include <mutex>
@@ -19,8 +18,6 @@
 
 namespace dmhnsw::shine {
 
-using fabric::Buffer;
-using fabric::Op;
 using nlohmann::json;
 
 
@@ -98,36 +95,12 @@ Task<bool> Worker::orphan(RemotePtr n, uint64_t seen, OpContext& ctx) {
 
 Task<bool> Worker::retire_entry(RemotePtr old, uint64_t seen, const std::vector<RemotePtr>& live, OpContext& ctx) {
   if (!NodeHeader::valid(seen) || !NodeHeader::deleted(seen)) co_return false;
-  // The highest live level, from the headers (8 bytes each, 256 per doorbell).
-  RemotePtr best;
-  unsigned best_level = 0;
-  constexpr size_t kBatch = 256;
-  Buffer b = s_.endpoint().alloc(8 * kBatch);
-  for (size_t at = 0; at < live.size(); at += kBatch) {
-    std::vector<Op> ops;
-    for (size_t i = at; i < std::min(live.size(), at + kBatch); ++i)
-      ops.push_back(Op::read(live[i], b.data() + 8 * (i - at), 8));
-    fail(co_await s_.io(ops, true, &ctx.io));
-    for (size_t i = 0; i < ops.size(); ++i) {
-      uint64_t h;
-      std::memcpy(&h, b.data() + 8 * i, 8);
-      if (NodeHeader::valid(h) && !NodeHeader::deleted(h) && (best.is_null() || NodeHeader::level(h) > best_level)) {
-        best = live[at + i];
-        best_level = NodeHeader::level(h);
-      }
-    }
-  }
-  if (best.is_null()) co_return false;  // nothing live to guide: it stays
-  co_await lock_entry(ctx);
-  const Entry e = co_await read_entry(ctx);
-  const bool moved = e.node == old;
-  if (moved) {
-    const std::array<uint64_t, 2> w{best.raw(), best_level};
-    co_await write(RemotePtr(0, mode_word_offset(shine_word::kEntryPoint)), w.data(), 16, ctx);
-  }
-  co_await unlock_entry(ctx);
-  if (moved && co_await orphan(old, seen, ctx)) co_await keep_for_reuse(old, ctx);
-  co_return moved;
+  // Elsewhere: a delete handed it over (and kept it for reuse) or an insert rose above it.
+  const EntryMove moved = co_await set_entry_from(old, live, ctx);
+  if (moved != EntryMove::Moved) co_return false;
+  const bool emptied = co_await orphan(old, seen, ctx);
+  if (emptied) co_await keep_for_reuse(old, ctx);
+  co_return true;
 }
 
 std::vector<std::pair<RemotePtr, uint64_t>> kept_records(fabric::Endpoint& ep, const FreeTable& t) {

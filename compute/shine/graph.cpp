@@ -624,8 +624,58 @@ Task<void> Worker::detach(RemotePtr s, unsigned level, const float* any, OpConte
 Task<void> Worker::keep_for_reuse(RemotePtr n, OpContext& ctx) {
   if (!free_) co_return;
   const Entry e = co_await read_entry(ctx);
-  if (e.node == n) co_return;  // the entry point keeps guiding every search from the top level
+  // A deleted entry point hands over to a live neighbour first: no search should start at a
+  // record that will hold another vector. With no live neighbour it stays, deleted and guiding,
+  // until a consolidation retires it (Worker::retire_entry).
+  if (e.node == n) {
+    const bool handed = co_await hand_over_entry(n, e.level, ctx);
+    if (!handed) co_return;
+  }
   co_await free_->push(n, &ctx.io);
+}
+
+Task<std::vector<uint64_t>> Worker::read_headers(const std::vector<RemotePtr>& nodes, OpContext& ctx) {
+  std::vector<uint64_t> out(nodes.size());
+  constexpr size_t kBatch = 256;  // 8 bytes each, one doorbell per batch
+  Buffer b = s_.endpoint().alloc(8 * kBatch);
+  for (size_t at = 0; at < nodes.size(); at += kBatch) {
+    std::vector<Op> ops;
+    for (size_t i = at; i < std::min(nodes.size(), at + kBatch); ++i)
+      ops.push_back(Op::read(nodes[i], b.data() + 8 * (i - at), 8));
+    fail(co_await s_.io(ops, true, &ctx.io));
+    std::memcpy(out.data() + at, b.data(), 8 * ops.size());
+  }
+  co_return out;
+}
+
+Task<Worker::EntryMove> Worker::set_entry_from(RemotePtr old, const std::vector<RemotePtr>& cands, OpContext& ctx) {
+  const std::vector<uint64_t> hs = co_await read_headers(cands, ctx);
+  RemotePtr best;
+  unsigned best_level = 0;
+  for (size_t i = 0; i < cands.size(); ++i)
+    if (NodeHeader::valid(hs[i]) && !NodeHeader::deleted(hs[i]) && (best.is_null() || NodeHeader::level(hs[i]) > best_level)) {
+      best = cands[i];
+      best_level = NodeHeader::level(hs[i]);
+    }
+  if (best.is_null()) co_return EntryMove::NoneLive;
+  co_await lock_entry(ctx);
+  const Entry e = co_await read_entry(ctx);
+  if (e.node == old) {
+    const std::array<uint64_t, 2> w{best.raw(), best_level};
+    co_await write(word_ptr(shine_word::kEntryPoint), w.data(), 16, ctx);
+  }
+  co_await unlock_entry(ctx);
+  co_return e.node == old ? EntryMove::Moved : EntryMove::Elsewhere;
+}
+
+Task<bool> Worker::hand_over_entry(RemotePtr n, unsigned level, OpContext& ctx) {
+  for (int l = static_cast<int>(level); l >= 0; --l) {
+    const std::vector<RemotePtr> list = co_await read_list(n, static_cast<unsigned>(l), ctx);
+    if (list.empty()) continue;
+    const EntryMove moved = co_await set_entry_from(n, list, ctx);
+    if (moved != EntryMove::NoneLive) co_return true;
+  }
+  co_return false;
 }
 
 Task<void> Worker::link_new(RemotePtr me, const float* v, unsigned level, uint64_t label, OpContext& ctx) {

@@ -227,6 +227,16 @@ class Worker {
     uint64_t reused = 0;   // shine_word::kReused
   };
   Task<Entry> read_entry(OpContext& ctx);
+  /// The header words of `nodes`, 256 per doorbell.
+  Task<std::vector<uint64_t>> read_headers(const std::vector<RemotePtr>& nodes, OpContext& ctx);
+  /// Under the entry lock: if the entry point is still `old`, the live node of `cands` with the
+  /// highest level takes its place (Moved); Elsewhere: it was not `old` any more; NoneLive: none
+  /// of `cands` is live (nothing changed).
+  enum class EntryMove { Moved, Elsewhere, NoneLive };
+  Task<EntryMove> set_entry_from(RemotePtr old, const std::vector<RemotePtr>& cands, OpContext& ctx);
+  /// A deleted entry point `n` of top level `level` hands over to a live neighbour, from its top
+  /// level down. False when it has none (it stays the entry point).
+  Task<bool> hand_over_entry(RemotePtr n, unsigned level, OpContext& ctx);
   /// Drops from `w` (nearest first) the results a cache held that are deleted now, reading the
   /// fronts of the first k in one doorbell (again for the next ones while some were dropped).
   Task<void> drop_stale(std::vector<Neighbor>& w, uint32_t k, OpContext& ctx);

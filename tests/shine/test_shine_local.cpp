@@ -529,21 +529,40 @@ TEST_CASE("shine: consolidation leaves no live list naming a deleted node, and i
     std::memcpy(&raw, c->region(0) + mode_word_offset(shine_word::kEntryPoint), 8);
     return RemotePtr::from_raw(raw);
   };
-  // The entry point among the deleted: deletes keep it off the free stacks, the pass moves it.
+  auto label_of = [&](RemotePtr n) {
+    uint64_t label;
+    std::memcpy(&label, c->region(n.node()) + n.offset() + offsetof(NodeFront, label), 8);
+    return label;
+  };
+  auto list_of = [&](RemotePtr n, unsigned l) {
+    ListFront f;
+    const char* list = c->region(n.node()) + n.offset() + L.list_offset(l);
+    std::memcpy(&f, list, sizeof f);
+    std::vector<RemotePtr> out(f.count);
+    std::memcpy(out.data(), list + sizeof f, 8 * f.count);
+    return out;
+  };
+  // The entry point among the deleted, after all its neighbours: with none live to hand over
+  // to, a delete keeps it (deleted, guiding, off the free stacks); the pass retires it.
   const RemotePtr old_entry = entry_point();
-  uint64_t entry_label;
-  std::memcpy(&entry_label, c->region(old_entry.node()) + old_entry.offset() + offsetof(NodeFront, label), 8);
+  std::vector<uint64_t> ids;
+  for (unsigned l = 0; l <= NodeHeader::level(header(old_entry)); ++l)
+    for (RemotePtr n : list_of(old_entry, l))
+      if (std::find(ids.begin(), ids.end(), label_of(n)) == ids.end()) ids.push_back(label_of(n));
+  ids.push_back(label_of(old_entry));
+  const size_t first = ids.size();
+  REQUIRE(first < kChurn);
   std::mt19937_64 rng(4);
-  std::vector<uint64_t> ids{entry_label};
   for (auto& kv : live)
-    if (kv.first != entry_label) ids.push_back(kv.first);
-  std::shuffle(ids.begin() + 1, ids.end(), rng);
+    if (std::find(ids.begin(), ids.end(), kv.first) == ids.end()) ids.push_back(kv.first);
+  std::shuffle(ids.begin() + static_cast<std::ptrdiff_t>(first), ids.end(), rng);
   for (size_t i = 0; i < kChurn; ++i) {
     REQUIRE(compute::run_sync(s, w.remove(ids[i], ctx)));
     live.erase(ids[i]);
   }
   const uint64_t old_entry_seen = header(old_entry);
   REQUIRE(NodeHeader::deleted(old_entry_seen));
+  REQUIRE(entry_point() == old_entry);
   // Edges from live nodes (the id index's) to deleted ones, over every level.
   auto stale_edges = [&] {
     size_t stale = 0;
@@ -611,6 +630,14 @@ TEST_CASE("shine: consolidation leaves no live list naming a deleted node, and i
     unlinked += f.count == 0;
   }
   CHECK(unlinked == 0);
+  // A deleted entry point with live neighbours hands over at once and is kept for reuse.
+  const RemotePtr entry_now = entry_point();
+  const size_t kept_before = kept_records(*ep, got.free).size();
+  REQUIRE(compute::run_sync(s, w.remove(label_of(entry_now), ctx)));
+  live.erase(label_of(entry_now));
+  CHECK(entry_point() != entry_now);
+  CHECK_FALSE(NodeHeader::deleted(header(entry_point())));
+  CHECK(kept_records(*ep, got.free).size() == kept_before + 1);
   std::vector<float> flat;
   std::vector<uint64_t> order;
   for (auto& [id, v] : live) {
