@@ -29,6 +29,8 @@ def main():
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--queries", type=int, default=500)
     ap.add_argument("--no-consolidate", action="store_true")
+    ap.add_argument("--deletes-only", action="store_true",
+                    help="rounds of deletes (and consolidation) without the inserts: the live set shrinks by 30 %% a round")
     ap.add_argument("--bin", default=str(dmh.BIN))
     ap.add_argument("--work", default=str(dmh.ROOT / "runs" / "churn_rounds"))
     a0 = ap.parse_args()
@@ -56,7 +58,18 @@ def main():
         out["initial"] = {"recall": r, "graph": graphstat.stats(mn, dim)}
         dmh.log(f"built: recall@10 {r[0]:.4f} (efSearch 256: {r[1]:.4f})")
         for i in range(a.rounds):
-            d, ins, _, _ = run.churn(mn, live, 0.3, run.not_live(live), rng, i, f"round{i}")
+            if a0.deletes_only:
+                gone = rng.sample(sorted(live), int(0.3 * len(live)))
+                idf = work / f"round{i}_del.txt"
+                churn.write_ids(idf, gone)
+                run.cn(mn, "delete", ["--ids", idf, "--threads", 2, "--coroutines", 4], f"round{i}_delete")
+                if a.shine_consolidate:
+                    run.cn(mn, "consolidate", ["--threads", 2, "--coroutines", 4], f"round{i}_consolidate")
+                for x in gone:
+                    del live[x]
+                ins = {"inserts_per_s": None}
+            else:
+                d, ins, _, _ = run.churn(mn, live, 0.3, run.not_live(live), rng, i, f"round{i}")
             r = recall(mn, run.workload(f"r{i + 1}", live), f"r{i + 1}")
             g = graphstat.stats(mn, dim)
             out["rounds"].append({"recall": r, "graph": g, "inserts_per_s": ins["inserts_per_s"]})
