@@ -410,12 +410,11 @@ StepResult run_step(const Step& s, ChurnIndex& churn, hnswlib::HierarchicalNSW<f
   if (s.op == "delete") {
     churn.remove(ids, r);
   } else {
-    std::mutex counts;
     parallel_for(0, ids.size(), threads, [&](std::size_t i) {
       if (s.op == "insert")
-        churn.insert(data.row(i), ids[i], r, counts);
+        churn.insert(data.row(i), ids[i], r);
       else
-        churn.upsert(data.row(i), ids[i], r, counts);
+        churn.upsert(data.row(i), ids[i], r);
     });
   }
   r.seconds = seconds_since(t0);

@@ -10,8 +10,6 @@
 // table as public members but not the reuse: ChurnIndex does that step with those members, in
 // the order 0.7 does it, so the comparison is with hnswlib's algorithm rather than with a
 // growing index.
-#include <hnswlib/hnswlib.h>
-
 #include <cstdint>
 #include <mutex>
 #include <stdexcept>
@@ -19,6 +17,7 @@
 #include <vector>
 
 #include "common/dataset.hpp"
+#include "common/hnswlib_space.hpp"
 
 namespace dmhnsw::hnswlib_churn {
 
@@ -93,7 +92,7 @@ class ChurnIndex {
 
   /// addPoint of a new label, into a deleted element when there is one and replace_deleted is
   /// on (0.7's addPoint(..., replace_deleted = true)); a live label is refused (counted).
-  void insert(const float* v, std::uint64_t label, StepResult& r, std::mutex& counts) {
+  void insert(const float* v, std::uint64_t label, StepResult& r) {
     hnswlib::tableint slot = 0;
     bool reuse = false;
     {
@@ -101,7 +100,7 @@ class ChurnIndex {
       {
         std::lock_guard<std::mutex> table(index_.cur_element_count_guard_);
         if (index_.label_lookup_.count(label)) {
-          std::lock_guard<std::mutex> c(counts);
+          std::lock_guard<std::mutex> c(counts_);
           ++r.missing;
           return;
         }
@@ -123,33 +122,32 @@ class ChurnIndex {
     } else {
       index_.addPoint(v, label);
     }
-    std::lock_guard<std::mutex> c(counts);
+    std::lock_guard<std::mutex> c(counts_);
     ++r.done;
     ++(reuse ? r.reused : r.appended);
   }
 
   /// addPoint of a live label: hnswlib replaces its vector in place (updatePoint).
-  void upsert(const float* v, std::uint64_t label, StepResult& r, std::mutex& counts) {
+  void upsert(const float* v, std::uint64_t label, StepResult& r) {
     const bool was_live = [&] {
       std::lock_guard<std::mutex> table(index_.cur_element_count_guard_);
       return live(label);
     }();
     if (!was_live) {
-      std::lock_guard<std::mutex> c(counts);
+      std::lock_guard<std::mutex> c(counts_);
       ++r.missing;
       return;
     }
     index_.addPoint(v, label);
-    std::lock_guard<std::mutex> c(counts);
+    std::lock_guard<std::mutex> c(counts_);
     ++r.done;
   }
-
-  std::size_t free_elements() const { return free_.size(); }
 
  private:
   Index& index_;
   bool replace_deleted_;
   std::mutex free_mutex_;
+  std::mutex counts_;  // the StepResult's counters, from the inserting threads
   std::vector<hnswlib::tableint> free_;
 };
 

@@ -20,7 +20,6 @@ namespace dmhnsw::shine {
 
 using nlohmann::json;
 
-
 Task<void> Worker::read_flags(const std::vector<RemotePtr>& nodes, const float* q,
                               std::unordered_map<uint64_t, bool>& deleted, OpContext& ctx, VecCache& cache) {
   std::vector<RemotePtr> fresh;
@@ -208,12 +207,13 @@ json run_consolidate(const RunContext& rc, const ConsolidateOptions& o) {
              }))
       io += x.io;
   bool entry_moved = false;
-  if (rc.cn_id == 0 && NodeHeader::valid(old_entry.second) && NodeHeader::deleted(old_entry.second))
-    for (const OpContext& x : each_item<Worker, OpContext>(
-             c, g, 1, 1, seed + 99, 1, stop, [&](Worker& w, size_t, OpContext& ctx) -> compute::Task<void> {
-               entry_moved = co_await w.retire_entry(old_entry.first, old_entry.second, all, ctx);
-             }))
-      io += x.io;
+  if (rc.cn_id == 0 && NodeHeader::valid(old_entry.second) && NodeHeader::deleted(old_entry.second)) {
+    compute::Scheduler s(*control);
+    Worker w(g, s, seed + 99);
+    OpContext ctx;
+    entry_moved = compute::run_sync(s, w.retire_entry(old_entry.first, old_entry.second, all, ctx));
+    io += ctx.io;
+  }
   const double secs = secs_since(t0);
   json mine_j = {{"cn_id", rc.cn_id},           {"nodes", mine.size()},       {"nodes_changed", nodes_changed.load()},
                  {"lists_rewritten", lists.load()}, {"lists_read", ss.hops},   {"vectors_read", ss.visited},

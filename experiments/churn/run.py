@@ -215,9 +215,6 @@ def hnswlib_part(run, fractions, rounds):
     def churn_steps(name):
         return [f"delete:{w}/{name}_del.txt", f"insert:{w}/{name}_new.fvecs:{w}/{name}_new_ids.txt"]
 
-    def rate(step):
-        return step["per_s"]
-
     init = w / "initial_data"
     for frac in fractions:
         name = f"churn{int(frac * 100)}"
@@ -225,7 +222,7 @@ def hnswlib_part(run, fractions, rounds):
         fresh = bench(name + "_fresh", w / f"{name}_fresh_build_data", [], w / f"{name}_gt.ivecs")
         out["inserts_per_s_initial"] = r["n"] / r["build_seconds"]
         out["fractions"][str(frac)] = {"recall": r["runs"][0]["recall"], "fresh_recall": fresh["runs"][0]["recall"],
-                                       "deletes_per_s": rate(r["steps"][0]), "inserts_per_s": rate(r["steps"][1]),
+                                       "deletes_per_s": r["steps"][0]["per_s"], "inserts_per_s": r["steps"][1]["per_s"],
                                        "reused": r["steps"][1]["reused"], "elements": r["elements"],
                                        "element_bytes": r["element_bytes"]}
         dmh.log(f"  hnswlib churn {frac}: recall {r['runs'][0]['recall']:.4f} (fresh {fresh['runs'][0]['recall']:.4f}), "
@@ -235,9 +232,9 @@ def hnswlib_part(run, fractions, rounds):
     fresh = bench("rounds_fresh", w / "rounds_fresh_build_data", [], w / "rounds_gt.ivecs")
     out["rounds"] = {"elements": [st["elements"] for st in r["steps"]], "element_bytes": r["element_bytes"],
                      "recall": r["runs"][0]["recall"], "fresh_recall": fresh["runs"][0]["recall"],
-                     "deletes_per_s": [rate(st) for st in r["steps"] if st["op"] == "delete"],
-                     "inserts_per_s": [rate(st) for st in r["steps"] if st["op"] == "insert"],
-                     "upserts_per_s": rate(r["steps"][-1]), "upserted": r["steps"][-1]["done"]}
+                     "deletes_per_s": [st["per_s"] for st in r["steps"] if st["op"] == "delete"],
+                     "inserts_per_s": [st["per_s"] for st in r["steps"] if st["op"] == "insert"],
+                     "upserts_per_s": r["steps"][-1]["per_s"], "upserted": r["steps"][-1]["done"]}
     if (w / "upserted_gt.ivecs").exists():
         u = bench("upserted", init, steps + [f"upsert:{w}/upsert.fvecs:{w}/upsert_ids.txt"], w / "upserted_gt.ivecs")
         uf = bench("upserted_fresh", w / "upserted_fresh_build_data", [], w / "upserted_gt.ivecs")

@@ -566,19 +566,9 @@ TEST_CASE("shine: consolidation leaves no live list naming a deleted node, and i
   // Edges from live nodes (the id index's) to deleted ones, over every level.
   auto stale_edges = [&] {
     size_t stale = 0;
-    for (RemotePtr n : live_nodes(*ep, got.ids)) {
-      const uint64_t h = header(n);
-      for (unsigned l = 0; l <= NodeHeader::level(h); ++l) {
-        ListFront f;
-        const char* list = c->region(n.node()) + n.offset() + L.list_offset(l);
-        std::memcpy(&f, list, sizeof f);
-        for (uint32_t i = 0; i < f.count; ++i) {
-          uint64_t raw;
-          std::memcpy(&raw, list + sizeof f + 8 * i, 8);
-          stale += NodeHeader::deleted(header(RemotePtr::from_raw(raw)));
-        }
-      }
-    }
+    for (RemotePtr n : live_nodes(*ep, got.ids))
+      for (unsigned l = 0; l <= NodeHeader::level(header(n)); ++l)
+        for (RemotePtr x : list_of(n, l)) stale += NodeHeader::deleted(header(x));
     return stale;
   };
   const std::vector<RemotePtr> nodes = live_nodes(*ep, got.ids);
@@ -600,11 +590,7 @@ TEST_CASE("shine: consolidation leaves no live list naming a deleted node, and i
   CHECK_FALSE(compute::run_sync(s, w.orphan(kept[0].first, NodeHeader::make(NodeHeader::level(kept[0].second), false,
                                                                               true, NodeHeader::generation(kept[0].second) + 1),
                                           ctx)));
-  for (const auto& [n, h] : kept) {
-    ListFront f;
-    std::memcpy(&f, c->region(n.node()) + n.offset() + L.list_offset(0), sizeof f);
-    CHECK(f.count == 0);
-  }
+  for (const auto& [n, h] : kept) CHECK(list_of(n, 0).empty());
   // The deleted entry point: a live node of the top live level takes its place, and its record
   // is emptied and kept for reuse like the others (a descent from it would find nothing).
   CHECK(compute::run_sync(s, w.retire_entry(old_entry, old_entry_seen, nodes, ctx)));
@@ -624,11 +610,7 @@ TEST_CASE("shine: consolidation leaves no live list naming a deleted node, and i
   CHECK(ctx.search.reused == kChurn);
   INFO("lists read by the inserts into deleted records: " << ctx.search.hops - hops_before);
   size_t unlinked = 0;  // live nodes with nothing at level 0: a descent that ended in an emptied record
-  for (RemotePtr n : live_nodes(*ep, got.ids)) {
-    ListFront f;
-    std::memcpy(&f, c->region(n.node()) + n.offset() + L.list_offset(0), sizeof f);
-    unlinked += f.count == 0;
-  }
+  for (RemotePtr n : live_nodes(*ep, got.ids)) unlinked += list_of(n, 0).empty();
   CHECK(unlinked == 0);
   // A deleted entry point with live neighbours hands over at once and is kept for reuse.
   const RemotePtr entry_now = entry_point();
