@@ -300,7 +300,7 @@ class ShineBackend final : public Backend {
         *j.outcome = was ? 1 : 0;
         if (was) m_.deleted.add();
       } else {
-        std::vector<shine::Neighbor> res = co_await w.search(q.q, q.k, q.ef, ctx);
+        std::vector<shine::Neighbor> res = co_await w.search(q.q, q.k, q.ef, ctx, o_.search.upper_ef);
         for (uint32_t i = 0; i < q.k; ++i) {
           q.ids[i] = i < res.size() ? static_cast<int64_t>(res[i].label) : -1;
           q.dist[i] = i < res.size() ? res[i].dist : std::numeric_limits<float>::infinity();

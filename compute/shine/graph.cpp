@@ -888,15 +888,26 @@ Task<void> Worker::drop_stale(std::vector<Neighbor>& w, uint32_t k, OpContext& c
   }
 }
 
-Task<std::vector<Neighbor>> Worker::search(const float* q, uint32_t k, uint32_t ef, OpContext& ctx) {
+Task<std::vector<Neighbor>> Worker::search(const float* q, uint32_t k, uint32_t ef, OpContext& ctx,
+                                           uint32_t upper_ef) {
   const Entry entry = co_await read_entry(ctx);
   RemotePtr ep = entry.node;
   unsigned max_level = entry.level;
   if (ep.is_null()) co_return std::vector<Neighbor>{};
   if (ctx.node_cache != nullptr && entry.reused > ctx.node_cache->applied())
     co_await apply_reuse_log(entry.reused, ctx);
-  const Neighbor top = co_await descend(q, ep, max_level, 0, ctx, nullptr);
-  std::vector<Neighbor> eps{top};
+  std::vector<Neighbor> eps;
+  if (upper_ef <= 1) {
+    eps.push_back(co_await descend(q, ep, max_level, 0, ctx, nullptr));
+  } else {
+    std::vector<RemotePtr> start{ep};
+    eps = co_await read_vectors(start, q, ctx, nullptr);
+    if (eps.empty()) throw FabricError("the entry point of the index is not a valid node");
+    for (unsigned l = max_level; l > 0; --l) {
+      std::vector<Neighbor> next = co_await search_layer(q, eps, upper_ef, l, ctx, nullptr);
+      if (!next.empty()) eps = std::move(next);  // only deleted nodes found: they still guide
+    }
+  }
   std::vector<Neighbor> w = co_await search_layer(q, std::move(eps), std::max(ef, k), 0, ctx, nullptr);
   // A node cache's entries do not see deletes: while the index has any, the results it gave
   // are checked against the index.

@@ -172,8 +172,9 @@ class Worker {
   /// searches, is never returned) and its id removed. Returns false when the id is not in the
   /// index. Throws std::invalid_argument when the index has no id index.
   Task<bool> remove(uint64_t id, OpContext& ctx);
-  /// k nearest neighbours with efSearch `ef` (Algorithm 1; upper levels with ef = 1).
-  Task<std::vector<Neighbor>> search(const float* q, uint32_t k, uint32_t ef, OpContext& ctx);
+  /// k nearest neighbours with efSearch `ef` (Algorithm 1), the levels above 0 searched with
+  /// `upper_ef` (1: greedy, as HNSW does; more: level 0 starts from that many nodes).
+  Task<std::vector<Neighbor>> search(const float* q, uint32_t k, uint32_t ef, OpContext& ctx, uint32_t upper_ef = 1);
   /// FreshDiskANN's delete consolidation for node `p` (compute/shine/consolidate.cpp): each of
   /// its lists that names deleted nodes gets, under p's lock, those nodes' live neighbours in
   /// their place, pruned with the heuristic (DiskANN's RobustPrune with `alpha`; 1: hnswlib's).

@@ -21,6 +21,11 @@ void SearchOptions::add_flags(CLI::App& cmd, const std::string& cache_ratio_also
   cmd.add_option("--admit-probability", admit_probability, "shine: level-0 nodes enter the cache with this probability")
       ->capture_default_str()
       ->check(CLI::Range(0.0, 1.0));
+  cmd.add_option("--upper-ef", upper_ef,
+                 "shine: ef of the search at the levels above 0 (1: HNSW's greedy descent); a wider descent "
+                 "keeps recall after heavy churn at a few more READs per query")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 4096));
   cmd.add_option("--routing", routing.policy,
                  "shine: none: every computenode answers its own queries; best-fit: to the computenode whose "
                  "partition fits; balanced: best fit within equal quotas per batch; adaptive: quotas from the "

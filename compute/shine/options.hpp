@@ -27,13 +27,17 @@ struct SearchOptions {
   double cache_ratio = 0;      // node cache as a share of the index size (0 and cache_bytes 0: none)
   uint64_t cache_bytes = 0;    // node cache in bytes (overrides cache_ratio)
   double admit_probability = 0.01;  // level-0 nodes enter the cache with this probability
+  // ef of the search at each level above 0 (1: the greedy descent of HNSW). A wider descent
+  // reaches level 0 with that many starting points: it keeps recall on a graph worn by
+  // steady churn (experiments/churn), at a few more READs per query.
+  uint32_t upper_ef = 1;
   RoutingOptions routing;
 
   /// The node cache's capacity for an index of `index_bytes`.
   uint64_t cache_capacity(uint64_t index_bytes) const {
     return cache_bytes > 0 ? cache_bytes : static_cast<uint64_t>(cache_ratio * static_cast<double>(index_bytes));
   }
-  /// Registers --threads, --coroutines, --cache-ratio, --cache-bytes, --admit-probability,
+  /// Registers --threads, --coroutines, --cache-ratio, --cache-bytes, --admit-probability, --upper-ef,
   /// --routing, --route-batch, --route-threshold, --kmeans-seed, --oracle and --adaptive-quota on
   /// `cmd`. `cache_ratio_also` ends --cache-ratio's help (another mode may read it too).
   void add_flags(CLI::App& cmd, const std::string& cache_ratio_also = "");

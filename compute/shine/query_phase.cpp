@@ -282,7 +282,7 @@ void QuerySession::answer(PhaseRun& run, std::vector<PerQuery>& out) {
         ctx.io = compute::IoStats{};
         ctx.search = SearchStats{};
         auto q0 = Clock::now();
-        std::vector<Neighbor> res = co_await w.search(qv, o_.k, run.ef, ctx);
+        std::vector<Neighbor> res = co_await w.search(qv, o_.k, run.ef, ctx, o_.search.upper_ef);
         float lat = static_cast<float>(std::chrono::duration<double, std::micro>(Clock::now() - q0).count());
         ex_.served(run.phase);
         run.answered.fetch_add(1);

@@ -31,6 +31,8 @@ def main():
     ap.add_argument("--no-consolidate", action="store_true")
     ap.add_argument("--deletes-only", action="store_true",
                     help="rounds of deletes (and consolidation) without the inserts: the live set shrinks by 30 %% a round")
+    ap.add_argument("--upper-ef", default="",
+                    help="comma-separated --upper-ef values also measured at efSearch 64 (e.g. 4,16)")
     ap.add_argument("--bin", default=str(dmh.BIN))
     ap.add_argument("--work", default=str(dmh.ROOT / "runs" / "churn_rounds"))
     a0 = ap.parse_args()
@@ -44,11 +46,24 @@ def main():
     run = churn.Run(a, work)
     dim = run.x.shape[1]
     out = {"command": dmh.command_line(), "rounds": []}
+    upper = [int(u) for u in a0.upper_ef.split(",") if u]
+    costs = out["upper_ef"] = {}  # run name -> upper ef -> recall, READs and bytes per query
 
     def recall(mn, wl, name):
-        return [run.cn(mn, "query", ["--workload", wl, "--k", churn.K, "--ef-search", ef, "--threads", 2,
-                                     "--coroutines", 4], f"{name}_ef{ef}", num_cns=1)["runs"][0]["recall"]
-                for ef in (64, 256)]
+        """recall@10 at efSearch 64 and 256 with greedy upper levels, and at 64 with each --upper-ef;
+        the READs and bytes per query of each efSearch-64 run go to `cost`."""
+        out, cost = [], {}
+        for ef, up in [(64, 1), (256, 1)] + [(64, u) for u in upper]:
+            r = run.cn(mn, "query", ["--workload", wl, "--k", churn.K, "--ef-search", ef, "--upper-ef", up,
+                                     "--threads", 2, "--coroutines", 4], f"{name}_ef{ef}_up{up}", num_cns=1)["runs"][0]
+            out.append(r["recall"])
+            if ef == 64:
+                cost[up] = {"recall": r["recall"], "reads": r["per_query"]["reads"], "bytes": r["per_query"]["bytes"]}
+        costs[name] = cost
+        return out
+
+    def ups(r):
+        return "".join(f", upper ef {u}: {x:.4f}" for u, x in zip(upper, r[2:]))
 
     live = {i: i for i in range(a.n0)}
     rng = random.Random(12)
@@ -56,7 +71,7 @@ def main():
         run.build(mn, live, "initial")
         r = recall(mn, run.workload("r0", live), "r0")
         out["initial"] = {"recall": r, "graph": graphstat.stats(mn, dim)}
-        dmh.log(f"built: recall@10 {r[0]:.4f} (efSearch 256: {r[1]:.4f})")
+        dmh.log(f"built: recall@10 {r[0]:.4f} (efSearch 256: {r[1]:.4f}{ups(r)})")
         for i in range(a.rounds):
             if a0.deletes_only:
                 gone = rng.sample(sorted(live), int(0.3 * len(live)))
@@ -73,14 +88,14 @@ def main():
             r = recall(mn, run.workload(f"r{i + 1}", live), f"r{i + 1}")
             g = graphstat.stats(mn, dim)
             out["rounds"].append({"recall": r, "graph": g, "inserts_per_s": ins["inserts_per_s"]})
-            dmh.log(f"round {i + 1}: recall@10 {r[0]:.4f} (efSearch 256: {r[1]:.4f}); "
+            dmh.log(f"round {i + 1}: recall@10 {r[0]:.4f} (efSearch 256: {r[1]:.4f}{ups(r)}); "
                     + json.dumps({k: g[k] for k in ("level0_mean_degree", "level0_empty", "unreachable")} if g else {}))
         wl = run.workload("last", live)
     with run.memnodes("fresh") as mn:
         run.build(mn, live, "fresh")
         r = recall(mn, wl, "fresh")
         out["fresh"] = {"recall": r, "graph": graphstat.stats(mn, dim)}
-        dmh.log(f"fresh build of the last live set: recall@10 {r[0]:.4f} (efSearch 256: {r[1]:.4f})")
+        dmh.log(f"fresh build of the last live set: recall@10 {r[0]:.4f} (efSearch 256: {r[1]:.4f}{ups(r)})")
     (work / "rounds.json").write_text(json.dumps(out, indent=1) + "\n")
     dmh.log(f"wrote {work / 'rounds.json'}")
 

@@ -158,6 +158,36 @@ TEST_CASE("shine insert + search on LocalFabric: recall against brute force", "[
   }
 }
 
+TEST_CASE("shine: --upper-ef searches the upper levels wider, reading more and finding at least as much", "[shine]") {
+  const size_t n = 3000, d = 24, nq = 100, k = 10;
+  auto base = gaussian_data(n, d, 1);
+  auto queries = gaussian_data(nq, d, 2);
+  Built b = build(base, d, 12, 100, 42, ReadMode::Batch);
+  Scheduler s(*b.ep);
+  Worker w(*b.graph, s, 7);
+  struct Got {
+    double recall;
+    uint64_t hops, reads;
+  };
+  auto run = [&](uint32_t upper_ef) {
+    OpContext ctx;
+    double hits = 0;
+    for (size_t q = 0; q < nq; ++q) {
+      const auto truth = brute_force(base, d, &queries[q * d], k);
+      const std::set<uint32_t> t(truth.begin(), truth.end());
+      for (const auto& r : compute::run_sync(s, w.search(&queries[q * d], k, 16, ctx, upper_ef))) hits += t.count(r.label);
+    }
+    return Got{hits / (nq * k), ctx.search.hops, ctx.io.reads};
+  };
+  const Got greedy = run(1), wide = run(16);
+  INFO("efSearch 16: greedy recall " << greedy.recall << " (" << greedy.hops << " hops, " << greedy.reads
+                                      << " READs), upper ef 16 " << wide.recall << " (" << wide.hops << ", " << wide.reads << ")");
+  CHECK(greedy.recall > 0.5);
+  CHECK(wide.recall >= greedy.recall);
+  CHECK(wide.hops > greedy.hops);
+  CHECK(wide.reads > greedy.reads);
+}
+
 TEST_CASE("shine build is deterministic for a fixed seed and one thread", "[shine]") {
   const size_t n = 800, d = 8;
   auto base = gaussian_data(n, d, 3);
