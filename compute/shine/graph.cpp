@@ -309,11 +309,13 @@ Task<std::vector<Neighbor>> Worker::search_layer(const float* q, std::vector<Nei
 // hnswlib's neighbour-selection heuristic: keep a candidate only if it is closer to the base
 // than to every candidate already kept. `cands` sorted nearest first.
 std::vector<Neighbor> Worker::select_heuristic(std::vector<Neighbor> cands, uint32_t m, const VecCache& cache,
-                                               float alpha) const {
-  if (cands.size() <= m) return cands;
+                                               float alpha, std::vector<Neighbor> kept) const {
+  if (cands.size() + kept.size() <= m) {
+    kept.insert(kept.end(), cands.begin(), cands.end());
+    return kept;
+  }
   // Distances are squared for L2: the factor applies squared.
   const float f = g_.params().metric == Metric::L2 ? alpha * alpha : alpha;
-  std::vector<Neighbor> kept;
   for (const auto& c : cands) {
     if (kept.size() >= m) break;
     const auto ci = cache.find(c.node);

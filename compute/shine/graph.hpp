@@ -296,9 +296,10 @@ class Worker {
                                                           const Entry& entry, OpContext& ctx, VecCache& cache);
   /// hnswlib's neighbour heuristic over `cands` (nearest first): a candidate goes when a kept
   /// one is nearer to it than it is to the node; with `alpha` above 1, DiskANN's RobustPrune
-  /// (nearer by that factor).
+  /// (nearer by that factor). `kept`: nodes kept whatever (they count toward `m`), which the
+  /// candidates are then compared with.
   std::vector<Neighbor> select_heuristic(std::vector<Neighbor> cands, uint32_t m, const VecCache& cache,
-                                         float alpha = 1.0f) const;
+                                         float alpha = 1.0f, std::vector<Neighbor> kept = {}) const;
   Task<void> link(RemotePtr n, RemotePtr me, float d_me, unsigned level, OpContext& ctx, VecCache& cache);
   Task<void> write_list(RemotePtr n, unsigned level, const std::vector<RemotePtr>& list, OpContext& ctx);
   Task<uint64_t> atomic(fabric::Op op, OpContext& ctx);

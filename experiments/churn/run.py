@@ -156,9 +156,16 @@ class Run:
         return self.cn(mn, "build", args, name)
 
     def query(self, mn, wl, name):
-        r = self.cn(mn, "query", ["--workload", wl, "--k", K, "--ef-search", EF, "--threads", 2, "--coroutines", 4],
-                    name, num_cns=1)
-        return r["runs"][0]
+        """The run of `query` (greedy upper levels); with --shine-upper-ef U also `upper`: recall, READs
+        and bytes per query of the same queries with `--upper-ef U`."""
+        args = ["--workload", wl, "--k", K, "--ef-search", EF, "--threads", 2, "--coroutines", 4]
+        r = self.cn(mn, "query", args, name, num_cns=1)["runs"][0]
+        if self.a.shine_upper_ef > 1:
+            u = self.cn(mn, "query", args + ["--upper-ef", self.a.shine_upper_ef], name + "_upper", num_cns=1)["runs"][0]
+            r["upper"] = {"upper_ef": self.a.shine_upper_ef, "recall": u["recall"], "qps": u["qps"],
+                          "reads": u["per_query"]["reads"], "bytes": u["per_query"]["bytes"],
+                          "greedy_reads": r["per_query"]["reads"], "greedy_bytes": r["per_query"]["bytes"]}
+        return r
 
     def churn(self, mn, live, frac, pool, rng, round_no, name):
         """Deletes FRAC x N0 live ids and inserts as many rows of POOL (rows not live) under new ids."""
@@ -188,10 +195,11 @@ class Run:
         return sum(m["bytes_used"] for m in report["memnode_usage"])
 
     def fresh_recall(self, live, wl, name):
+        """The query run (Run.query) on a fresh build of `live`, and the build's report."""
         with self.memnodes(name + "_fresh") as mn:
             b = self.build(mn, live, name + "_fresh_build")
             q = self.query(mn, wl, name + "_fresh_query")
-        return q["recall"], b
+        return q, b
 
 
 def hnswlib_part(run, fractions, rounds):
@@ -244,6 +252,14 @@ def hnswlib_part(run, fractions, rounds):
     return out
 
 
+def upper_part(q, fresh_q):
+    """With --shine-upper-ef: the churned index's and the fresh build's recall and cost with it."""
+    if "upper" not in q:
+        return {}
+    return {"upper": dict(q["upper"], fresh_recall=fresh_q["upper"]["recall"],
+                          fresh_reads=fresh_q["upper"]["reads"], fresh_greedy_reads=fresh_q["upper"]["greedy_reads"])}
+
+
 def shine_part(run, a, work, fractions, initial):
     """The shine part (initial build, churn F, rounds, upserts, hnswlib): the top-level keys of results.json."""
     t_start = time.time()
@@ -273,13 +289,18 @@ def shine_part(run, a, work, fractions, initial):
             d, ins, _, _ = run.churn(mn, live, frac, pool, rng, 0, name)
             wl = run.workload(name, live)
             q = run.query(mn, wl, name + "_query")
-        fresh, _ = run.fresh_recall(live, wl, name)
+        fq, _ = run.fresh_recall(live, wl, name)
+        fresh = fq["recall"]
         res["fractions"][str(frac)] = {"recall": q["recall"], "fresh_recall": fresh, "qps": q["qps"],
+                                       **upper_part(q, fq),
                                        "deletes_per_s": d["deletes_per_s"], "inserts_per_s": ins["inserts_per_s"],
                                        "deleted": d["deleted"], "inserted": ins["inserted"],
                                        "records_reused": ins.get("records_reused"),
                                        "consolidate": d.get("consolidate"),
                                        "bytes_used": run.bytes_used(ins)}
+        if "upper" in q:
+            dmh.log(f"  upper ef {a.shine_upper_ef}: recall {q['upper']['recall']:.4f} (fresh build "
+                    f"{fq['upper']['recall']:.4f}), {q['upper']['reads']:.0f} READs/query (greedy {q['upper']['greedy_reads']:.0f})")
         dmh.log(f"  recall {q['recall']:.4f} (fresh build {fresh:.4f}); {d['deletes_per_s']:.0f} deletes/s, "
                 f"{ins['inserts_per_s']:.0f} inserts/s into deleted records; {run.bytes_used(ins) >> 20} MiB")
 
@@ -314,10 +335,14 @@ def shine_part(run, a, work, fractions, initial):
                        "upserted_consolidate")
             after_upserts["consolidated_recall"] = run.query(mn, wl_up, "upserted_consolidated_query")["recall"]
             after_upserts["consolidate"] = {k: c[k] for k in ("nodes", "nodes_changed", "lists_rewritten", "seconds")}
-    fresh, _ = run.fresh_recall(live, wl, "rounds")
-    after_upserts["fresh_recall"], _ = run.fresh_recall(upserted, wl_up, "upserted")
+    fq, _ = run.fresh_recall(live, wl, "rounds")
+    fresh = fq["recall"]
+    fq_up, _ = run.fresh_recall(upserted, wl_up, "upserted")
+    after_upserts["fresh_recall"] = fq_up["recall"]
+    after_upserts.update(upper_part(q_up, fq_up))
     res["rounds"] = {"bytes_used": used, "memory_ratio": used[-1] / used[0], "per_round": rounds,
-                     "recall": q["recall"], "fresh_recall": fresh, "upserts_per_s": u["inserts_per_s"],
+                     "recall": q["recall"], "fresh_recall": fresh, **upper_part(q, fq),
+                     "upserts_per_s": u["inserts_per_s"],
                      "upsert_replaced": u["replaced"], "after_upserts": after_upserts}
     dmh.log(f"  memory {used[-1] / used[0]:.3f}x, recall {q['recall']:.4f} (fresh {fresh:.4f}), "
             f"{u['inserts_per_s']:.0f} upserts/s; after them recall {q_up['recall']:.4f}"
@@ -650,6 +675,8 @@ def main():
     ap.add_argument("--shine-consolidate", action="store_true",
                     help="shine: run `consolidate` after each delete, before the inserts reuse the records")
     ap.add_argument("--shine-alpha", type=float, default=1.0, help="consolidate --alpha (default %(default)s)")
+    ap.add_argument("--shine-upper-ef", type=int, default=1,
+                    help="also query shine with this --upper-ef (recall and READs beside the greedy descent's)")
     ap.add_argument("--skip-hnswlib", action="store_true", help="leave hnswlib's part out")
     ap.add_argument("--quick", action="store_true", help="n0 4000, 200 queries, 2 rounds (a smoke run)")
     a = ap.parse_args()

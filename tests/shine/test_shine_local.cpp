@@ -605,10 +605,23 @@ TEST_CASE("shine: consolidation leaves no live list naming a deleted node, and i
   CHECK(nodes.size() == live.size());
   const size_t before = stale_edges();
   CHECK(before > 0);
+  // The live nodes each list names: the repair adds around them and drops none (a list pruned
+  // afresh from all candidates loses the back-links a build adds unpruned, and recall drifts).
+  std::map<std::pair<uint64_t, unsigned>, std::vector<RemotePtr>> live_edges;
+  for (RemotePtr n : nodes)
+    for (unsigned l = 0; l <= NodeHeader::level(header(n)); ++l)
+      for (RemotePtr x : list_of(n, l))
+        if (!NodeHeader::deleted(header(x))) live_edges[{n.raw(), l}].push_back(x);
   unsigned rewritten = 0;
   for (RemotePtr n : nodes) rewritten += compute::run_sync(s, w.consolidate(n, ctx));
   CHECK(stale_edges() == 0);
   CHECK(rewritten > 0);
+  size_t dropped = 0;
+  for (const auto& [at, was] : live_edges) {
+    const auto now = list_of(RemotePtr::from_raw(at.first), at.second);
+    for (RemotePtr x : was) dropped += std::find(now.begin(), now.end(), x) == now.end();
+  }
+  CHECK(dropped == 0);
   INFO("edges to deleted nodes before consolidating: " << before << ", lists rewritten " << rewritten);
   // The deleted records (all on the free stacks but an entry point) get empty lists, so their
   // reuse has nothing to repair; one reused meanwhile (a later generation) would be left alone.
