@@ -14,7 +14,7 @@
 #include <functional>
 #include <thread>
 
-#include "common/fabric/fabric_cluster.hpp"
+#include "common/fabric/cluster.hpp"
 #include "common/fabric/rejoin_layout.hpp"
 #include "common/presence.hpp"
 #include "common/region.hpp"
@@ -49,11 +49,9 @@ struct Flags {
     app.add_flag("--rejoin", rejoin,
                  "a new copy replacing a dead one of a replica set: computenodes do not read it until "
                  "`computenode rejoin` has copied the set's region into it (docs/replication.md)");
-    app.add_option("--provider", provider,
-                   "fabric: shm (one host), tcp (any IP network), verbs (RDMA NICs, soft-RoCE), cxl (one host: "
-                   "computenodes map the region, a shared memory object)")
+    app.add_option("--provider", provider, "fabric: " + fabric::provider_help())
         ->capture_default_str()
-        ->check(CLI::IsMember({"shm", "tcp", "verbs", "cxl"}));
+        ->check(CLI::IsMember(fabric::provider_names()));
     region_opt = app.add_option("--region", region,
                                 "region size, e.g. 512MiB, 8GiB (with --load: default the image's region size)")
                      ->capture_default_str();

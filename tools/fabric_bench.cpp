@@ -12,7 +12,7 @@
 #include <sstream>
 #include <tuple>
 
-#include "common/fabric/fabric_cluster.hpp"
+#include "common/fabric/cluster.hpp"
 #include "common/fabric/wire.hpp"
 #include "common/json_file.hpp"
 #include "common/region.hpp"
@@ -114,7 +114,9 @@ int main(int argc, char** argv) {
   size_t iters = 20000;
   uint32_t cn_id = 0;
   app.add_option("--memnodes", memnodes, "HOST:PORT of the memnode(s); the first one is measured")->required();
-  app.add_option("--provider", provider, "shm, tcp, verbs or cxl")->capture_default_str()->check(CLI::IsMember({"shm", "tcp", "verbs", "cxl"}));
+  app.add_option("--provider", provider, "fabric: " + fabric::provider_help())
+      ->capture_default_str()
+      ->check(CLI::IsMember(fabric::provider_names()));
   app.add_option("--token-file", token_file, "file holding the cluster token (else DMHNSW_TOKEN)");
   app.add_option("--json", json_out, "write the results to this JSON file");
   app.add_option("--seconds", seconds, "time budget of each measurement")->capture_default_str();

@@ -30,7 +30,7 @@
 
 #include "cache/node_cache.hpp"
 #include "cache/trace.hpp"
-#include "common/fabric/fabric_cluster.hpp"
+#include "common/fabric/cluster.hpp"
 #include "common/json_file.hpp"
 #include "common/units.hpp"
 #include "common/workload.hpp"
@@ -157,7 +157,9 @@ struct Flags {
 
   void add(CLI::App& app) {
     app.add_option("--memnodes", memnodes, "control addresses of every memnode, HOST:PORT[,HOST:PORT...]")->required();
-    app.add_option("--provider", provider, "shm | tcp | verbs | cxl")->capture_default_str()->check(CLI::IsMember({"shm", "tcp", "verbs", "cxl"}));
+    app.add_option("--provider", provider, "fabric: " + fabric::provider_help())
+        ->capture_default_str()
+        ->check(CLI::IsMember(fabric::provider_names()));
     app.add_option("--token-file", token_file, "file holding the cluster token (else the DMHNSW_TOKEN variable)");
     app.add_option("--workload", wl_path, "workload file from tools/workload (warm-up queries fill the caches)")->required();
     app.add_option("--num-cns", K, "K, simulated computenodes")->capture_default_str()->check(CLI::Range(1u, 64u));

@@ -12,7 +12,7 @@
 #include <fstream>
 
 #include "common/dataset.hpp"
-#include "common/fabric/fabric_cluster.hpp"
+#include "common/fabric/cluster.hpp"
 #include "common/json_file.hpp"
 #include "common/units.hpp"
 #include "compute/memnode_cpu.hpp"
@@ -49,9 +49,9 @@ int main(int argc, char** argv) {
   app.add_option("--data", data, "optional: the base vectors the index was built from; their dimension must match");
   app.add_option("--seed", io.seed, "seed stored with the index for later `computenode insert` runs")->capture_default_str();
   app.add_option("--memnodes", memnodes, "control addresses of every memnode, HOST:PORT[,HOST:PORT...]")->required();
-  app.add_option("--provider", provider, "fabric: shm, tcp, verbs, cxl (as the computenode's --provider)")
+  app.add_option("--provider", provider, "fabric (as the computenode's --provider): " + fabric::provider_help())
       ->capture_default_str()
-      ->check(CLI::IsMember({"shm", "tcp", "verbs", "cxl"}));
+      ->check(CLI::IsMember(fabric::provider_names()));
   app.add_option("--token-file", token_file, "file holding the cluster token (else the DMHNSW_TOKEN variable)");
   app.add_option("--cn-id", cn_id, "computenode id to connect as (no other computenode with this id may be connected)")
       ->capture_default_str();

@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "common/fabric/bootstrap.hpp"
-#include "common/fabric/fabric_cluster.hpp"
+#include "common/fabric/cluster.hpp"
 
 namespace dmhnsw::fabric {
 

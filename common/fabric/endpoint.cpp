@@ -12,25 +12,6 @@
 
 namespace dmhnsw::fabric {
 
-Provider parse_provider(const std::string& name) {
-  if (name == "shm") return Provider::Shm;
-  if (name == "tcp") return Provider::Tcp;
-  if (name == "verbs") return Provider::Verbs;
-  if (name == "cxl") return Provider::Cxl;
-  throw FabricError("--provider: unknown provider '" + name + "' (expected shm, tcp, verbs or cxl)");
-}
-
-const char* provider_name(Provider p) {
-  switch (p) {
-    case Provider::Shm: return "shm";
-    case Provider::Tcp: return "tcp";
-    case Provider::Verbs: return "verbs";
-    case Provider::Cxl: return "cxl";
-    case Provider::Local: return "local";
-  }
-  return "?";
-}
-
 const char* op_name(OpKind k) {
   switch (k) {
     case OpKind::Read: return "READ";

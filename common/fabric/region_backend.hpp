@@ -1,14 +1,14 @@
 #pragma once
 // Internal to common/fabric: the memory side of one provider, behind RegionServer (which
-// forwards every call). One implementation per transport family: libfabric (shm, tcp) and
-// rdma-core (verbs).
+// forwards every call). One implementation per provider folder: libfabric/ (shm, tcp),
+// verbs/ (rdma-core) and cxl/; providers.cpp picks it.
 #include <atomic>
 #include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
-#include "common/fabric/fabric_cluster.hpp"
+#include "common/fabric/cluster.hpp"
 
 namespace dmhnsw::fabric {
 
@@ -41,10 +41,5 @@ class RegionBackend {
   virtual double progress_stalled_seconds() const = 0;
 };
 
-std::unique_ptr<RegionBackend> make_lf_region_server(Provider p, const std::string& listen_host, char* region,
-                                                     uint64_t size, uint16_t memnode_id, unsigned rma_lanes);
-std::unique_ptr<RegionBackend> make_cxl_region_server(uint64_t size, uint16_t memnode_id, int region_fd);
-std::unique_ptr<RegionBackend> make_verbs_region_server(const std::string& listen_host, char* region, uint64_t size,
-                                                        uint16_t memnode_id);
 
 }  // namespace dmhnsw::fabric

@@ -10,12 +10,7 @@ RegionServer::RegionServer(Provider p, const std::string& listen_host, char* reg
   if (rma_lanes > kMaxRmaLanes)
     throw std::invalid_argument("--rma-lanes " + std::to_string(rma_lanes) + ": at most " +
                                 std::to_string(kMaxRmaLanes));
-  // verbs: the NIC serves one-sided operations itself; there are no lanes to spread over.
-  if (p == Provider::Cxl)  // computenodes map the region: no thread here serves their operations
-    impl_ = make_cxl_region_server(size, memnode_id, region_fd);
-  else
-    impl_ = p == Provider::Verbs ? make_verbs_region_server(listen_host, region, size, memnode_id)
-                                 : make_lf_region_server(p, listen_host, region, size, memnode_id, rma_lanes);
+  impl_ = make_region_backend(p, listen_host, region, size, memnode_id, rma_lanes, region_fd);
 }
 
 RegionServer::~RegionServer() = default;

@@ -1,9 +1,9 @@
 #pragma once
 // The transport API: one-sided READ/WRITE/FETCH_ADD/COMPARE_SWAP on RemotePtrs,
 // small SEND/RECV messages, doorbell batches, registered buffers and counters.
-// Implementations: libfabric (shm, tcp;ofi_rxm), rdma-core (verbs: RC queue pairs) and
-// LocalFabric (in-process, fault injection, for unit tests). No libfabric or verbs type
-// appears here.
+// Implementations, one folder each (providers.hpp): libfabric (shm, tcp;ofi_rxm), rdma-core
+// (verbs: RC queue pairs), cxl (mapped shared memory) and LocalFabric (in-process, fault
+// injection, for unit tests). No libfabric or verbs type appears here.
 #include <array>
 #include <atomic>
 #include <cstddef>
@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "common/fabric/providers.hpp"
 #include "common/fabric/remote_ptr.hpp"
 
 namespace dmhnsw::fabric {
@@ -23,10 +24,6 @@ class FabricError : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
 };
-
-enum class Provider : uint8_t { Shm = 1, Tcp = 2, Verbs = 3, Local = 4, Cxl = 5 };
-Provider parse_provider(const std::string& name);  // "shm" | "tcp" | "verbs" | "cxl"; throws naming --provider
-const char* provider_name(Provider p);             // "shm", "tcp", "verbs", "cxl", "local"
 
 enum class OpKind : uint8_t { Read = 0, Write = 1, FetchAdd = 2, CompareSwap = 3 };
 const char* op_name(OpKind k);

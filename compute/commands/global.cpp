@@ -2,6 +2,7 @@
 #include <cstdio>
 
 #include "common/json_file.hpp"
+#include "common/fabric/providers.hpp"
 #include "compute/commands/commands.hpp"
 
 namespace dmhnsw::commands {
@@ -11,9 +12,9 @@ void GlobalFlags::add(CLI::App& app) {
       ->capture_default_str()
       ->check(CLI::IsMember({"shine", "dhnsw"}));
   app.add_option("--memnodes", memnodes, "control addresses of every memnode, HOST:PORT[,HOST:PORT...]")->required();
-  app.add_option("--provider", provider, "fabric: shm (one host), tcp (any IP network), verbs (RDMA NICs, soft-RoCE), cxl (one host: the memnodes' regions mapped, a shared memory device)")
+  app.add_option("--provider", provider, "fabric: " + fabric::provider_help())
       ->capture_default_str()
-      ->check(CLI::IsMember({"shm", "tcp", "verbs", "cxl"}));
+      ->check(CLI::IsMember(fabric::provider_names()));
   app.add_option("--token-file", token_file, "file holding the cluster token (else the DMHNSW_TOKEN variable)");
   app.add_option("--cn-id", cn_id, "this computenode's id, 0..num-cns-1")->capture_default_str();
   app.add_option("--num-cns", num_cns, "number of computenodes in the run")->capture_default_str()->check(CLI::PositiveNumber);

@@ -13,7 +13,7 @@
 #include <thread>
 #include <unordered_map>
 
-#include "common/fabric/local_fabric.hpp"
+#include "common/fabric/local/local_fabric.hpp"
 #include "common/region.hpp"
 #include "compute/dhnsw/build.hpp"
 #include "compute/dhnsw/epoch.hpp"

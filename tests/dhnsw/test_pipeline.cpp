@@ -9,7 +9,7 @@
 #include <future>
 #include <random>
 
-#include "common/fabric/local_fabric.hpp"
+#include "common/fabric/local/local_fabric.hpp"
 #include "common/region.hpp"
 #include "compute/dhnsw/build.hpp"
 #include "compute/dhnsw/pipeline.hpp"

@@ -19,7 +19,7 @@
 #include <vector>
 
 #include "../common/test_util.hpp"
-#include "common/fabric/local_fabric.hpp"
+#include "common/fabric/local/local_fabric.hpp"
 #include "common/region.hpp"
 #include "compute/dhnsw/build.hpp"
 #include "compute/dhnsw/subindex.hpp"

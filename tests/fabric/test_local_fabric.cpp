@@ -8,7 +8,7 @@
 #include <cstring>
 #include <thread>
 
-#include "common/fabric/local_fabric.hpp"
+#include "common/fabric/local/local_fabric.hpp"
 
 using namespace dmhnsw;
 using namespace dmhnsw::fabric;

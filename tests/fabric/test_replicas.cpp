@@ -7,7 +7,7 @@
 #include <cstring>
 #include <thread>
 
-#include "common/fabric/local_fabric.hpp"
+#include "common/fabric/local/local_fabric.hpp"
 #include "common/fabric/rejoin_layout.hpp"
 #include "common/fabric/replicas.hpp"
 #include "common/fabric/wire.hpp"

@@ -6,7 +6,7 @@
 #include <chrono>
 #include <cstring>
 
-#include "common/fabric/local_fabric.hpp"
+#include "common/fabric/local/local_fabric.hpp"
 #include "common/fabric/wire.hpp"
 
 using namespace dmhnsw;

@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "common/dhnsw_control.hpp"
-#include "common/fabric/local_fabric.hpp"
+#include "common/fabric/local/local_fabric.hpp"
 #include "compute/dhnsw/epoch.hpp"
 #include "tests/fuzz/fuzz_util.hpp"
 

@@ -8,7 +8,7 @@
 #include <cstring>
 #include <exception>
 
-#include "common/fabric/local_fabric.hpp"
+#include "common/fabric/local/local_fabric.hpp"
 #include "common/region.hpp"
 #include "common/shine_layout.hpp"
 #include "compute/shine/import.hpp"

@@ -11,7 +11,7 @@
 #include <exception>
 #include <vector>
 
-#include "common/fabric/local_fabric.hpp"
+#include "common/fabric/local/local_fabric.hpp"
 #include "common/region.hpp"
 #include "compute/coro.hpp"
 #include "compute/shine/graph.hpp"

@@ -25,7 +25,7 @@
 #include "common/dhnsw_control.hpp"
 #include "common/dhnsw_layout.hpp"
 #include "common/fabric/control_wire.hpp"
-#include "common/fabric/local_fabric.hpp"
+#include "common/fabric/local/local_fabric.hpp"
 #include "common/region.hpp"
 #include "common/workload.hpp"
 #include "compute/coro.hpp"

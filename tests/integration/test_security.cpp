@@ -30,8 +30,8 @@
 #include <thread>
 
 #include "common/fabric/bootstrap.hpp"
-#include "common/fabric/cxl.hpp"
-#include "common/fabric/lf.hpp"
+#include "common/fabric/cxl/cxl.hpp"
+#include "common/fabric/libfabric/lf.hpp"
 #include "memory/admin.hpp"
 #include "memory/relay_protocol.hpp"
 #include "proc.hpp"

@@ -11,7 +11,7 @@
 #include "common/hnswlib_space.hpp"
 #include "common/dataset.hpp"
 #include "common/distance.hpp"
-#include "common/fabric/fabric_cluster.hpp"
+#include "common/fabric/cluster.hpp"
 #include "common/region.hpp"
 #include "common/units.hpp"
 #include "common/workload.hpp"

@@ -6,7 +6,7 @@
 #include <cstdlib>
 #include <sstream>
 
-#include "common/fabric/fabric_cluster.hpp"
+#include "common/fabric/cluster.hpp"
 #include "common/region.hpp"
 #include "compute/selftest.hpp"
 #include "proc.hpp"

@@ -12,7 +12,7 @@
 #include <map>
 
 #include "../integration/proc.hpp"
-#include "common/fabric/fabric_cluster.hpp"
+#include "common/fabric/cluster.hpp"
 #include "common/region.hpp"
 #include "compute/store.hpp"
 #include "memory/image.hpp"

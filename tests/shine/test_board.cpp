@@ -4,7 +4,7 @@
 #include <cstring>
 #include <thread>
 
-#include "common/fabric/local_fabric.hpp"
+#include "common/fabric/local/local_fabric.hpp"
 #include "common/region.hpp"
 #include "common/presence.hpp"
 #include "compute/board.hpp"

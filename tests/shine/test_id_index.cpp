@@ -13,7 +13,7 @@
 #include <set>
 #include <thread>
 
-#include "common/fabric/local_fabric.hpp"
+#include "common/fabric/local/local_fabric.hpp"
 #include "common/shine_layout.hpp"
 #include "compute/coro.hpp"
 #include "compute/shine/free_list.hpp"

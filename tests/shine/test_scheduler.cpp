@@ -9,7 +9,7 @@
 #include <memory>
 #include <vector>
 
-#include "common/fabric/local_fabric.hpp"
+#include "common/fabric/local/local_fabric.hpp"
 #include "common/fabric/wire.hpp"
 #include "compute/coro.hpp"
 

@@ -14,7 +14,7 @@
 #include <set>
 
 #include "common/hnswlib_space.hpp"
-#include "common/fabric/local_fabric.hpp"
+#include "common/fabric/local/local_fabric.hpp"
 #include "common/region.hpp"
 #include "compute/shine/graph.hpp"
 #include "compute/shine/import.hpp"

@@ -9,7 +9,7 @@
 #include <map>
 #include <set>
 
-#include "common/fabric/local_fabric.hpp"
+#include "common/fabric/local/local_fabric.hpp"
 #include "common/presence.hpp"
 #include "common/region.hpp"
 #include "common/shine_layout.hpp"

@@ -1,7 +1,7 @@
 #pragma once
-// The real providers of the transport: the compute side (connect_cluster) and the memory side
-// (RegionServer, which registers a region and serves it). libfabric for shm and tcp
-// (fabric_cluster.cpp, lf_region_server.cpp), rdma-core for verbs (verbs_*.cpp).
+// What the layers above reach the real providers through: the compute side (connect_cluster)
+// and the memory side (RegionServer, which registers a region and serves it). Which provider
+// serves either side is chosen in providers.cpp; each lives in its folder (providers.hpp).
 #include <atomic>
 #include <functional>
 #include <memory>
@@ -45,11 +45,6 @@ uint64_t rma_lane_for(uint32_t cn, uint32_t num_cns, uint64_t ordinal, uint64_t 
 /// Connects to every memnode (bootstrap + fabric address exchange) and starts the liveness
 /// monitor. Memnode ids must be exactly 0..N-1. Throws FabricError naming the memnode.
 std::shared_ptr<Cluster> connect_cluster(const ClusterOptions& opts);
-/// The same over rdma-core (common/fabric/verbs_cluster.cpp); connect_cluster calls it for
-/// Provider::Verbs.
-std::shared_ptr<Cluster> connect_verbs_cluster(const ClusterOptions& opts);
-/// The same for --provider cxl (common/fabric/cxl.hpp): maps every memnode's region.
-std::shared_ptr<Cluster> connect_cxl_cluster(const ClusterOptions& opts);
 
 class RegionBackend;  // one per provider family (region_backend.hpp)
 

@@ -1,5 +1,6 @@
-// libfabric transport: compute-side cluster and endpoints, memory-side region server.
-#include "common/fabric/fabric_cluster.hpp"
+// libfabric's compute side (shm, tcp): the cluster and its endpoints (lf_region_server.cpp: the
+// memory side).
+#include "common/fabric/cluster.hpp"
 
 #include <poll.h>
 #include <sched.h>
@@ -20,8 +21,7 @@
 #include <thread>
 
 #include "common/fabric/control_cluster.hpp"
-#include "common/fabric/replicas.hpp"
-#include "common/fabric/lf.hpp"
+#include "common/fabric/libfabric/lf.hpp"
 
 namespace dmhnsw::fabric {
 
@@ -481,21 +481,10 @@ bool FabricEndpoint::try_recv(Message& out) {
 
 }  // namespace
 
-namespace {
-std::shared_ptr<Cluster> connect_physical(const ClusterOptions& opts) {
-  if (opts.provider == Provider::Verbs) return connect_verbs_cluster(opts);
-  if (opts.provider == Provider::Cxl) return connect_cxl_cluster(opts);
+std::shared_ptr<Cluster> connect_lf_cluster(const ClusterOptions& opts) {
   auto c = std::make_shared<FabricCluster>(opts);
   c->connect();
   return c;
-}
-}  // namespace
-
-std::shared_ptr<Cluster> connect_cluster(const ClusterOptions& opts) {
-  auto c = connect_physical(opts);
-  // Memnodes started with --replicas R form sets of R copies (ordered by id, then copy).
-  const unsigned copies = c->memnodes().empty() ? 1u : c->memnodes().front().copies;
-  return with_replicas(std::move(c), copies, opts.cn_id);
 }
 
 }  // namespace dmhnsw::fabric

@@ -1,4 +1,4 @@
-#include "common/fabric/lf.hpp"
+#include "common/fabric/libfabric/lf.hpp"
 
 #include <spdlog/spdlog.h>
 #include <unistd.h>

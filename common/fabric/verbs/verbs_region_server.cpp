@@ -16,7 +16,7 @@
 #include <mutex>
 
 #include "common/fabric/region_backend.hpp"
-#include "common/fabric/verbs.hpp"
+#include "common/fabric/verbs/verbs.hpp"
 
 namespace dmhnsw::fabric {
 

@@ -1,4 +1,4 @@
-// The compute side of `--provider cxl` (common/fabric/cxl.hpp): each memnode's region mapped
+// The compute side of `--provider cxl` (common/fabric/cxl/cxl.hpp): each memnode's region mapped
 // from the fd it hands over; READ and WRITE are memory copies, FETCH_ADD and COMPARE_SWAP
 // atomic instructions on the mapping; completions keep the semantics of the other providers.
 #include <spdlog/spdlog.h>
@@ -14,7 +14,7 @@
 #include <random>
 
 #include "common/fabric/control_cluster.hpp"
-#include "common/fabric/cxl.hpp"
+#include "common/fabric/cxl/cxl.hpp"
 
 namespace dmhnsw::fabric {
 

@@ -1,4 +1,4 @@
-#include "common/fabric/local_fabric.hpp"
+#include "common/fabric/local/local_fabric.hpp"
 
 #include <algorithm>
 #include <atomic>

@@ -14,7 +14,7 @@
 #include <optional>
 #include <random>
 #include "common/fabric/control_cluster.hpp"
-#include "common/fabric/verbs.hpp"
+#include "common/fabric/verbs/verbs.hpp"
 
 namespace dmhnsw::fabric::verbs_detail {
 

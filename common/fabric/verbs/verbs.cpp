@@ -1,5 +1,5 @@
 // rdma-core helpers shared by both sides of the verbs provider.
-#include "common/fabric/verbs.hpp"
+#include "common/fabric/verbs/verbs.hpp"
 
 #include <netdb.h>
 

@@ -1,4 +1,4 @@
-// The memory side of `--provider cxl` (common/fabric/cxl.hpp): a Unix socket that hands the
+// The memory side of `--provider cxl` (common/fabric/cxl/cxl.hpp): a Unix socket that hands the
 // region's fd to joined computenodes and carries their messages. One-sided operations never
 // reach this process.
 #include <fcntl.h>
@@ -16,7 +16,7 @@
 #include <random>
 #include <set>
 
-#include "common/fabric/cxl.hpp"
+#include "common/fabric/cxl/cxl.hpp"
 #include "common/fabric/region_backend.hpp"
 
 namespace dmhnsw::fabric {

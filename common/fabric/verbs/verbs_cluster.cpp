@@ -2,7 +2,7 @@
 // connected with rdma_cm after the control handshake. READ, WRITE and the two atomics are RDMA
 // work requests the NICs execute; a post() is one linked work-request list per memnode, one
 // ibv_post_send (one doorbell), with only the last request signalled.
-#include "common/fabric/verbs_endpoint.hpp"
+#include "common/fabric/verbs/verbs_endpoint.hpp"
 
 namespace dmhnsw::fabric {
 namespace verbs_detail {

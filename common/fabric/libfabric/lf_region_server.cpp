@@ -17,7 +17,7 @@
 #include <mutex>
 #include <thread>
 
-#include "common/fabric/lf.hpp"
+#include "common/fabric/libfabric/lf.hpp"
 #include "common/fabric/region_backend.hpp"
 
 namespace dmhnsw::fabric {

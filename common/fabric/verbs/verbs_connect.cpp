@@ -1,7 +1,7 @@
 // verbs provider, compute side: an endpoint's queue pairs, one per memnode, created and
 // connected with rdma_cm after the control handshake (verbs_endpoint.hpp), and its receive
 // buffers.
-#include "common/fabric/verbs_endpoint.hpp"
+#include "common/fabric/verbs/verbs_endpoint.hpp"
 
 namespace dmhnsw::fabric::verbs_detail {
 
