@@ -38,7 +38,7 @@ def main():
     a0 = ap.parse_args()
     a = argparse.Namespace(set=a0.set, n0=a0.n0, rounds=a0.rounds, queries=a0.queries, provider="cxl", wire="none",
                            region="1GiB", timeout=1800, data_dir=a0.data_dir, shine_consolidate=not a0.no_consolidate,
-                           shine_alpha=1.0)
+                           shine_alpha=1.0, shine_upper_ef=1)
     dmh.BIN = Path(a0.bin).resolve()
     work = Path(a0.work).resolve()
     shutil.rmtree(work, ignore_errors=True)
