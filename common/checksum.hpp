@@ -1,6 +1,6 @@
 #pragma once
 // A fast 64-bit checksum (not cryptographic) for files and blocks that cross machines: region
-// images (memory/image.hpp), the d-HNSW metadata block (common/dhnsw_layout.hpp).
+// images (memory/image.hpp), the d-HNSW metadata block (compute/dhnsw/layout.hpp).
 #include <cstddef>
 #include <cstdint>
 

@@ -50,7 +50,7 @@
 
 #include "common/dataset.hpp"
 #include "common/distance.hpp"
-#include "common/hnswlib_space.hpp"
+#include "tools/hnswlib_space.hpp"
 #include "common/json_file.hpp"
 #include "common/progress.hpp"
 #include "common/workload.hpp"

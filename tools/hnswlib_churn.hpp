@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "common/dataset.hpp"
-#include "common/hnswlib_space.hpp"
+#include "tools/hnswlib_space.hpp"
 
 namespace dmhnsw::hnswlib_churn {
 

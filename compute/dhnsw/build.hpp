@@ -1,7 +1,7 @@
 #pragma once
 // d-HNSW index build (paper sections 4.1-4.2): balanced partitioning of the data set
 // (router/balanced_partition.hpp), one Faiss sub-HNSW per partition, the meta-HNSW over the
-// partition centroids, the region layout (common/dhnsw_layout.hpp) and the region images that
+// partition centroids, the region layout (compute/dhnsw/layout.hpp) and the region images that
 // memnodes serve (`memnode --load`).
 #include <cstddef>
 #include <cstdint>
@@ -10,8 +10,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "common/dhnsw_control.hpp"
-#include "common/dhnsw_layout.hpp"
+#include "compute/dhnsw/control.hpp"
+#include "compute/dhnsw/layout.hpp"
 #include "common/distance.hpp"
 #include "memory/image.hpp"
 
@@ -46,7 +46,7 @@ struct BuildOptions {
   /// only [base_offset, data end) of each region, what a rebuild writes.
   bool image = true;
   uint64_t epoch = 1;              // MetaHeader::epoch and the region headers' epoch
-  /// The shared insert buffer used while a rebuild runs (common/dhnsw_control.hpp), on memnode
+  /// The shared insert buffer used while a rebuild runs (compute/dhnsw/control.hpp), on memnode
   /// 0 after its groups; a first build only.
   uint64_t insert_buffer_bytes = 16ull << 20;
   /// An id index in the regions (common/id_table.hpp), for deletes, upserts and duplicate

@@ -4,7 +4,7 @@
 // the commit holds, as region WRITEs:
 //   - the appended tails of levels, offsets, neighbors, vectors and labels: first into each
 //     array's internal gap, then as overflow records in the group's shared gap (slot 0 growing
-//     up, slot 1 down; common/dhnsw_layout.hpp says exactly how);
+//     up, slot 1 down; compute/dhnsw/layout.hpp says exactly how);
 //   - the dirty ranges of the neighbour lists of nodes that were there before;
 //   - the new live descriptor (count, entry point, max level, used bytes, overflow used).
 // Pure: no fabric here (compute/dhnsw/insert.cpp posts it under the group lock).
@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "common/dhnsw_layout.hpp"
+#include "compute/dhnsw/layout.hpp"
 #include "compute/dhnsw/subindex.hpp"
 
 namespace dmhnsw::dhnsw {

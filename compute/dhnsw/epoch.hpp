@@ -1,6 +1,6 @@
 #pragma once
 // d-HNSW's epoch-based online rebuild (paper section 4.5, Figure 10) and the shared insert
-// buffer it needs (common/dhnsw_control.hpp has the remote layout and the protocol's states).
+// buffer it needs (compute/dhnsw/control.hpp has the remote layout and the protocol's states).
 //
 // The rebuild master (the inserter whose commit did not fit, or `computenode --mode dhnsw
 // rebuild`):
@@ -28,7 +28,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "common/dhnsw_control.hpp"
+#include "compute/dhnsw/control.hpp"
 #include "common/fabric/transport.hpp"
 #include "compute/dhnsw/pipeline.hpp"
 

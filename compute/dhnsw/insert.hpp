@@ -4,7 +4,7 @@
 //
 // An insert batch is routed by the cached meta-HNSW (each vector to its nearest partition) and
 // grouped by sub-HNSW. For each sub-HNSW, under its group's lock:
-//   1. READ the live descriptors of the sub and of its group partner (common/dhnsw_layout.hpp);
+//   1. READ the live descriptors of the sub and of its group partner (compute/dhnsw/layout.hpp);
 //   2. fetch the sub with the overflow it uses (one READ range) and deserialize it; an odd
 //      version means a writer died inside a commit: the copy is sanitized and repaired;
 //   3. insert the vectors into the local copy (Faiss), refuse an id the sub already holds;

@@ -14,7 +14,7 @@
 #include <utility>
 #include <vector>
 
-#include "common/dhnsw_layout.hpp"
+#include "compute/dhnsw/layout.hpp"
 #include "common/fabric/transport.hpp"
 
 namespace dmhnsw::dhnsw {

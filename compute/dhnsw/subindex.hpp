@@ -1,6 +1,6 @@
 #pragma once
 // Sub-HNSWs in remote memory: a Faiss IndexHNSWFlat (Faiss 1.7.3) written into the five
-// arrays of its block (common/dhnsw_layout.hpp) and rebuilt from the bytes of one
+// arrays of its block (compute/dhnsw/layout.hpp) and rebuilt from the bytes of one
 // fetch_range() READ; the meta-HNSW as a Faiss index file inside the metadata block.
 //
 // Faiss members used: HNSW::levels (int, levels a node is in, >= 1), HNSW::offsets (size_t,
@@ -16,7 +16,7 @@
 #include <faiss/IndexHNSW.h>
 #include <faiss/impl/IDSelector.h>
 
-#include "common/dhnsw_layout.hpp"
+#include "compute/dhnsw/layout.hpp"
 
 namespace dmhnsw::dhnsw {
 

@@ -15,7 +15,7 @@
 #include "common/region.hpp"
 #include "cache/node_cache.hpp"
 #include "cache/trace.hpp"
-#include "common/shine_layout.hpp"
+#include "compute/shine/layout.hpp"
 #include "compute/coro.hpp"
 #include "compute/shine/free_list.hpp"
 #include "compute/id_index.hpp"

@@ -11,7 +11,7 @@
 
 #include "common/progress.hpp"
 #include "common/region.hpp"
-#include "common/shine_layout.hpp"
+#include "compute/shine/layout.hpp"
 #include "compute/shine/graph.hpp"
 
 namespace dmhnsw::shine {

@@ -1,6 +1,6 @@
 """Statistics of a shine graph read straight from the memnodes' regions (over `cxl` each region is a
 memfd of its memnode process: /proc/<pid>/fd). Walks the node records of every memnode from the
-end of the reuse log to the bump word (common/shine_layout.hpp, common/region.hpp) and reports
+end of the reuse log to the bump word (compute/shine/layout.hpp, common/region.hpp) and reports
 per-level degrees, nodes no list names, live nodes the entry point cannot reach, and the records
 by generation. Used by rounds.py; needs M of the index (16 in experiments/churn)."""
 import os

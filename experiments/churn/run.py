@@ -449,7 +449,7 @@ def region_state(mn):
         meta_off, meta_size, data_end = struct.unpack_from("<3Q", h, 128)
         out["memnodes"].append({"epoch": epoch, "metadata_offset": meta_off, "metadata_bytes": meta_size,
                                 "data_end": data_end})
-    # dhnsw::Control at 2048 (common/dhnsw_control.hpp)
+    # dhnsw::Control at 2048 (compute/dhnsw/control.hpp)
     _, phase, epoch, _, buf_off, buf_bytes = struct.unpack_from("<6Q", heads[0], 2048)
     cur_base, cur_end, old_base, old_end, rebuilds = struct.unpack_from("<5Q", heads[0], 2048 + 72)
     out.update({"phase": phase, "epoch": epoch, "buffer_offset": buf_off, "buffer_bytes": buf_bytes,

@@ -1,4 +1,4 @@
-// d-HNSW region layout (common/dhnsw_layout.hpp): gap arithmetic, groups and slots, memnode
+// d-HNSW region layout (compute/dhnsw/layout.hpp): gap arithmetic, groups and slots, memnode
 // round-robin, fetch ranges with overflow, and the metadata checks naming the bad offset.
 #include <catch2/catch.hpp>
 
@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "common/checksum.hpp"
-#include "common/dhnsw_layout.hpp"
+#include "compute/dhnsw/layout.hpp"
 
 using namespace dmhnsw::dhnsw;
 using Catch::Contains;

@@ -10,7 +10,7 @@
 #include <exception>
 #include <vector>
 
-#include "common/dhnsw_control.hpp"
+#include "compute/dhnsw/control.hpp"
 #include "common/fabric/local/local_fabric.hpp"
 #include "compute/dhnsw/epoch.hpp"
 #include "tests/fuzz/fuzz_util.hpp"

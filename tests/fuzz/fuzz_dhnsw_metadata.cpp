@@ -1,4 +1,4 @@
-// The d-HNSW metadata block (common/dhnsw_layout.hpp: check_meta_header, decode_metadata,
+// The d-HNSW metadata block (compute/dhnsw/layout.hpp: check_meta_header, decode_metadata,
 // validate_metadata), as a computenode reads it from memnode 0 and a memnode checks a loaded
 // image. Input: [fix byte][memnode byte][region size u64][block bytes...]. Bit 0 of the fix
 // byte makes the block's magic, version and checksum right (so the fuzzer gets past them);
@@ -11,7 +11,7 @@
 #include <exception>
 #include <vector>
 
-#include "common/dhnsw_layout.hpp"
+#include "compute/dhnsw/layout.hpp"
 #include "tests/fuzz/fuzz_util.hpp"
 
 using namespace dmhnsw;

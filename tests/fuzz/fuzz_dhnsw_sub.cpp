@@ -14,7 +14,7 @@
 
 #include <faiss/IndexHNSW.h>
 
-#include "common/dhnsw_layout.hpp"
+#include "compute/dhnsw/layout.hpp"
 #include "compute/dhnsw/subindex.hpp"
 #include "tests/fuzz/fuzz_util.hpp"
 

@@ -10,7 +10,7 @@
 
 #include "common/fabric/local/local_fabric.hpp"
 #include "common/region.hpp"
-#include "common/shine_layout.hpp"
+#include "compute/shine/layout.hpp"
 #include "compute/shine/import.hpp"
 #include "tests/fuzz/fuzz_util.hpp"
 

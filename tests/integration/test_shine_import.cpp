@@ -8,7 +8,7 @@
 
 #include <set>
 
-#include "common/hnswlib_space.hpp"
+#include "tools/hnswlib_space.hpp"
 #include "common/dataset.hpp"
 #include "common/distance.hpp"
 #include "common/fabric/cluster.hpp"

@@ -14,7 +14,7 @@
 #include <thread>
 
 #include "common/fabric/local/local_fabric.hpp"
-#include "common/shine_layout.hpp"
+#include "compute/shine/layout.hpp"
 #include "compute/coro.hpp"
 #include "compute/shine/free_list.hpp"
 #include "compute/id_index.hpp"

@@ -13,7 +13,7 @@
 #include <random>
 #include <set>
 
-#include "common/hnswlib_space.hpp"
+#include "tools/hnswlib_space.hpp"
 #include "common/fabric/local/local_fabric.hpp"
 #include "common/region.hpp"
 #include "compute/shine/graph.hpp"

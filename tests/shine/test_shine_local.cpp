@@ -12,7 +12,7 @@
 #include "common/fabric/local/local_fabric.hpp"
 #include "common/presence.hpp"
 #include "common/region.hpp"
-#include "common/shine_layout.hpp"
+#include "compute/shine/layout.hpp"
 #include "compute/shine/graph.hpp"
 
 using namespace dmhnsw;

@@ -1,4 +1,4 @@
-#include "common/dhnsw_control.hpp"
+#include "compute/dhnsw/control.hpp"
 
 #include <algorithm>
 

@@ -1,4 +1,4 @@
-#include "common/dhnsw_layout.hpp"
+#include "compute/dhnsw/layout.hpp"
 
 #include <algorithm>
 #include <cmath>

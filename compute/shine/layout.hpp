@@ -1,5 +1,5 @@
 #pragma once
-// SHINE node layout in remote memory (DESIGN.md "Remote memory", SHINE paper Figure 2).
+// SHINE node layout in remote memory (docs/formats.md "shine node records", SHINE paper Figure 2).
 // One fixed-size record per node, sized by the node's top level:
 //
 //   [u64 header: magic | generation | level | deleted, lock bits][u64 label][d x f32 vector][pad to 8]

@@ -46,7 +46,7 @@ constexpr uint64_t ack_word(uint64_t epoch, uint64_t beat) { return (epoch << 16
 constexpr uint64_t ack_epoch(uint64_t w) { return w >> 16; }
 
 struct Control {
-  uint64_t master;           // rebuild master's lock word (lock_word, common/dhnsw_layout.hpp); 0: none
+  uint64_t master;           // rebuild master's lock word (lock_word, compute/dhnsw/layout.hpp); 0: none
   uint64_t phase;            // Phase
   uint64_t epoch;            // the live epoch (as memnode 0's region header)
   uint64_t generation;       // of the insert buffer: valid entries carry it as their commit word

@@ -1,5 +1,5 @@
 #pragma once
-// d-HNSW region layout (DESIGN.md "Remote memory"; paper section 4.2, Figure 7).
+// d-HNSW region layout (docs/formats.md "d-HNSW regions"; paper section 4.2, Figure 7).
 //
 // Every memnode's region:
 //
