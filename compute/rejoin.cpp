@@ -1,3 +1,4 @@
+#include "common/timing.hpp"
 #include "compute/rejoin.hpp"
 
 #include <spdlog/spdlog.h>
@@ -17,7 +18,6 @@ namespace dmhnsw::compute {
 
 using fabric::FabricError;
 using fabric::RejoinBlock;
-using Clock = std::chrono::steady_clock;
 
 namespace {
 
@@ -25,7 +25,6 @@ constexpr uint64_t kPiece = 4u << 20;  // bytes per READ and WRITE of the copy
 constexpr uint64_t kFinalPassChunks = 16;  // few enough marked chunks: freeze and copy them
 constexpr unsigned kMaxPasses = 20;
 
-double secs(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
 class Copier {
  public:
@@ -77,7 +76,7 @@ class Copier {
       // 2. The first pass: the whole region.
       const auto t1 = Clock::now();
       for (uint64_t k = 0; k < chunks_; k += kPiece / chunk_) res.first_pass_bytes += copy_chunks(k, kPiece / chunk_);
-      res.first_pass_s = secs(t1);
+      res.first_pass_s = seconds_since(t1);
       spdlog::info("rejoin {}: first pass {:.1f} MiB in {:.2f} s ({:.2f} GB/s)", name_, res.first_pass_bytes / 1048576.0,
                    res.first_pass_s, res.first_pass_gbps());
       // 3. Passes over what changed meanwhile, until little is left.
@@ -94,7 +93,7 @@ class Copier {
       wait_acks("stop its operations on the set");
       for (uint64_t k : marked()) res.final_bytes += copy_chunks(k, 1);
       finish();
-      res.frozen_ms = secs(tf) * 1e3;
+      res.frozen_ms = seconds_since(tf) * 1e3;
     } catch (...) {
       try {
         publish(fabric::kRejoinIdle, 0);  // computenodes go on without the new copy
@@ -102,7 +101,7 @@ class Copier {
       }
       throw;
     }
-    res.total_s = secs(t0);
+    res.total_s = seconds_since(t0);
     return res;
   }
 

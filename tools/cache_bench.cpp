@@ -18,15 +18,17 @@
 #include <thread>
 #include <vector>
 
+#include "common/timing.hpp"
 #include "cache/node_cache.hpp"
 
 namespace {
 
+using dmhnsw::Clock;
 using dmhnsw::RemotePtr;
+using dmhnsw::seconds_since;
 using dmhnsw::cache::NodeCache;
 using dmhnsw::cache::NodeCacheConfig;
 using dmhnsw::cache::NodeCacheStats;
-using Clock = std::chrono::steady_clock;
 
 RemotePtr key_of(uint64_t k) { return RemotePtr(static_cast<uint16_t>(k % 4), 1024 * (k + 1)); }
 
@@ -46,7 +48,6 @@ NodeCacheConfig config(uint64_t entries, uint32_t dim, double p) {
   return c;
 }
 
-double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
 // CPU time of this thread: single-thread latencies stay meaningful on a busy machine.
 double thread_cpu_seconds() {

@@ -48,6 +48,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/timing.hpp"
 #include "common/dataset.hpp"
 #include "common/distance.hpp"
 #include "tools/hnswlib_space.hpp"
@@ -58,13 +59,11 @@
 
 namespace {
 
+using dmhnsw::Clock;
 using dmhnsw::DispatchedSpace;
+using dmhnsw::percentile;
+using dmhnsw::seconds_since;
 
-using Clock = std::chrono::steady_clock;
-
-double seconds_since(Clock::time_point t0) {
-  return std::chrono::duration<double>(Clock::now() - t0).count();
-}
 
 /// The queries to run: pointers to their vectors and their ground-truth rows.
 struct QuerySet {
@@ -166,13 +165,6 @@ struct RunResult {
   double dist_comps = 0, hops = 0;
 };
 
-/// Nearest-rank percentile of sorted values (q in (0, 1]).
-double percentile(const std::vector<double>& sorted, double q) {
-  if (sorted.empty()) return 0;
-  auto rank = static_cast<std::size_t>(std::ceil(q * static_cast<double>(sorted.size())));
-  rank = std::clamp<std::size_t>(rank, 1, sorted.size());
-  return sorted[rank - 1];
-}
 
 RunResult run_queries(hnswlib::HierarchicalNSW<float>& index, const QuerySet& qs, std::size_t k,
                       std::size_t ef, unsigned threads) {

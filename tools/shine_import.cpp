@@ -22,7 +22,7 @@ using namespace dmhnsw;
 
 namespace {
 
-double secs_since(std::chrono::steady_clock::time_point t0) {
+double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
@@ -76,7 +76,7 @@ int main(int argc, char** argv) {
     uint32_t data_dim = 0;
     if (!data.empty()) data_dim = static_cast<uint32_t>(probe(data).d);
     const shine::HnswlibFile f(file, data_dim);
-    const double parse_secs = secs_since(t0);
+    const double parse_secs = seconds_since(t0);
     spdlog::info("{}: {} elements of dimension {}, M {}, efConstruction {}, top level {} ({:.2f} s to check)", file,
                  f.count(), f.dim(), f.m(), f.ef_construction(), f.max_level(), parse_secs);
 
@@ -92,7 +92,7 @@ int main(int argc, char** argv) {
 
     compute::MemnodeCpuMeter cpu(*cluster);
     nlohmann::json r = shine::import_hnswlib(*cluster, f, io);
-    const double secs = secs_since(t0);
+    const double secs = seconds_since(t0);
     // The fields every computenode report carries (the import writes without a wire model).
     r["memnode_cpu"] = cpu.since_start();
     r["process_memory"] = compute::process_memory();

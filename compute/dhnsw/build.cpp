@@ -1,3 +1,4 @@
+#include "common/timing.hpp"
 #include "compute/dhnsw/build.hpp"
 
 #include <faiss/IndexHNSW.h>
@@ -24,8 +25,6 @@ namespace dmhnsw::dhnsw {
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
-double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
 void need(bool ok, const std::string& message) {
   if (!ok) throw std::invalid_argument(message);
@@ -299,16 +298,16 @@ BuiltIndex build_index(const float* data, size_t n, uint32_t dim, Metric metric,
   auto t0 = Clock::now();
   router::Partitioning part;
   const std::vector<std::vector<int64_t>> members = partition(data, n, dim, P, opts, part, out);
-  out.seconds_partition = since(t0);
+  out.seconds_partition = seconds_since(t0);
 
   t0 = Clock::now();
   std::vector<std::unique_ptr<faiss::IndexHNSWFlat>> subs;
   std::unique_ptr<faiss::IndexHNSWFlat> meta = build_hnsws(data, n, dim, metric, opts, threads, part, members, subs);
-  out.seconds_build_subs = since(t0);
+  out.seconds_build_subs = seconds_since(t0);
 
   t0 = Clock::now();
   lay_out(dim, metric, opts, threads, labels, std::move(meta), subs, members, out);
-  out.seconds_layout = since(t0);
+  out.seconds_layout = seconds_since(t0);
   return out;
 }
 

@@ -1,3 +1,4 @@
+#include "common/timing.hpp"
 #include "compute/dhnsw/epoch.hpp"
 
 #include <faiss/IndexFlatCodes.h>
@@ -28,8 +29,6 @@ namespace dmhnsw::dhnsw {
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
-double secs(Clock::time_point a) { return std::chrono::duration<double>(Clock::now() - a).count(); }
 std::string num(uint64_t v) { return std::to_string(v); }
 
 /// Entries of the insert buffer are buffer_entry_bytes(dim) long (make_control); entry_bytes
@@ -82,10 +81,10 @@ class Mastership {
       const uint64_t old = ep.compare_swap(cfield(offsetof(Control, master)), 0, word_);
       if (old == 0) break;
       if (old != seen) {
-        if (!wait || secs(start) * 1000 > 2.0 * lease_ms_) return false;  // a live master works
+        if (!wait || seconds_since(start) * 1000 > 2.0 * lease_ms_) return false;  // a live master works
         seen = old;
         since = Clock::now();
-      } else if (secs(since) * 1000 > lease_ms_) {
+      } else if (seconds_since(since) * 1000 > lease_ms_) {
         if (ep.compare_swap(cfield(offsetof(Control, master)), old, word_) == old) {
           spdlog::warn("dhnsw rebuild: took over from master computenode {} (its word unchanged for {} ms)",
                        lock_owner(old), lease_ms_);
@@ -488,7 +487,7 @@ bool free_old_area(fabric::Endpoint& ep, uint64_t epoch, uint32_t cn_id, const R
     if (ack_epoch(v.first) < epoch) ++waited_for_dead;
   put_word(ep, cfield(offsetof(Control, old_base)), 0);
   put_word(ep, cfield(offsetof(Control, old_end)), 0);
-  rep["acks_s"] = secs(t0);
+  rep["acks_s"] = seconds_since(t0);
   rep["ack_slots_given_up"] = waited_for_dead;
   rep["old_area_freed"] = true;
   return true;
@@ -669,7 +668,7 @@ nlohmann::json run_rebuild(fabric::Cluster& c, fabric::Endpoint& ep, uint32_t cn
     auto ts = Clock::now();
     Snapshot snap = snapshot(ep, idx, cn_id, true);
     ms.check();
-    const double snap_s = secs(ts);
+    const double snap_s = seconds_since(ts);
     const MetaHeader& h = idx.header;
     BuildOptions bo;
     bo.partitions = h.num_subs;
@@ -688,7 +687,7 @@ nlohmann::json run_rebuild(fabric::Cluster& c, fabric::Endpoint& ep, uint32_t cn
     const size_t n = snap.ids.size();
     ts = Clock::now();
     BuiltIndex built = build_index(snap.x.data(), n, h.dim, h.metric == 1 ? Metric::IP : Metric::L2, bo, snap.ids.data());
-    const double build_s = secs(ts);
+    const double build_s = seconds_since(ts);
     ms.check();
     std::vector<uint64_t> span(built.regions.size());
     for (size_t m = 0; m < span.size(); ++m) span[m] = built.regions[m].size();
@@ -704,7 +703,7 @@ nlohmann::json run_rebuild(fabric::Cluster& c, fabric::Endpoint& ep, uint32_t cn
     const auto tc = Clock::now();
     put_word(ep, cfield(offsetof(Control, deletes_closed)), 1);
     const std::vector<int64_t> carried = carry_deletes(ep, idx, cn_id, snap, built);
-    const double carry_s = secs(tc);
+    const double carry_s = seconds_since(tc);
     if (o.on_deletes_closed) o.on_deletes_closed();
     ms.check();
     test_pause("before");
@@ -730,7 +729,7 @@ nlohmann::json run_rebuild(fabric::Cluster& c, fabric::Endpoint& ep, uint32_t cn
     put_word(ep, cfield(offsetof(Control, epoch)), bo.epoch);
     put_word(ep, cfield(offsetof(Control, acks) + 8 * (cn_id % kMaxAckSlots)), ack_word(bo.epoch, 0));
     put_word(ep, cfield(offsetof(Control, phase)), kPublished);
-    const double write_s = secs(ts);
+    const double write_s = seconds_since(ts);
     test_pause("after");
     spdlog::info("dhnsw rebuild: epoch {} published: {} vectors in {} partitions at offset {} (snapshot {:.2f} s, "
                  "build {:.2f} s, write {:.2f} s)", bo.epoch, n, bo.partitions, base, snap_s, build_s, write_s);
@@ -760,7 +759,7 @@ nlohmann::json run_rebuild(fabric::Cluster& c, fabric::Endpoint& ep, uint32_t cn
     const Control ctl = read_control(ep);
     put_word(ep, cfield(offsetof(Control, rebuilds)), ctl.rebuilds + 1);
   }
-  rep["seconds_total"] = secs(t0);
+  rep["seconds_total"] = seconds_since(t0);
   return rep;
 }
 

@@ -1,3 +1,4 @@
+#include "common/timing.hpp"
 #include "compute/dhnsw/insert.hpp"
 
 #include <spdlog/spdlog.h>
@@ -21,15 +22,8 @@ namespace dmhnsw::dhnsw {
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
-double secs(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
 std::string num(uint64_t v) { return std::to_string(v); }
 
-double percentile(std::vector<double> v, double p) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  return v[std::min(v.size() - 1, static_cast<size_t>(p * static_cast<double>(v.size())))];
-}
 
 }  // namespace
 
@@ -373,7 +367,7 @@ Inserter::Outcome Inserter::insert_into(uint32_t sub, const float* x, const int6
   st_.appended_bytes += cm.appended_bytes;
   st_.overwritten_bytes += cm.overwritten_bytes;
   st_.overflow_records += cm.overflow_records;
-  st_.commit_us.push_back(secs(t0, Clock::now()) * 1e6);
+  st_.commit_us.push_back(seconds_since(t0) * 1e6);
   return Outcome::Done;
 }
 
@@ -774,14 +768,14 @@ nlohmann::json run_insert(const compute::RunContext& rc, const InsertOptions& o)
     }
     const auto b0 = Clock::now();
     ins.insert(xs.data(), ids.data(), n, o.upsert);
-    batch_ms.push_back(secs(b0, Clock::now()) * 1e3);
-    if (secs(last, Clock::now()) > 2) {
+    batch_ms.push_back(seconds_since(b0) * 1e3);
+    if (seconds_since(last) > 2) {
       last = Clock::now();
       spdlog::info("dhnsw insert: {} / {} acknowledged ({:.0f} inserts/s)", at + n, mine.size(),
-                   static_cast<double>(at + n) / secs(t0, last));
+                   static_cast<double>(at + n) / seconds(last - t0));
     }
   }
-  const double s = secs(t0, Clock::now());
+  const double s = seconds_since(t0);
   leave_epochs(*ep, rc.cn_id);
   nlohmann::json r;
   r["tool"] = "computenode dhnsw insert";
@@ -840,7 +834,7 @@ nlohmann::json run_delete(const compute::RunContext& rc, const DeleteOptions& o)
     const std::vector<int64_t> m = ins.remove(mine.data() + at, n);
     missing.insert(missing.end(), m.begin(), m.end());
   }
-  const double s = secs(t0, Clock::now());
+  const double s = seconds_since(t0);
   leave_epochs(*ep, rc.cn_id);
   nlohmann::json r;
   r["tool"] = "computenode dhnsw delete";

@@ -1,3 +1,4 @@
+#include "common/timing.hpp"
 #include "compute/dhnsw/mixed.hpp"
 
 #include <spdlog/spdlog.h>
@@ -18,8 +19,6 @@ namespace dmhnsw::dhnsw {
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
-double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
 double pct(std::vector<double> v, double p) {
   if (v.empty()) return 0;
@@ -97,7 +96,7 @@ nlohmann::json run_mixed(const RunContext& rc, const QueryOptions& q, const Mixe
   std::vector<int64_t> ids;
   const auto t0 = Clock::now();
   for (;;) {
-    const bool time_left = m.seconds > 0 && since(t0) < m.seconds;
+    const bool time_left = m.seconds > 0 && seconds_since(t0) < m.seconds;
     const bool rows_left = next_row < rows.size();
     if (m.seconds > 0 ? !time_left : (n_ins > 0 ? !rows_left : next_q >= measured.size())) break;
     const auto b0 = Clock::now();
@@ -111,7 +110,7 @@ nlohmann::json run_mixed(const RunContext& rc, const QueryOptions& q, const Mixe
     }
     next_row += ni;
     ins.insert(xi.data(), ids.data(), ni);
-    const double bi = since(b0);
+    const double bi = seconds_since(b0);
     // Searches of the batch.
     const size_t nq = n_ins > 0 && ni == 0 ? B : n_q;
     xq.resize(nq * dim);
@@ -124,7 +123,7 @@ nlohmann::json run_mixed(const RunContext& rc, const QueryOptions& q, const Mixe
     const auto s0 = Clock::now();
     std::vector<Answer> answers;
     const RunStats rs = engine.run(xq.data(), nq, answers);
-    const double bs = since(s0);
+    const double bs = seconds_since(s0);
     const auto [s1, sk] = recall_sums(answers, which, wl, k);
     r1 += s1;
     rk += sk;
@@ -132,7 +131,7 @@ nlohmann::json run_mixed(const RunContext& rc, const QueryOptions& q, const Mixe
     searched += nq;
     ins_s += bi;
     search_s += bs;
-    const double total = since(b0);
+    const double total = seconds_since(b0);
     batch_ms.push_back(total * 1e3);
     if (ni > 0) insert_ms.push_back(bi * 1e3);
     if (nq > 0) search_ms.push_back(bs * 1e3);
@@ -140,7 +139,7 @@ nlohmann::json run_mixed(const RunContext& rc, const QueryOptions& q, const Mixe
     if (!rs.batches.empty()) epoch = std::max(epoch, rs.batches.back().epoch);
     timeline.push_back({std::chrono::duration<double>(b0 - t0).count(), ni, nq, bi * 1e3, bs * 1e3, epoch});
   }
-  const double wall = since(t0);
+  const double wall = seconds_since(t0);
   leave_epochs(*ep, rc.cn_id);
   const double nqd = static_cast<double>(std::max<size_t>(searched, 1));
   nlohmann::json r = {

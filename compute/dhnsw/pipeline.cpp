@@ -63,7 +63,7 @@ struct Engine::Impl::Run {
     if (im.o.regroup)
       for (auto e = job.plan.entries.rbegin(); e != job.plan.entries.rend(); ++e) im.cache.get(e->sub);
     BatchStats st = job.st;
-    st.seconds = secs(job.closed, Clock::now());
+    st.seconds = seconds_since(job.closed);
     rs.batches.push_back(st);
     rs.meta_s += st.meta_s;
     rs.fetch_s += st.fetch_s;
@@ -95,7 +95,7 @@ RunStats Engine::Impl::run(const float* queries, size_t n, std::vector<Answer>& 
     run_pipelined(r);
   else
     run_in_sequence(r);
-  r.rs.seconds = secs(r.t_start, Clock::now());
+  r.rs.seconds = seconds_since(r.t_start);
   r.rs.cache_evictions = cache.evictions() - evictions0;
   return std::move(r.rs);
 }

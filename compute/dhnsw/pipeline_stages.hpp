@@ -3,6 +3,7 @@
 // takes each batch through: a batch is planned against the meta-HNSW (open_batch), the
 // sub-HNSWs it needs that are not cached are fetched a doorbell group at a time
 // (fetch_group), deserialized, and searched.
+#include "common/timing.hpp"
 #include "compute/dhnsw/pipeline.hpp"
 
 #include <malloc.h>
@@ -33,8 +34,6 @@
 namespace dmhnsw::dhnsw {
 namespace pipeline_detail {
 
-using Clock = std::chrono::steady_clock;
-inline double secs(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
 
 
 struct Job {
@@ -63,10 +62,8 @@ struct Item {
 
 // ---------------------------------------------------------------------------------------------
 struct Engine::Impl {
-  using Clock = pipeline_detail::Clock;
   using Job = pipeline_detail::Job;
   using Item = pipeline_detail::Item;
-  static inline double secs(Clock::time_point a, Clock::time_point b) { return pipeline_detail::secs(a, b); }
 
   fabric::Cluster& c;
   std::shared_ptr<const Index> cur;  // replaced when the epoch moves; a batch keeps the one it was planned with
@@ -238,7 +235,7 @@ struct Engine::Impl {
     job->st.needed = job->plan.needed;
     job->st.cache_hits = job->plan.cache_hits;
     job->st.fetched = job->plan.fetches();
-    job->st.meta_s = secs(job->closed, Clock::now());
+    job->st.meta_s = seconds_since(job->closed);
     return job;
   }
 
@@ -347,7 +344,7 @@ struct Engine::Impl {
       pending.swap(next);
       if (odd) std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
-    job->st.fetch_s += secs(t0, Clock::now());
+    job->st.fetch_s += seconds_since(t0);
     for (auto& it : items) emit(std::move(it));
   }
 
@@ -361,7 +358,7 @@ struct Engine::Impl {
                    "a sanitized copy ({} neighbour entries dropped)", sub_name(index, sub), it.desc.version, s->sanitized);
     it.sub = std::move(s);
     if (o.regroup && !it.torn) cache.put(sub, it.sub);
-    it.job->st.deserialize_s += secs(t0, Clock::now());
+    it.job->st.deserialize_s += seconds_since(t0);
   }
 
   /// Searches one sub-HNSW for the batch's queries that need it and merges their top-k.
@@ -410,7 +407,7 @@ struct Engine::Impl {
         if (a.size() > k) a.resize(k);
       }
     }
-    job.st.search_s += secs(t0, Clock::now());
+    job.st.search_s += seconds_since(t0);
     return --job.remaining == 0;
   }
 

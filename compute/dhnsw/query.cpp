@@ -104,7 +104,7 @@ json merge_run(uint32_t ef, const std::vector<std::string>& texts) {
           {"qps", static_cast<double>(queries) / std::max(max_secs, 1e-9)},
           {"recall", rks / nq},
           {"recall_at_1", r1s / nq},
-          {"latency_us", {{"p50", shine::percentile(lat, 0.5)}, {"p99", shine::percentile(lat, 0.99)}, {"mean", lat_mean}}},
+          {"latency_us", {{"p50", percentile(lat, 0.5)}, {"p99", percentile(lat, 0.99)}, {"mean", lat_mean}}},
           {"per_query", {{"bytes", static_cast<double>(bytes) / nq}, {"reads", static_cast<double>(reads) / nq},
                          {"doorbells", static_cast<double>(doorbells) / nq},
                          {"fetches", static_cast<double>(fetched) / nq},

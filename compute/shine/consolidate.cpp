@@ -218,7 +218,7 @@ json run_consolidate(const RunContext& rc, const ConsolidateOptions& o) {
     entry_moved = compute::run_sync(s, w.retire_entry(old_entry.first, old_entry.second, all, ctx));
     io += ctx.io;
   }
-  const double secs = secs_since(t0);
+  const double secs = seconds_since(t0);
   json mine_j = {{"cn_id", rc.cn_id},           {"nodes", mine.size()},       {"nodes_changed", nodes_changed.load()},
                  {"lists_rewritten", lists.load()}, {"lists_read", ss.hops},   {"vectors_read", ss.visited},
                  {"records_emptied", orphaned.load()}, {"entry_moved", entry_moved}, {"seconds", secs},       {"io", io_json(io)}};

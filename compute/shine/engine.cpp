@@ -120,7 +120,7 @@ ShareStats insert_share(const RunContext& rc, const BuildOptions& o, Graph& g, c
     throw fabric::FabricError(std::string(o.format ? "build" : "insert") + ": " + peer_gone + "; stopped after " +
                               std::to_string(inserted.done()) + " of this computenode's " + std::to_string(mine.size()) +
                               " rows");
-  st.seconds = secs_since(t0);
+  st.seconds = seconds_since(t0);
   st.replaced = replaced.load();
   return st;
 }
@@ -260,7 +260,7 @@ json run_delete(const RunContext& rc, const DeleteOptions& o) {
   for (size_t i = 0; i < mine.size(); ++i)
     if (!removed[i]) absent.push_back(mine[i]);
   done.finish();
-  const double secs = secs_since(t0);
+  const double secs = seconds_since(t0);
   std::sort(absent.begin(), absent.end());
   constexpr size_t kListed = 1000;  // the report lists this many absent ids (the count is exact)
   json mine_j = {{"cn_id", rc.cn_id}, {"requested", mine.size()}, {"deleted", mine.size() - absent.size()},

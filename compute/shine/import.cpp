@@ -24,7 +24,7 @@ using nlohmann::json;
 namespace {
 
 using Clock = std::chrono::steady_clock;
-double secs_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
 // saveIndex's header, field by field: byte offsets in the file (hnswalg.h, saveIndex order).
 namespace field {
@@ -431,7 +431,7 @@ json import_hnswlib(fabric::Cluster& c, const HnswlibFile& f, const ImportOption
   }
   if (in_flight > 0) ep->wait_all(in_flight);
   progress.finish();
-  const double write_secs = secs_since(t0);
+  const double write_secs = seconds_since(t0);
 
   // The index becomes visible only now: node count, then the entry point (pointer + level).
   if (f.count() > 0) {

@@ -71,7 +71,7 @@ void QuerySession::make_partition_oracle() {
                 {"offsets", cl.offsets},
                 {"oracle_load_nearest", cl.oracle_load_nearest},
                 {"oracle_load", ko.balance_oracle ? cl.oracle_load_balanced : cl.oracle_load_nearest},
-                {"seconds", secs_since(t0)}};
+                {"seconds", seconds_since(t0)}};
   spdlog::info("partitioning: level {} ({} nodes, {} sampled), {} clusters of sizes {}; {} oracle splits the "
                "sample {:.2f}x the mean at most (nearest centroid: {:.2f}x); {:.2f} s",
                smp.level, smp.nodes_at_level, n, K_, partition_["sizes"].dump(), o_.search.routing.oracle,

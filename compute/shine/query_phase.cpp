@@ -56,7 +56,7 @@ PhaseResult QuerySession::run_phase(uint32_t phase, const std::vector<uint32_t>&
   router_thread.join();
   if (run.router_error) std::rethrow_exception(run.router_error);
   PhaseResult pr = std::move(run.result);
-  pr.seconds = secs_since(run.t0);
+  pr.seconds = seconds_since(run.t0);
   pr.received = ex_.received(phase);
   pr.bounced = ex_.bounced(phase);
   pr.syncs = run.syncs.load();
@@ -69,7 +69,7 @@ void QuerySession::note_progress(PhaseRun& run) {
   if (int64_t due = run.next_note.load();
       Clock::now().time_since_epoch().count() >= due &&
       run.next_note.compare_exchange_strong(due, (Clock::now() + kNoteEvery).time_since_epoch().count())) {
-    const double secs = secs_since(run.t0);
+    const double secs = seconds_since(run.t0);
     const uint64_t n = run.answered.load();
     spdlog::info("query phase {}: {} answered here in {:.0f} s ({:.1f} per s), {} queued", run.phase, n, secs,
                  static_cast<double>(n) / secs, ex_.queue_len(run.phase));

@@ -11,14 +11,13 @@
 #include <thread>
 #include <vector>
 
+#include "common/timing.hpp"
 #include "common/fabric/transport.hpp"
 #include "compute/coro.hpp"
 
 namespace dmhnsw::shine {
 
-using Clock = std::chrono::steady_clock;
 
-inline double secs_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
 /// CPU time this process has used (every thread, user + system), in seconds.
 inline double process_cpu_seconds() {
@@ -82,11 +81,5 @@ inline nlohmann::json io_json(const compute::IoStats& s) {
   return {{"reads", s.reads}, {"writes", s.writes}, {"atomics", s.atomics}, {"bytes", s.bytes}, {"doorbells", s.doorbells}};
 }
 
-inline double percentile(std::vector<float>& v, double p) {
-  if (v.empty()) return 0;
-  size_t i = std::min(v.size() - 1, static_cast<size_t>(p * static_cast<double>(v.size())));
-  std::nth_element(v.begin(), v.begin() + static_cast<ptrdiff_t>(i), v.end());
-  return v[i];
-}
 
 }  // namespace dmhnsw::shine

@@ -246,7 +246,7 @@ json warm_up(std::vector<Client>& clients, const Workload& wl, const Options& o)
     });
     Stats w;
     for (const auto& s : per) w.merge(s);
-    const double ws = secs(Clock::now() - w0);
+    const double ws = seconds(Clock::now() - w0);
     warm_json = {{"requests", w.sent}, {"errors", w.error_count()}, {"seconds", ws}};
     std::printf("warm-up: %llu requests in %.2f s\n", static_cast<unsigned long long>(w.sent), ws);
     for (const auto& [code, e] : w.errors)
@@ -307,7 +307,7 @@ Run measure(std::vector<Client>& clients, const Workload& wl, const Options& o, 
   if (insert_error) std::rethrow_exception(insert_error);
   for (const auto& s : run.per) run.all.merge(s);
   run.t0 = t0;
-  run.wall = secs((run.all.last_done > t0 ? run.all.last_done : end) - t0);
+  run.wall = seconds((run.all.last_done > t0 ? run.all.last_done : end) - t0);
   return run;
 }
 

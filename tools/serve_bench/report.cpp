@@ -46,7 +46,7 @@ json targets_json(const Options& o, const std::vector<pb::InfoResponse>& infos, 
 /// Open loop: whether the generator kept to its schedule (send rate, send lag, in-flight cap)
 /// and the latency from the actual send.
 json open_loop_json(const Options& o, Stats& all, Clock::time_point t0) {
-  const double span = all.last_send > t0 ? secs(all.last_send - t0) : 0.0;
+  const double span = all.last_send > t0 ? seconds(all.last_send - t0) : 0.0;
   const double send_rate = span > 0 ? static_cast<double>(all.sent) / span : 0.0;
   json lag = percentiles(all.lag_us);
   const double max_lag_us = lag["max"].get<double>();

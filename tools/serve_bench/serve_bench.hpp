@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "common/timing.hpp"
 #include "common/dataset.hpp"
 #include "common/workload.hpp"
 #include "dmhnsw.grpc.pb.h"
@@ -23,13 +24,11 @@
 namespace dmhnsw::serve_bench {
 
 using json = nlohmann::json;
-using Clock = std::chrono::steady_clock;
 namespace pb = dmhnsw::v1;
 
 constexpr uint64_t kUnlimited = std::numeric_limits<uint64_t>::max();
 
 inline double us(Clock::duration d) { return std::chrono::duration<double, std::micro>(d).count(); }
-inline double secs(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
 
 /// "OK", "UNAVAILABLE", ...: the name errors are counted and reported under.
 const char* code_name(grpc::StatusCode c);
