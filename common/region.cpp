@@ -25,6 +25,13 @@ RegionHeader make_region_header(uint16_t memnode_id, uint64_t size) {
   return h;
 }
 
+RegionHeader read_live_header(fabric::Cluster& c, fabric::Endpoint& ep, uint16_t m) {
+  RegionHeader h;
+  ep.read(RemotePtr(m, 0), &h, sizeof h);
+  validate_region_header(h, "memnode " + std::to_string(m) + " (" + c.memnodes()[m].address + ")");
+  return h;
+}
+
 void validate_region_header(const RegionHeader& h, const std::string& what) {
   if (h.magic != kRegionMagic) throw std::runtime_error(what + ": region header at offset 0: bad magic");
   if (h.version != kRegionFormatVersion)

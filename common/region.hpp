@@ -98,6 +98,9 @@ constexpr uint64_t mode_word_offset(size_t i) { return offsetof(RegionHeader, mo
 RegionHeader make_region_header(uint16_t memnode_id, uint64_t size);
 /// Checks magic, version and internal bounds; throws std::runtime_error naming `what`.
 void validate_region_header(const RegionHeader& h, const std::string& what);
+/// Memnode `m`'s header as it is now (one READ over `ep`; a rebuild or a format changes it after
+/// connect), validated; errors name the memnode and its address. Both modes attach with it.
+RegionHeader read_live_header(fabric::Cluster& c, fabric::Endpoint& ep, uint16_t m);
 RegionHeader header_from_blob(const std::array<char, fabric::kHeaderBlobBytes>& blob, const std::string& what);
 std::string describe(const RegionHeader& h);
 

@@ -13,12 +13,7 @@ Index load_index(fabric::Cluster& c, fabric::Endpoint& ep) {
   if (c.memnodes().empty()) throw std::runtime_error("dhnsw: no memnode");
   Index idx;
   // The headers as they are now (a rebuild moves the metadata block), not as served at connect.
-  auto live_header = [&](uint16_t m) {
-    RegionHeader h;
-    ep.read(RemotePtr(m, 0), &h, sizeof h);
-    validate_region_header(h, "memnode " + std::to_string(m) + " (" + c.memnodes()[m].address + ")");
-    return h;
-  };
+  auto live_header = [&](uint16_t m) { return read_live_header(c, ep, m); };
   RegionHeader h0 = live_header(0);
   if (h0.mode != static_cast<uint8_t>(Mode::Dhnsw))
     throw std::runtime_error("memnode 0 holds no d-HNSW index (region mode " +

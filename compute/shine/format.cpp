@@ -53,12 +53,7 @@ IndexAreas plan_areas(uint64_t id_capacity, uint16_t memnodes, uint64_t first) {
 
 GraphParams format_or_attach(fabric::Cluster& c, fabric::Endpoint& ep, const GraphParams* wanted, int64_t self) {
   const auto n = c.memnodes().size();
-  auto read_header = [&](uint16_t i) {
-    RegionHeader h;
-    ep.read(RemotePtr(i, 0), &h, sizeof h);
-    validate_region_header(h, "memnode " + std::to_string(i) + " (" + c.memnodes()[i].address + ")");
-    return h;
-  };
+  auto read_header = [&](uint16_t i) { return read_live_header(c, ep, i); };
   RegionHeader h0 = read_header(0);
   if (h0.mode != static_cast<uint8_t>(Mode::None) && h0.mode != static_cast<uint8_t>(Mode::Shine))
     throw FabricError("memnode 0 holds a " + std::string(fabric::mode_name(static_cast<Mode>(h0.mode))) +
