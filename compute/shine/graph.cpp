@@ -592,29 +592,37 @@ Task<void> Worker::detach(RemotePtr s, unsigned level, const float* any, OpConte
       const uint64_t held = co_await lock_node(n, self->level, ctx);
       const std::vector<RemotePtr> list = co_await read_list(n, l, ctx);
       if (std::find(list.begin(), list.end(), s) != list.end()) {
-        // FreshDiskANN's repair: s's neighbours replace the edge to s, pruned to capacity.
-        std::vector<RemotePtr> cand;
+        // FreshDiskANN's repair: s's neighbours take the place of the edge to s. The list's
+        // other nodes all stay; s's neighbours are chosen around them with the heuristic (as
+        // consolidate does: pruning the whole list afresh drops the build's back-links).
+        std::vector<RemotePtr> cand, kept;
         for (RemotePtr p : list)
-          if (p != s) cand.push_back(p);
+          if (p != s) kept.push_back(p);
         for (RemotePtr p : out)
-          if (p != s && p != n && std::find(cand.begin(), cand.end(), p) == cand.end()) cand.push_back(p);
+          if (p != s && p != n && std::find(kept.begin(), kept.end(), p) == kept.end()) cand.push_back(p);
         const uint32_t cap = L.capacity(l);
         std::vector<RemotePtr> next;
-        if (cand.size() <= cap) {
-          next = cand;
+        if (kept.size() + cand.size() <= cap) {
+          next = kept;
+          next.insert(next.end(), cand.begin(), cand.end());
         } else {
           std::vector<RemotePtr> missing;
+          for (RemotePtr p : kept)
+            if (!cache.find(p)) missing.push_back(p);
           for (RemotePtr p : cand)
             if (!cache.find(p)) missing.push_back(p);
           const std::vector<Neighbor> got = co_await read_vectors(missing, self->v, ctx, &cache);
-          std::vector<Neighbor> nb;
-          for (RemotePtr p : cand) {
+          auto deleted = [&](RemotePtr p) {
             const auto it = std::find_if(got.begin(), got.end(), [&](const Neighbor& x) { return x.node == p; });
-            if (it != got.end() && it->deleted) continue;  // deleted: no place in a repaired list
-            if (auto e = cache.find(p)) nb.push_back({g_.distance()(self->v, e->v), p, e->label});
-          }
+            return it != got.end() && it->deleted;  // deleted: no place in a repaired list
+          };
+          std::vector<Neighbor> keep, nb;
+          for (RemotePtr p : kept)
+            if (auto e = cache.find(p); e && !deleted(p)) keep.push_back({g_.distance()(self->v, e->v), p, e->label});
+          for (RemotePtr p : cand)
+            if (auto e = cache.find(p); e && !deleted(p)) nb.push_back({g_.distance()(self->v, e->v), p, e->label});
           std::sort(nb.begin(), nb.end(), ByDistLess{});
-          for (const auto& c : select_heuristic(nb, cap, cache)) next.push_back(c.node);
+          for (const auto& c : select_heuristic(nb, cap, cache, 1.0f, keep)) next.push_back(c.node);
         }
         co_await write_list(n, l, next, ctx);
       }
