@@ -1,8 +1,9 @@
 // Delete consolidation (FreshDiskANN, Singh et al. 2021, section 4): after deletes, every live
 // node's edges to deleted nodes are replaced by those nodes' live neighbours, chosen with the
-// heuristic around the live neighbours it keeps. A reuse of a deleted record then finds no live list pointing at it: without this,
-// the lists that a reuse's in-edge search does not reach keep an edge that, once the record
-// holds another vector, leads somewhere unrelated (what costs recall under churn at scale).
+// heuristic around the live neighbours it keeps. A reuse of a deleted record then finds no live
+// list pointing at it: without this, the lists that a reuse's in-edge search does not reach keep
+// an edge that, once the record holds another vector, leads somewhere unrelated (what costs
+// recall under churn at scale).
 #include <algorithm>
 #include <atomic>
 #include <cstring>
@@ -66,13 +67,12 @@ Task<unsigned> Worker::consolidate(RemotePtr p, OpContext& ctx, float alpha) {
     // A list whose nodes and their neighbours were all deleted is written empty: an edge to a
     // record the pass empties would be a dead end, and once reused an edge to an unrelated vector.
     if (!via.empty()) {
-      const auto by_dist = [](const Neighbor& a, const Neighbor& b) { return a.dist < b.dist; };
       std::vector<Neighbor> keep, nb;
       for (size_t i = 0; i < cand.size(); ++i)
         if (const auto e = cache.find(cand[i]); e && e->level >= l)
           (i < still ? keep : nb).push_back({g_.distance()(self->v, e->v), cand[i], e->label});
-      std::sort(keep.begin(), keep.end(), by_dist);
-      std::sort(nb.begin(), nb.end(), by_dist);
+      // Candidates nearest first; the kept need no order.
+      std::sort(nb.begin(), nb.end(), [](const Neighbor& a, const Neighbor& b) { return a.dist < b.dist; });
       std::vector<RemotePtr> next;
       for (const auto& x : select_heuristic(nb, L.capacity(l), cache, alpha, keep)) next.push_back(x.node);
       co_await write_list(p, l, next, ctx);
