@@ -11,7 +11,7 @@
 #include "common/fabric/transport.hpp"
 #include "common/fabric/wire.hpp"
 #include "compute/dhnsw/epoch.hpp"
-#include "compute/dhnsw/insert.hpp"
+#include "compute/dhnsw/insert_run.hpp"
 #include "compute/dhnsw/mixed.hpp"
 #include "compute/dhnsw/online.hpp"
 #include "compute/dhnsw/query.hpp"

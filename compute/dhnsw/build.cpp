@@ -1,4 +1,3 @@
-#include "common/timing.hpp"
 #include "compute/dhnsw/build.hpp"
 
 #include <faiss/IndexHNSW.h>
@@ -18,6 +17,7 @@
 
 #include "common/progress.hpp"
 #include "common/region.hpp"
+#include "common/timing.hpp"
 #include "compute/dhnsw/subindex.hpp"
 #include "router/balanced_partition.hpp"
 
@@ -381,6 +381,40 @@ std::vector<memory::ImageInfo> write_images(const BuiltIndex& built, const std::
                                         static_cast<uint16_t>(m)));
   }
   return infos;
+}
+
+void relocate(BuiltIndex& b, uint64_t base) {
+  const uint64_t from = b.header.metadata_offset;
+  if (base == from) return;
+  const int64_t delta = static_cast<int64_t>(base) - static_cast<int64_t>(from);
+  for (SubDesc& d : b.subs) {
+    d.block_offset += delta;
+    d.group_offset += delta;
+    d.overflow_offset += delta;
+  }
+  // The id index's entries name label entries by region offset: they move too (the table keeps
+  // its place relative to the metadata block, as both bases are 4096-aligned).
+  const IdTable t = id_table(b.header);
+  for (auto& r : b.regions) {
+    if (t.buckets == 0) break;
+    for (uint64_t at = t.offset - b.region_base; at < t.offset - b.region_base + t.bytes_per_memnode(); at += 8) {
+      uint64_t w;
+      std::memcpy(&w, r.data() + at, 8);
+      if (w == 0 || at % IdSlot::kBucketBytes == 0) continue;  // free, or a bucket's lock word
+      const RemotePtr p = IdSlot::node(w);
+      w = IdSlot::make(IdSlot::fingerprint(w), RemotePtr(p.node(), static_cast<uint64_t>(p.offset() + delta)));
+      std::memcpy(r.data() + at, &w, 8);
+    }
+  }
+  MetaHeader h = b.header;
+  h.metadata_offset = base;
+  const std::vector<char>& r0 = b.regions[0];
+  const std::vector<char> meta(r0.begin() + static_cast<std::ptrdiff_t>(h.meta_index_offset),
+                               r0.begin() + static_cast<std::ptrdiff_t>(h.meta_index_offset + h.meta_index_bytes));
+  const std::vector<char> block = encode_metadata(h, b.subs, meta.data(), meta.size());
+  std::memcpy(&b.header, block.data(), sizeof b.header);
+  for (auto& r : b.regions) std::memcpy(r.data(), block.data(), block.size());
+  b.region_base = base;
 }
 
 }  // namespace dmhnsw::dhnsw

@@ -92,6 +92,10 @@ struct BuiltIndex {
 BuiltIndex build_index(const float* data, size_t n, uint32_t dim, Metric metric, const BuildOptions& opts,
                        const int64_t* labels = nullptr);
 
+/// Moves a built index (laid out at its metadata_offset) to region offset `base`: every offset in
+/// its metadata and its id index (a rebuild writes the next epoch beside the live one).
+void relocate(BuiltIndex& b, uint64_t base);
+
 /// Image file of memnode `id` of `memnodes`: `out` when memnodes == 1, else `out` + "." + id.
 std::string image_path(const std::string& out, uint32_t id, uint32_t memnodes);
 /// Writes one region image per memnode (memory::write_image at image_path(): body = regions[m],

@@ -26,6 +26,7 @@
 #include <cstdint>
 #include <type_traits>
 #include "common/fabric/rejoin_layout.hpp"
+#include "common/fabric/transport.hpp"
 
 namespace dmhnsw::dhnsw {
 
@@ -98,5 +99,28 @@ uint32_t lsh_bucket(const float* x, uint32_t dim, uint32_t bits, uint64_t seed);
 /// A fresh control block for an index whose buffer is [offset, offset + bytes) of memnode 0.
 Control make_control(uint64_t epoch, uint64_t area_base, uint64_t area_end, uint64_t buffer_offset,
                      uint64_t buffer_bytes, uint32_t dim);
+
+/// Deletes mark the live epoch in place while it is idle, and while a rebuild builds until its
+/// master closes them to carry them into the new epoch (compute/dhnsw/epoch.hpp).
+constexpr bool deletes_open(const Control& c) {
+  return c.phase == kIdle || (c.phase == kBuilding && c.deletes_closed == 0);
+}
+
+// ---- The control block over the fabric (every reader and writer of it goes through these)
+
+/// The word at byte `field` of the control block (offsetof(Control, ...)).
+inline RemotePtr control_ptr(size_t field) { return RemotePtr(0, control_field(field)); }
+inline RemotePtr bucket_ptr(uint32_t b) { return control_ptr(offsetof(Control, bucket_words) + 8 * size_t{b}); }
+inline RemotePtr ack_ptr(uint64_t cn_id) { return control_ptr(offsetof(Control, acks) + 8 * (cn_id % kMaxAckSlots)); }
+
+/// READs memnode 0's control block and checks it (check_control).
+Control read_control(fabric::Endpoint& ep);
+/// Bounds checks of a control block read from memnode 0 (throws naming it and the offset).
+void check_control(const Control& c);
+/// WRITEs one word of it. Bucket words are FETCH_ADDed by inserters: those change only by
+/// COMPARE_SWAP, never by this.
+void write_control_word(fabric::Endpoint& ep, RemotePtr p, uint64_t v);
+/// Clears computenode `cn_id`'s ack slot: it leaves, nobody waits for it (best effort).
+void leave_epochs(fabric::Endpoint& ep, uint32_t cn_id);
 
 }  // namespace dmhnsw::dhnsw

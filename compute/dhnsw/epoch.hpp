@@ -1,6 +1,11 @@
 #pragma once
-// d-HNSW's epoch-based online rebuild (paper section 4.5, Figure 10) and the shared insert
-// buffer it needs (compute/dhnsw/control.hpp has the remote layout and the protocol's states).
+// d-HNSW's epoch-based online rebuild (paper section 4.5, Figure 10): the rebuild master's
+// steps. The protocol's other parts each have their unit in compute/dhnsw/:
+//   control.hpp           the control block: layout, phases, its reads and writes;
+//   mastership.hpp        the master word and its lease;
+//   insert_buffer.hpp     the shared insert buffer (append, read, search);
+//   rebuild_snapshot.hpp  what the master reads of the live epoch, and the deletes it carries;
+//   epoch_watcher.hpp     a query engine's view of the epoch and its acknowledgements.
 //
 // The rebuild master (the inserter whose commit did not fit, or `computenode --mode dhnsw
 // rebuild`):
@@ -28,41 +33,10 @@
 
 #include <nlohmann/json.hpp>
 
-#include "compute/dhnsw/control.hpp"
 #include "common/fabric/transport.hpp"
-#include "compute/dhnsw/pipeline.hpp"
+#include "compute/dhnsw/control.hpp"
 
 namespace dmhnsw::dhnsw {
-
-Control read_control(fabric::Endpoint& ep);
-/// Bounds checks of a control block read from memnode 0 (throws naming it and the offset).
-void check_control(const Control& c);
-
-/// One buffered insert as read back.
-struct BufferedVector {
-  int64_t id = 0;
-  std::vector<float> v;
-};
-
-enum class AppendResult { Ok, NotActive, Full };
-/// Appends one vector to its bucket of the insert buffer (FETCH_ADD a slot, WRITE the entry,
-/// WRITE its commit word). NotActive: the bucket was not taking inserts (the caller inserts in
-/// place instead); Full: its bucket has no free slot.
-AppendResult buffer_append(fabric::Endpoint& ep, const Control& c, const float* x, uint32_t dim, int64_t id);
-
-/// The committed entries of the given buckets (all when `buckets` is empty), per the control
-/// block `c` (its bucket words and generation).
-std::vector<BufferedVector> buffer_read(fabric::Endpoint& ep, const Control& c, uint32_t dim,
-                                        const std::vector<uint32_t>& buckets = {});
-
-/// The buckets a query probes: its own and those one hyperplane away.
-std::vector<uint32_t> probe_buckets(const Control& c, const float* q, uint32_t dim);
-
-/// While a rebuild runs the buffer holds acknowledged inserts: each of the n queries (n x dim)
-/// is compared with the entries of the buckets it probes, and answers[q] starts with the best k
-/// of them (distances on Faiss's scale). Returns the entries compared.
-uint64_t buffer_search(fabric::Endpoint& ep, const Control& ctl, uint32_t dim, bool ip, uint32_t k, const float* queries,
-                       size_t n, Answer* answers);
 
 struct RebuildOptions {
   uint32_t lease_ms = 5000;  // a master word unchanged this long is taken over
@@ -75,9 +49,6 @@ struct RebuildOptions {
   /// into it (deletes closed) before it is published.
   std::function<void()> on_snapshot_written, on_deletes_closed;
 };
-
-/// Clears computenode `cn_id`'s ack slot: it leaves, nobody waits for it (best effort).
-void leave_epochs(fabric::Endpoint& ep, uint32_t cn_id);
 
 /// Runs a rebuild as master (or finishes a published one). Returns its report, or a report with
 /// "skipped" when another computenode is the master (the caller waits for the epoch to move).

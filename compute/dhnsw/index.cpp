@@ -1,4 +1,4 @@
-#include "compute/dhnsw/pipeline.hpp"
+#include "compute/dhnsw/index.hpp"
 
 #include <stdexcept>
 #include <string>

@@ -3,7 +3,7 @@
 // inserting and querying at once.
 //
 // An insert batch is routed by the cached meta-HNSW (each vector to its nearest partition) and
-// grouped by sub-HNSW. For each sub-HNSW, under its group's lock:
+// grouped by sub-HNSW. For each sub-HNSW, under its group's lock (compute/dhnsw/group_lock.hpp):
 //   1. READ the live descriptors of the sub and of its group partner (compute/dhnsw/layout.hpp);
 //   2. fetch the sub with the overflow it uses (one READ range) and deserialize it; an odd
 //      version means a writer died inside a commit: the copy is sanitized and repaired;
@@ -11,14 +11,12 @@
 //   4. commit (compute/dhnsw/commit.hpp): version := odd; the appends and dirty neighbour
 //      ranges in one doorbell batch of WRITEs; the descriptor's live fields; version := even.
 // The insert is acknowledged after step 4 completed. Readers check the version around their
-// fetch (compute/dhnsw/pipeline.cpp), so they never use a torn copy.
-//
-// The group lock is a word in the group's slot-0 live descriptor, taken with COMPARE_SWAP
-// (lock_word: owner, ticket). A waiter that sees the same word for a whole lease takes the lock
-// over, so a computenode killed while holding it blocks the group for about one lease.
-// A holder is assumed not to stall longer than a lease between its own checks.
+// fetch (compute/dhnsw/pipeline_stages.cpp), so they never use a torn copy. Deletes mark label
+// entries under the same lock (compute/dhnsw/delete.cpp); the computenode's insert, upsert and
+// delete runs are in insert_run.hpp.
 #include <chrono>
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <memory>
 #include <string>
@@ -28,6 +26,7 @@
 
 #include "common/fabric/transport.hpp"
 #include "compute/coro.hpp"
+#include "compute/dhnsw/group_lock.hpp"
 #include "compute/dhnsw/pipeline.hpp"
 #include "compute/id_index.hpp"
 #include "compute/run_context.hpp"
@@ -53,34 +52,6 @@ struct InsertStats {
   std::vector<nlohmann::json> rebuild_reports;  // of the rebuilds this computenode ran as master
   std::vector<double> commit_us;  // per commit: lock taken to version published
   nlohmann::json to_json(double seconds) const;
-};
-
-/// The group lock of the group whose slot-0 sub is `slot0` (lock word in its live descriptor):
-/// COMPARE_SWAP 0 -> lock_word(cn_id, ++ticket), taken over when unchanged for `lease_ms`.
-/// Returns the word it holds; counts waits and takeovers when given.
-uint64_t lock_group(fabric::Endpoint& ep, const Index& idx, uint32_t slot0, uint32_t cn_id, uint32_t lease_ms,
-                    uint64_t& ticket, uint64_t* waits, uint64_t* takeovers);
-void unlock_group(fabric::Endpoint& ep, const Index& idx, uint32_t slot0, uint64_t mine);
-
-/// lock_group for a scope: unlock_group when it ends (a failure to release is logged, naming
-/// `who`: the next holder takes the lock over after its lease).
-class GroupLock {
- public:
-  GroupLock(fabric::Endpoint& ep, const Index& idx, uint32_t slot0, uint32_t cn_id, uint32_t lease_ms, uint64_t& ticket,
-            uint64_t* waits, uint64_t* takeovers, const char* who)
-      : ep_(ep), idx_(idx), slot0_(slot0), who_(who),
-        mine_(lock_group(ep, idx, slot0, cn_id, lease_ms, ticket, waits, takeovers)) {}
-  ~GroupLock();
-  GroupLock(const GroupLock&) = delete;
-  GroupLock& operator=(const GroupLock&) = delete;
-  uint64_t word() const { return mine_; }
-
- private:
-  fabric::Endpoint& ep_;
-  const Index& idx_;
-  uint32_t slot0_;
-  const char* who_;
-  uint64_t mine_;
 };
 
 /// Inserts into a d-HNSW index over one endpoint (not thread-safe; one per thread). Follows the
@@ -112,8 +83,26 @@ class Inserter {
   void set_merge_mode(bool on) { merge_ = on; }
 
  private:
+  // One batch: checked (and upserts' setup), routed, placed sub by sub, then finished (an
+  // upsert's old vectors marked deleted, ids another computenode took withdrawn).
+  void begin_batch(const int64_t* ids, size_t n, bool upsert);
+  /// Each row's partition: the meta-HNSW's top 1.
+  std::map<uint32_t, std::vector<size_t>> route(const float* x, const std::vector<size_t>& rows);
+  /// Commits `rows` into `sub` (or appends them to the insert buffer while a rebuild runs);
+  /// marks them in `done`. False when they must be routed again (the epoch moved, a rebuild
+  /// started or ended).
+  bool place(uint32_t sub, const float* x, const int64_t* ids, const std::vector<size_t>& rows, std::vector<char>& done);
+  bool append_to_buffer(const float* x, const int64_t* ids, const std::vector<size_t>& rows, std::vector<char>& done);
+  void finish_batch(const float* x, const int64_t* ids, size_t n);
+
   enum class Outcome { Done, EpochMoved, UseBuffer };
+  /// Under the group's lock: the live epoch checked, then steps 1-4 above.
   Outcome insert_into(uint32_t sub, const float* x, const int64_t* ids, size_t n);
+  struct Fetched;
+  Fetched fetch_sub(uint32_t sub);  // steps 1 and 2
+  /// Step 4, while this computenode still holds the group's lock word `mine`.
+  void commit(uint32_t sub, uint64_t mine, const Fetched& f, const std::vector<int64_t>& kept_ids);
+  RemotePtr live_ptr(uint32_t sub, size_t field = 0) const;  // of the sub's live descriptor
   /// insert_into for `rows` of (x, ids), halved while the group's gap cannot take them at once;
   /// marks the committed rows in `done`.
   Outcome commit_rows(uint32_t sub, const float* x, const int64_t* ids, const std::vector<size_t>& rows,
@@ -129,6 +118,9 @@ class Inserter {
   /// Maps each (id, label entry) with IdIndex::insert(replace = upsert_); upserted ids' old
   /// entries go to replaced_, ids another computenode inserted meanwhile to lost_.
   void map_ids(const std::vector<std::pair<int64_t, RemotePtr>>& placed);
+  /// Removes the id index's entries of e[i] where which[i] (an entry that names another place
+  /// now, moved by an upsert, stays).
+  void unmap_ids(const std::vector<std::pair<int64_t, RemotePtr>>& e, const std::vector<char>& which);
   enum class Marked { Done, EpochMoved, NotIdle };
   /// Marks the label entries `e` (id, entry) deleted, group by group under each group's lock;
   /// sets done[i] for each marked and gone[i] for each whose entry no longer holds its id.
@@ -161,31 +153,5 @@ class Inserter {
   /// Since when a rebuild we asked for was turned away (another master's word set).
   std::optional<std::chrono::steady_clock::time_point> skipped_since_;
 };
-
-struct InsertOptions {
-  std::string data;
-  size_t begin = 0, end = 0;  // rows [begin, end) (end 0: all); this computenode takes i % share_count == share_index
-  uint32_t share_index = 0, share_count = 1;
-  int64_t id_offset = 0;      // a row's id is id_offset + row, unless `ids`
-  std::vector<int64_t> ids;   // row i's id (as many as the data's rows), from --ids
-  bool upsert = false;        // an id the index holds gets the row's vector
-  uint32_t batch = 1000;      // vectors routed and committed together
-  InsertTuning tuning;
-};
-
-/// `computenode --mode dhnsw insert` (and `upsert`): this computenode's share of the rows, in
-/// batches.
-nlohmann::json run_insert(const compute::RunContext& rc, const InsertOptions& o);
-void print_insert(const nlohmann::json& r);
-
-struct DeleteOptions {
-  std::vector<int64_t> ids;  // computenode i of K deletes ids[j] for j % K == i
-  uint32_t batch = 1000;     // ids looked up and marked together
-  InsertTuning tuning;
-};
-/// `computenode --mode dhnsw delete`: this computenode's share of the ids; those the index does
-/// not hold are reported (count, and up to 1,000 listed), not an error.
-nlohmann::json run_delete(const compute::RunContext& rc, const DeleteOptions& o);
-void print_delete(const nlohmann::json& r);
 
 }  // namespace dmhnsw::dhnsw

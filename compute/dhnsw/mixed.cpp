@@ -1,4 +1,3 @@
-#include "common/timing.hpp"
 #include "compute/dhnsw/mixed.hpp"
 
 #include <spdlog/spdlog.h>
@@ -11,20 +10,14 @@
 #include <stdexcept>
 
 #include "common/dataset.hpp"
+#include "common/timing.hpp"
 #include "common/workload.hpp"
-#include "compute/dhnsw/epoch.hpp"
+#include "compute/dhnsw/control.hpp"
 #include "compute/dhnsw/query.hpp"
 
 namespace dmhnsw::dhnsw {
 
 namespace {
-
-
-double pct(std::vector<double> v, double p) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  return v[std::min(v.size() - 1, static_cast<size_t>(p * static_cast<double>(v.size())))];
-}
 
 FloatMatrix load_insert_data(const MixedOptions& m) {
   FloatMatrix ins_data;
@@ -57,6 +50,51 @@ double parse_mix(const std::string& text) {
   return p;
 }
 
+namespace {
+
+/// What a mixed run counts as it goes.
+struct Tally {
+  nlohmann::json timeline = nlohmann::json::array();
+  std::vector<double> batch_ms, insert_ms, search_ms;
+  size_t inserted = 0, searched = 0;
+  double r1 = 0, rk = 0, insert_s = 0, search_s = 0;
+};
+
+nlohmann::json mixed_report(const RunContext& rc, const QueryOptions& q, const MixedOptions& m, const EngineOptions& eo,
+                            const Tally& t, const InsertStats& stats, double wall) {
+  const double nqd = static_cast<double>(std::max<size_t>(t.searched, 1));
+  const uint32_t B = eo.batch;
+  nlohmann::json r = {
+      {"mode", "dhnsw"},
+      {"kind", "mixed"},
+      {"cn_id", rc.cn_id},
+      {"num_cns", rc.num_cns},
+      {"provider", rc.provider},
+      {"workload", q.workload},
+      {"insert_data", m.insert_data},
+      {"insert_share", m.insert_share},
+      {"batch", B},
+      {"k", eo.k},
+      {"ef_search", eo.ef_search},
+      {"probe", eo.probe},
+      {"seconds", wall},
+      {"ops_per_s", static_cast<double>(t.inserted + t.searched) / std::max(wall, 1e-9)},
+      {"search", {{"queries", t.searched}, {"qps", static_cast<double>(t.searched) / std::max(wall, 1e-9)},
+                  {"busy_s", t.search_s}, {"recall", t.rk / nqd}, {"recall_at_1", t.r1 / nqd},
+                  {"batch_ms", {{"p50", percentile(t.search_ms, 0.5)}, {"p99", percentile(t.search_ms, 0.99)}}}}},
+      {"insert", stats.to_json(t.insert_s)},
+      {"insert_batch_ms", {{"p50", percentile(t.insert_ms, 0.5)}, {"p99", percentile(t.insert_ms, 0.99)}}},
+      {"batch_ms", {{"p50", percentile(t.batch_ms, 0.5)}, {"p99", percentile(t.batch_ms, 0.99)},
+                    {"mean", t.batch_ms.empty() ? 0.0 : std::accumulate(t.batch_ms.begin(), t.batch_ms.end(), 0.0) /
+                                                           static_cast<double>(t.batch_ms.size())}}},
+      {"timeline_fields", {"t_s", "inserts", "queries", "insert_ms", "search_ms", "epoch"}},
+      {"timeline", t.timeline}};
+  return r;
+}
+
+
+}  // namespace
+
 nlohmann::json run_mixed(const RunContext& rc, const QueryOptions& q, const MixedOptions& m) {
   fabric::Cluster& c = *rc.cluster;
   const Workload wl = read_workload(q.workload);
@@ -88,10 +126,8 @@ nlohmann::json run_mixed(const RunContext& rc, const QueryOptions& q, const Mixe
   const uint32_t B = eo.batch;
   const uint32_t n_ins = static_cast<uint32_t>(std::llround(m.insert_share * B)), n_q = B - n_ins;
 
-  nlohmann::json timeline = nlohmann::json::array();
-  std::vector<double> batch_ms, insert_ms, search_ms;
-  size_t next_row = 0, next_q = 0, inserted = 0, searched = 0;
-  double r1 = 0, rk = 0, ins_s = 0, search_s = 0;
+  Tally t;
+  size_t next_row = 0, next_q = 0;
   std::vector<float> xq, xi;
   std::vector<int64_t> ids;
   const auto t0 = Clock::now();
@@ -125,49 +161,23 @@ nlohmann::json run_mixed(const RunContext& rc, const QueryOptions& q, const Mixe
     const RunStats rs = engine.run(xq.data(), nq, answers);
     const double bs = seconds_since(s0);
     const auto [s1, sk] = recall_sums(answers, which, wl, k);
-    r1 += s1;
-    rk += sk;
-    inserted += ni;
-    searched += nq;
-    ins_s += bi;
-    search_s += bs;
+    t.r1 += s1;
+    t.rk += sk;
+    t.inserted += ni;
+    t.searched += nq;
+    t.insert_s += bi;
+    t.search_s += bs;
     const double total = seconds_since(b0);
-    batch_ms.push_back(total * 1e3);
-    if (ni > 0) insert_ms.push_back(bi * 1e3);
-    if (nq > 0) search_ms.push_back(bs * 1e3);
+    t.batch_ms.push_back(total * 1e3);
+    if (ni > 0) t.insert_ms.push_back(bi * 1e3);
+    if (nq > 0) t.search_ms.push_back(bs * 1e3);
     uint64_t epoch = ins.index().header.epoch;
     if (!rs.batches.empty()) epoch = std::max(epoch, rs.batches.back().epoch);
-    timeline.push_back({std::chrono::duration<double>(b0 - t0).count(), ni, nq, bi * 1e3, bs * 1e3, epoch});
+    t.timeline.push_back({std::chrono::duration<double>(b0 - t0).count(), ni, nq, bi * 1e3, bs * 1e3, epoch});
   }
   const double wall = seconds_since(t0);
   leave_epochs(*ep, rc.cn_id);
-  const double nqd = static_cast<double>(std::max<size_t>(searched, 1));
-  nlohmann::json r = {
-      {"mode", "dhnsw"},
-      {"kind", "mixed"},
-      {"cn_id", rc.cn_id},
-      {"num_cns", rc.num_cns},
-      {"provider", rc.provider},
-      {"workload", q.workload},
-      {"insert_data", m.insert_data},
-      {"insert_share", m.insert_share},
-      {"batch", B},
-      {"k", k},
-      {"ef_search", eo.ef_search},
-      {"probe", eo.probe},
-      {"seconds", wall},
-      {"ops_per_s", static_cast<double>(inserted + searched) / std::max(wall, 1e-9)},
-      {"search", {{"queries", searched}, {"qps", static_cast<double>(searched) / std::max(wall, 1e-9)},
-                  {"busy_s", search_s}, {"recall", rk / nqd}, {"recall_at_1", r1 / nqd},
-                  {"batch_ms", {{"p50", pct(search_ms, 0.5)}, {"p99", pct(search_ms, 0.99)}}}}},
-      {"insert", ins.stats().to_json(ins_s)},
-      {"insert_batch_ms", {{"p50", pct(insert_ms, 0.5)}, {"p99", pct(insert_ms, 0.99)}}},
-      {"batch_ms", {{"p50", pct(batch_ms, 0.5)}, {"p99", pct(batch_ms, 0.99)},
-                    {"mean", batch_ms.empty() ? 0.0 : std::accumulate(batch_ms.begin(), batch_ms.end(), 0.0) /
-                                                           static_cast<double>(batch_ms.size())}}},
-      {"timeline_fields", {"t_s", "inserts", "queries", "insert_ms", "search_ms", "epoch"}},
-      {"timeline", timeline}};
-  return r;
+  return mixed_report(rc, q, m, eo, t, ins.stats(), wall);
 }
 
 void print_mixed(const nlohmann::json& r) {

@@ -3,6 +3,17 @@
 // pipeline (fetch, deserialize, search) so that READs overlap deserializing and searching.
 #include "compute/dhnsw/pipeline_stages.hpp"
 
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <exception>
+#include <mutex>
+#include <stdexcept>
+#include <thread>
+
+#include "compute/dhnsw/channel.hpp"
+
 namespace dmhnsw::dhnsw {
 
 Engine::Engine(fabric::Cluster& c, const Index& index, EngineOptions o) : o_(o) {
@@ -110,8 +121,7 @@ void Engine::Impl::run_in_sequence(Run& r) {
         if (search(it, r.queries, r.answers)) r.finish(*job);
       }
     for (auto& g : r.uncached_groups(*job)) {
-      std::vector<Item> got;
-      fetch_group(job, g, *r.ep, [&](Item&& it) { got.push_back(std::move(it)); });
+      std::vector<Item> got = fetch_group(job, g, *r.ep);
       for (auto& it : got) {
         deserialize(it);
         it.buf.reset();
@@ -160,7 +170,7 @@ void Engine::Impl::run_pipelined(Run& r) {
             drop.swap(returned);
           }
           bool ok = true;
-          fetch_group(job, g, *r.ep, [&](Item&& it) { ok = ok && to_deser.push(std::move(it)); });
+          for (Item& it : fetch_group(job, g, *r.ep)) ok = ok && to_deser.push(std::move(it));
           if (!ok || abort.load()) return;
         }
         first += bn;

@@ -14,23 +14,10 @@
 #include <utility>
 #include <vector>
 
-#include "compute/dhnsw/layout.hpp"
 #include "common/fabric/transport.hpp"
+#include "compute/dhnsw/index.hpp"
 
 namespace dmhnsw::dhnsw {
-
-/// What a computenode holds of an index: the metadata block of memnode 0 (validated, its
-/// checksum checked) and the deserialized meta-HNSW.
-struct Index {
-  MetaHeader header{};
-  std::vector<SubDesc> subs;
-  std::unique_ptr<faiss::IndexHNSWFlat> meta;
-  uint64_t metadata_bytes = 0;
-  bool inner_product() const { return header.metric == 1; }
-};
-/// Reads and checks the metadata block (region mode words dhnsw_word::kMetadataOffset/Size of
-/// memnode 0) and every memnode's region header; throws naming the memnode and offset.
-Index load_index(fabric::Cluster& c, fabric::Endpoint& ep);
 
 struct EngineOptions {
   uint32_t k = 10;
@@ -70,9 +57,6 @@ struct RunStats {
   double meta_s = 0, fetch_s = 0, deserialize_s = 0, search_s = 0;  // busy time per stage
   uint64_t cache_capacity = 0, cache_evictions = 0;
 };
-
-/// One query's answer: (distance, global id), best first; at most k.
-using Answer = std::vector<std::pair<float, int64_t>>;
 
 class Engine {
  public:

@@ -1,6 +1,6 @@
 #include "compute/dhnsw/query.hpp"
 
-#include "compute/dhnsw/epoch.hpp"
+#include "compute/dhnsw/control.hpp"
 
 #include <spdlog/spdlog.h>
 
@@ -12,7 +12,7 @@
 #include "common/distance.hpp"
 #include "common/workload.hpp"
 #include "compute/board.hpp"
-#include "compute/shine/run_util.hpp"  // percentile
+#include "common/timing.hpp"
 
 namespace dmhnsw::dhnsw {
 namespace {

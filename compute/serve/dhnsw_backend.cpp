@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "common/fabric/transport.hpp"
-#include "compute/dhnsw/epoch.hpp"
+#include "compute/dhnsw/control.hpp"
 #include "compute/dhnsw/insert.hpp"
 #include "compute/serve/backend.hpp"
 

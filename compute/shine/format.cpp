@@ -51,70 +51,61 @@ IndexAreas plan_areas(uint64_t id_capacity, uint16_t memnodes, uint64_t first) {
   return a;
 }
 
-GraphParams format_or_attach(fabric::Cluster& c, fabric::Endpoint& ep, const GraphParams* wanted, int64_t self) {
+namespace {
+
+/// This computenode won the format word: every memnode gets mode, dimension, metric and a bump
+/// pointer at its data area, after the id index's share when there is one (at one offset on
+/// every memnode); then the word says formatted.
+void format_regions(fabric::Cluster& c, fabric::Endpoint& ep, const GraphParams& wanted, int64_t self) {
   const auto n = c.memnodes().size();
   auto read_header = [&](uint16_t i) { return read_live_header(c, ep, i); };
-  RegionHeader h0 = read_header(0);
-  if (h0.mode != static_cast<uint8_t>(Mode::None) && h0.mode != static_cast<uint8_t>(Mode::Shine))
-    throw FabricError("memnode 0 holds a " + std::string(fabric::mode_name(static_cast<Mode>(h0.mode))) +
-                      " index, not shine");
-  uint64_t state = h0.mode_words[shine_word::kFormat];
-  if (state == 0 && wanted != nullptr &&
-      ep.compare_swap(word_ptr(shine_word::kFormat), 0, shine_word::formatting_by(self)) == 0) {
-    // We format: every memnode gets mode, dimension, metric and a bump pointer at its data
-    // area, after the id index's share when there is one (at one offset on every memnode).
-    IndexAreas areas;
-    if (wanted->id_capacity > 0) {
-      uint64_t at = 0;
-      for (uint16_t i = 0; i < n; ++i) at = std::max(at, (read_header(i).data_offset + 63) / 64 * 64);
-      areas = plan_areas(wanted->id_capacity, static_cast<uint16_t>(n), at);
-    }
-    const IdTable& ids = areas.ids;
-    for (uint16_t i = 0; i < n; ++i) {
-      RegionHeader h = read_header(i);
-      if (h.mode != static_cast<uint8_t>(Mode::None))
-        throw FabricError("memnode " + std::to_string(i) + " already holds an index; memnode 0 does not");
-      h.mode = static_cast<uint8_t>(Mode::Shine);
-      h.metric = static_cast<uint8_t>(wanted->metric == Metric::L2 ? MetricCode::L2 : MetricCode::IP);
-      h.elem_type = static_cast<uint8_t>(ElemType::F32);
-      h.dim = wanted->dim;
-      h.memnode_count = static_cast<uint16_t>(n);
-      h.mode_words[shine_word::kBump] = ids.buckets > 0 ? areas.records : (h.data_offset + 63) / 64 * 64;
-      if (ids.buckets > 0) {
-        if (h.mode_words[shine_word::kBump] >= h.region_size)
-          throw FabricError("memnode " + std::to_string(i) + " (" + c.memnodes()[i].address + "): its share of an id " +
-                            "index for " + std::to_string(wanted->id_capacity) + " ids (" +
-                            std::to_string(areas.records - ids.offset) + " bytes with its free stack) does not fit its " +
-                            std::to_string(h.region_size) + "-byte region");
-        h.mode_words[shine_word::kIdTable] = ids.offset;
-        h.mode_words[shine_word::kIdBuckets] = ids.buckets;
-        h.mode_words[shine_word::kFreeList] = areas.free.offset;
-        h.mode_words[shine_word::kFreeCap] = areas.free.capacity;
-        h.mode_words[shine_word::kReuseLog] = areas.reuse_log.offset;
-        h.mode_words[shine_word::kReuseLogCap] = areas.reuse_log.capacity;
-      }
-      h.mode_words[shine_word::kM] = wanted->m;
-      h.mode_words[shine_word::kEfConstruction] = wanted->ef_construction;
-      h.mode_words[shine_word::kSeed] = wanted->seed;
-      h.mode_words[shine_word::kFormat] = i == 0 ? shine_word::formatting_by(self) : shine_word::kFormatted;
-      ep.write(RemotePtr(i, 0), &h, sizeof h);
-    }
-    // Others COMPARE_SWAP this word: the end of formatting is one too.
-    if (const uint64_t was = ep.compare_swap(word_ptr(shine_word::kFormat), shine_word::formatting_by(self),
-                                             shine_word::kFormatted);
-        was != shine_word::formatting_by(self))
-      throw FabricError("memnode 0: the shine format word changed to " + std::to_string(was) +
-                        " while this computenode formatted");
-    state = shine_word::kFormatted;
+  IndexAreas areas;
+  if (wanted.id_capacity > 0) {
+    uint64_t at = 0;
+    for (uint16_t i = 0; i < n; ++i) at = std::max(at, (read_header(i).data_offset + 63) / 64 * 64);
+    areas = plan_areas(wanted.id_capacity, static_cast<uint16_t>(n), at);
   }
-  // A word no formatter writes is corruption, not a format in progress: no reason to wait.
-  if (state != 0 && !shine_word::is_formatting(state) && state != shine_word::kFormatted)
-    throw FabricError("memnode 0: shine format word " + std::to_string(state) + " at region offset " +
-                      std::to_string(mode_word_offset(shine_word::kFormat)) + " is none of 0, " +
-                      std::to_string(shine_word::kFormatting) + " (+ a formatter id), " +
-                      std::to_string(shine_word::kFormatted) + " (a corrupted region header?)");
-  // Someone else formats: wait for it (bounded), and fail at once if memnode 0 no longer has a
-  // control connection from the formatter (it died or was dropped mid-format).
+  const IdTable& ids = areas.ids;
+  for (uint16_t i = 0; i < n; ++i) {
+    RegionHeader h = read_header(i);
+    if (h.mode != static_cast<uint8_t>(Mode::None))
+      throw FabricError("memnode " + std::to_string(i) + " already holds an index; memnode 0 does not");
+    h.mode = static_cast<uint8_t>(Mode::Shine);
+    h.metric = static_cast<uint8_t>(wanted.metric == Metric::L2 ? MetricCode::L2 : MetricCode::IP);
+    h.elem_type = static_cast<uint8_t>(ElemType::F32);
+    h.dim = wanted.dim;
+    h.memnode_count = static_cast<uint16_t>(n);
+    h.mode_words[shine_word::kBump] = ids.buckets > 0 ? areas.records : (h.data_offset + 63) / 64 * 64;
+    if (ids.buckets > 0) {
+      if (h.mode_words[shine_word::kBump] >= h.region_size)
+        throw FabricError("memnode " + std::to_string(i) + " (" + c.memnodes()[i].address + "): its share of an id " +
+                          "index for " + std::to_string(wanted.id_capacity) + " ids (" +
+                          std::to_string(areas.records - ids.offset) + " bytes with its free stack) does not fit its " +
+                          std::to_string(h.region_size) + "-byte region");
+      h.mode_words[shine_word::kIdTable] = ids.offset;
+      h.mode_words[shine_word::kIdBuckets] = ids.buckets;
+      h.mode_words[shine_word::kFreeList] = areas.free.offset;
+      h.mode_words[shine_word::kFreeCap] = areas.free.capacity;
+      h.mode_words[shine_word::kReuseLog] = areas.reuse_log.offset;
+      h.mode_words[shine_word::kReuseLogCap] = areas.reuse_log.capacity;
+    }
+    h.mode_words[shine_word::kM] = wanted.m;
+    h.mode_words[shine_word::kEfConstruction] = wanted.ef_construction;
+    h.mode_words[shine_word::kSeed] = wanted.seed;
+    h.mode_words[shine_word::kFormat] = i == 0 ? shine_word::formatting_by(self) : shine_word::kFormatted;
+    ep.write(RemotePtr(i, 0), &h, sizeof h);
+  }
+  // Others COMPARE_SWAP this word: the end of formatting is one too.
+  if (const uint64_t was = ep.compare_swap(word_ptr(shine_word::kFormat), shine_word::formatting_by(self),
+                                           shine_word::kFormatted);
+      was != shine_word::formatting_by(self))
+    throw FabricError("memnode 0: the shine format word changed to " + std::to_string(was) +
+                      " while this computenode formatted");
+}
+
+/// Another computenode formats: waits for it (bounded), failing at once if memnode 0 no longer
+/// has a control connection from the formatter (it died or was dropped mid-format).
+void wait_formatted(fabric::Cluster& c, fabric::Endpoint& ep, uint64_t state, const GraphParams* wanted) {
   auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
   auto next_presence = std::chrono::steady_clock::now();
   while (state != shine_word::kFormatted) {
@@ -134,7 +125,11 @@ GraphParams format_or_attach(fabric::Cluster& c, fabric::Endpoint& ep, const Gra
     std::this_thread::sleep_for(std::chrono::milliseconds(1));  // bounded wait on a peer's format
     ep.read(word_ptr(shine_word::kFormat), &state, 8);
   }
-  h0 = read_header(0);
+}
+
+/// The index's parameters and areas from memnode 0's header, each area checked to lie in the
+/// region's data area.
+GraphParams params_from_header(const RegionHeader& h0, size_t n) {
   GraphParams p;
   p.dim = h0.dim;
   p.m = static_cast<uint32_t>(h0.mode_words[shine_word::kM]);
@@ -181,22 +176,49 @@ GraphParams format_or_attach(fabric::Cluster& c, fabric::Endpoint& ep, const Gra
   if (h0.memnode_count != n)
     throw FabricError("the index was formatted over " + std::to_string(h0.memnode_count) + " memnodes, --memnodes names " +
                       std::to_string(n));
-  if (wanted != nullptr) {
-    auto mismatch = [](const std::string& what, uint64_t have, uint64_t want) {
-      return FabricError("the shine index on the memnodes has " + what + " " + std::to_string(have) + ", this run asks for " +
-                         std::to_string(want));
-    };
-    if (p.dim != wanted->dim) throw mismatch("dimension", p.dim, wanted->dim);
-    if (p.m != wanted->m) throw mismatch("--m", p.m, wanted->m);
-    if (p.ef_construction != wanted->ef_construction)
-      throw mismatch("--ef-construction", p.ef_construction, wanted->ef_construction);
-    if (wanted->id_capacity > 0 && p.ids.buckets == 0)
-      throw FabricError("the shine index on the memnodes has no id index; this run asks for one (--id-capacity " +
-                        std::to_string(wanted->id_capacity) + ")");
-    if (p.metric != wanted->metric)
-      throw FabricError("the shine index on the memnodes uses metric " + std::string(to_string(p.metric)) +
-                        ", this run asks for " + std::string(to_string(wanted->metric)));
+  return p;
+}
+
+/// A run that builds or inserts must match the index it attaches to.
+void check_wanted(const GraphParams& p, const GraphParams& want) {
+  auto mismatch = [](const std::string& what, uint64_t have, uint64_t asked) {
+    return FabricError("the shine index on the memnodes has " + what + " " + std::to_string(have) + ", this run asks for " +
+                       std::to_string(asked));
+  };
+  if (p.dim != want.dim) throw mismatch("dimension", p.dim, want.dim);
+  if (p.m != want.m) throw mismatch("--m", p.m, want.m);
+  if (p.ef_construction != want.ef_construction)
+    throw mismatch("--ef-construction", p.ef_construction, want.ef_construction);
+  if (want.id_capacity > 0 && p.ids.buckets == 0)
+    throw FabricError("the shine index on the memnodes has no id index; this run asks for one (--id-capacity " +
+                      std::to_string(want.id_capacity) + ")");
+  if (p.metric != want.metric)
+    throw FabricError("the shine index on the memnodes uses metric " + std::string(to_string(p.metric)) +
+                      ", this run asks for " + std::string(to_string(want.metric)));
+}
+
+}  // namespace
+
+GraphParams format_or_attach(fabric::Cluster& c, fabric::Endpoint& ep, const GraphParams* wanted, int64_t self) {
+  const RegionHeader h0 = read_live_header(c, ep, 0);
+  if (h0.mode != static_cast<uint8_t>(Mode::None) && h0.mode != static_cast<uint8_t>(Mode::Shine))
+    throw FabricError("memnode 0 holds a " + std::string(fabric::mode_name(static_cast<Mode>(h0.mode))) +
+                      " index, not shine");
+  uint64_t state = h0.mode_words[shine_word::kFormat];
+  if (state == 0 && wanted != nullptr &&
+      ep.compare_swap(word_ptr(shine_word::kFormat), 0, shine_word::formatting_by(self)) == 0) {
+    format_regions(c, ep, *wanted, self);
+    state = shine_word::kFormatted;
   }
+  // A word no formatter writes is corruption, not a format in progress: no reason to wait.
+  if (state != 0 && !shine_word::is_formatting(state) && state != shine_word::kFormatted)
+    throw FabricError("memnode 0: shine format word " + std::to_string(state) + " at region offset " +
+                      std::to_string(mode_word_offset(shine_word::kFormat)) + " is none of 0, " +
+                      std::to_string(shine_word::kFormatting) + " (+ a formatter id), " +
+                      std::to_string(shine_word::kFormatted) + " (a corrupted region header?)");
+  if (state != shine_word::kFormatted) wait_formatted(c, ep, state, wanted);
+  const GraphParams p = params_from_header(read_live_header(c, ep, 0), c.memnodes().size());
+  if (wanted != nullptr) check_wanted(p, *wanted);
   return p;
 }
 

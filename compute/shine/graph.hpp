@@ -1,7 +1,9 @@
 #pragma once
 // SHINE: one global HNSW graph in the memory nodes' regions, built and searched by
 // computenodes with one-sided operations only (paper sections 2-3, Algorithm 1).
-// This file is the datapath: insert and search as coroutines over a Scheduler.
+// This file is the datapath: insert and search as coroutines over a Scheduler. The Worker's
+// search path is in graph.cpp, its insert path in graph_insert.cpp, deletes and record reuse in
+// graph_reuse.cpp.
 #include <cstdint>
 #include <array>
 #include <atomic>

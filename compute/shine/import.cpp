@@ -328,6 +328,114 @@ void fill_record(char* r, const HnswlibFile& f, const NodeLayout& L, const Place
   }
 }
 
+/// Formats the regions exactly as `computenode build` does, writes the id index's buckets
+/// (nothing reads them until the entry point is set), then takes every memnode's records at once
+/// with one FETCH_ADD on its bump pointer (the allocation protocol of inserts).
+void format_and_claim(fabric::Cluster& c, fabric::Endpoint& ep, const HnswlibFile& f, const ImportOptions& o,
+                      uint64_t id_capacity, const IdTable& table, const std::vector<std::vector<uint64_t>>& table_words,
+                      const Placement& p, uint64_t chunk) {
+  const size_t n = c.memnodes().size();
+  GraphParams want;
+  want.dim = f.dim();
+  want.m = f.m();
+  want.ef_construction = f.ef_construction();
+  want.metric = o.metric;
+  want.seed = o.seed;
+  want.id_capacity = id_capacity;
+  const GraphParams got = format_or_attach(c, ep, &want);
+  if (got.ids.buckets != table.buckets || (table.buckets > 0 && got.ids.offset != table.offset))
+    throw FabricError("the id index was placed at offset " + str(got.ids.offset) + " with " + str(got.ids.buckets) +
+                      " buckets, the import computed offset " + str(table.offset) + " with " + str(table.buckets));
+  for (size_t j = 0; j < table_words.size(); ++j) {
+    const auto& words = table_words[j];
+    const uint64_t bytes = 8 * words.size();
+    for (uint64_t at = 0; at < bytes; at += chunk) {
+      const uint64_t len = std::min(chunk, bytes - at);
+      ep.write(RemotePtr(static_cast<uint16_t>(j), table.offset + at), reinterpret_cast<const char*>(words.data()) + at, len);
+    }
+  }
+  for (size_t j = 0; j < n; ++j) {
+    if (p.used[j] == 0) continue;
+    const uint64_t at = ep.fetch_add(RemotePtr(static_cast<uint16_t>(j), mode_word_offset(shine_word::kBump)), p.used[j]);
+    if (at != p.start[j])
+      throw FabricError(memnode_name(c.memnodes()[j]) + ": another computenode allocated nodes during the import (bump "
+                        "pointer at " + str(at) + ", expected " + str(p.start[j]) + "); the index there is not usable");
+  }
+}
+
+struct RecordWrites {
+  uint64_t bytes = 0, writes = 0, doorbells = 0;
+  double seconds = 0;
+};
+
+/// The records, consecutive per memnode, cut into chunks of one WRITE each, `per_bell` WRITEs
+/// per doorbell; one batch is filled while the previous one is in flight.
+RecordWrites write_records(fabric::Endpoint& ep, const HnswlibFile& f, const NodeLayout& L, const Placement& p,
+                           uint64_t chunk, uint32_t per_bell, bool show_progress) {
+  const size_t n = p.elems.size();
+  RecordWrites rw;
+  const auto t0 = Clock::now();
+  std::array<std::vector<Buffer>, 2> bufs;
+  for (auto& set : bufs)
+    for (uint32_t k = 0; k < per_bell; ++k) set.push_back(ep.alloc(chunk));
+  std::array<std::vector<Op>, 2> ops;
+  size_t mn = 0, next = 0, in_flight = 0, cur = 0;
+  uint64_t nodes_done = 0;
+  ProgressOptions po;
+  po.enabled = show_progress;
+  Progress progress("shine import", f.count(), "nodes", po);
+  for (;;) {
+    ops[cur].clear();
+    while (ops[cur].size() < per_bell) {
+      while (mn < n && next >= p.elems[mn].size()) ++mn, next = 0;
+      if (mn == n) break;
+      char* b = bufs[cur][ops[cur].size()].data();
+      const auto& el = p.elems[mn];
+      const RemotePtr first = RemotePtr::from_raw(p.addr[el[next]]);
+      uint64_t len = 0;
+      while (next < el.size()) {
+        const uint64_t bytes = round64(L.node_bytes(f.level(el[next])));
+        if (len + bytes > chunk) break;
+        fill_record(b + len, f, L, p, el[next]);
+        len += bytes;
+        ++next;
+        ++nodes_done;
+      }
+      ops[cur].push_back(Op::write(first, b, len));
+      rw.bytes += len;
+    }
+    if (ops[cur].empty()) break;
+    if (in_flight > 0) ep.wait_all(in_flight);
+    const fabric::Status s = ep.post(ops[cur]);
+    if (s != fabric::Status::Ok)
+      throw FabricError("posting " + str(ops[cur].size()) + " WRITEs of node records failed: " + fabric::status_name(s));
+    in_flight = ops[cur].size();
+    rw.writes += in_flight;
+    ++rw.doorbells;
+    cur ^= 1;
+    progress.set(nodes_done);
+  }
+  if (in_flight > 0) ep.wait_all(in_flight);
+  progress.finish();
+  rw.seconds = seconds_since(t0);
+  return rw;
+}
+
+/// The index becomes visible only now: node count, then the entry point (pointer + level).
+void publish_entry(fabric::Endpoint& ep, const HnswlibFile& f, const Placement& p) {
+  if (f.count() == 0) return;
+  uint64_t top = 0;
+  for (uint64_t i = 0; i < f.count(); ++i) top = std::max<uint64_t>(top, f.label(i));
+  raise_id_ceiling(ep, top + 1);
+  ep.fetch_add(RemotePtr(0, mode_word_offset(shine_word::kNodeCount)), f.count());
+  if (f.deleted_count() > 0) ep.fetch_add(RemotePtr(0, mode_word_offset(shine_word::kDeleted)), f.deleted_count());
+  Buffer w = ep.alloc(16);
+  const uint64_t words[2] = {p.addr[f.entry()], static_cast<uint64_t>(f.max_level())};
+  std::memcpy(w.data(), words, 16);
+  static_assert(shine_word::kMaxLevel == shine_word::kEntryPoint + 1);  // one 16-byte WRITE
+  ep.write(RemotePtr(0, mode_word_offset(shine_word::kEntryPoint)), w.data(), 16);
+}
+
 }  // namespace
 
 json import_hnswlib(fabric::Cluster& c, const HnswlibFile& f, const ImportOptions& o) {
@@ -356,96 +464,9 @@ json import_hnswlib(fabric::Cluster& c, const HnswlibFile& f, const ImportOption
   const Placement p = place(c, hs, f, L, first);
   const auto table_words = id_capacity > 0 ? fill_id_table(table, f, p) : std::vector<std::vector<uint64_t>>{};
 
-  // Format exactly as `computenode build` does, then take every memnode's records at once
-  // with one FETCH_ADD on its bump pointer (the allocation protocol of inserts).
-  GraphParams want;
-  want.dim = f.dim();
-  want.m = f.m();
-  want.ef_construction = f.ef_construction();
-  want.metric = o.metric;
-  want.seed = o.seed;
-  want.id_capacity = id_capacity;
-  const GraphParams got = format_or_attach(c, *ep, &want);
-  if (got.ids.buckets != table.buckets || (table.buckets > 0 && got.ids.offset != table.offset))
-    throw FabricError("the id index was placed at offset " + str(got.ids.offset) + " with " + str(got.ids.buckets) +
-                      " buckets, the import computed offset " + str(table.offset) + " with " + str(table.buckets));
-  // The id index's buckets, before any record (nothing reads them until the entry point is set).
-  for (size_t j = 0; j < table_words.size(); ++j) {
-    const auto& words = table_words[j];
-    const uint64_t bytes = 8 * words.size();
-    for (uint64_t at = 0; at < bytes; at += chunk) {
-      const uint64_t len = std::min(chunk, bytes - at);
-      ep->write(RemotePtr(static_cast<uint16_t>(j), table.offset + at), reinterpret_cast<const char*>(words.data()) + at, len);
-    }
-  }
-  for (size_t j = 0; j < n; ++j) {
-    if (p.used[j] == 0) continue;
-    const uint64_t at = ep->fetch_add(RemotePtr(static_cast<uint16_t>(j), mode_word_offset(shine_word::kBump)), p.used[j]);
-    if (at != p.start[j])
-      throw FabricError(memnode_name(c.memnodes()[j]) + ": another computenode allocated nodes during the import (bump "
-                        "pointer at " + str(at) + ", expected " + str(p.start[j]) + "); the index there is not usable");
-  }
-
-  // Records: consecutive per memnode, cut into chunks of one WRITE each, `per_bell` WRITEs per
-  // doorbell; one batch is filled while the previous one is in flight.
-  const auto t0 = Clock::now();
-  std::array<std::vector<Buffer>, 2> bufs;
-  for (auto& set : bufs)
-    for (uint32_t k = 0; k < per_bell; ++k) set.push_back(ep->alloc(chunk));
-  std::array<std::vector<Op>, 2> ops;
-  size_t mn = 0, next = 0, in_flight = 0, cur = 0;
-  uint64_t written = 0, nodes_done = 0, record_writes = 0, batches = 0;
-  ProgressOptions po;
-  po.enabled = o.progress;
-  Progress progress("shine import", f.count(), "nodes", po);
-  for (;;) {
-    ops[cur].clear();
-    while (ops[cur].size() < per_bell) {
-      while (mn < n && next >= p.elems[mn].size()) ++mn, next = 0;
-      if (mn == n) break;
-      char* b = bufs[cur][ops[cur].size()].data();
-      const auto& el = p.elems[mn];
-      const RemotePtr first = RemotePtr::from_raw(p.addr[el[next]]);
-      uint64_t len = 0;
-      while (next < el.size()) {
-        const uint64_t bytes = round64(L.node_bytes(f.level(el[next])));
-        if (len + bytes > chunk) break;
-        fill_record(b + len, f, L, p, el[next]);
-        len += bytes;
-        ++next;
-        ++nodes_done;
-      }
-      ops[cur].push_back(Op::write(first, b, len));
-      written += len;
-    }
-    if (ops[cur].empty()) break;
-    if (in_flight > 0) ep->wait_all(in_flight);
-    const fabric::Status s = ep->post(ops[cur]);
-    if (s != fabric::Status::Ok)
-      throw FabricError("posting " + str(ops[cur].size()) + " WRITEs of node records failed: " + fabric::status_name(s));
-    in_flight = ops[cur].size();
-    record_writes += in_flight;
-    ++batches;
-    cur ^= 1;
-    progress.set(nodes_done);
-  }
-  if (in_flight > 0) ep->wait_all(in_flight);
-  progress.finish();
-  const double write_secs = seconds_since(t0);
-
-  // The index becomes visible only now: node count, then the entry point (pointer + level).
-  if (f.count() > 0) {
-    uint64_t top = 0;
-    for (uint64_t i = 0; i < f.count(); ++i) top = std::max<uint64_t>(top, f.label(i));
-    raise_id_ceiling(*ep, top + 1);
-    ep->fetch_add(RemotePtr(0, mode_word_offset(shine_word::kNodeCount)), f.count());
-    if (f.deleted_count() > 0) ep->fetch_add(RemotePtr(0, mode_word_offset(shine_word::kDeleted)), f.deleted_count());
-    Buffer w = ep->alloc(16);
-    const uint64_t words[2] = {p.addr[f.entry()], static_cast<uint64_t>(f.max_level())};
-    std::memcpy(w.data(), words, 16);
-    static_assert(shine_word::kMaxLevel == shine_word::kEntryPoint + 1);  // one 16-byte WRITE
-    ep->write(RemotePtr(0, mode_word_offset(shine_word::kEntryPoint)), w.data(), 16);
-  }
+  format_and_claim(c, *ep, f, o, id_capacity, table, table_words, p, chunk);
+  const RecordWrites rw = write_records(*ep, f, L, p, chunk, per_bell, o.progress);
+  publish_entry(*ep, f, p);
 
   json mems = json::array();
   for (size_t j = 0; j < n; ++j)
@@ -465,10 +486,10 @@ json import_hnswlib(fabric::Cluster& c, const HnswlibFile& f, const ImportOption
           {"metric", std::string(to_string(o.metric))},
           {"seed", o.seed},
           {"max_level", f.max_level()},
-          {"record_bytes", written},
-          {"record_writes", record_writes},
-          {"record_doorbells", batches},
-          {"write_seconds", write_secs},
+          {"record_bytes", rw.bytes},
+          {"record_writes", rw.writes},
+          {"record_doorbells", rw.doorbells},
+          {"write_seconds", rw.seconds},
           {"bytes_written", k.bytes_written},
           {"ops", k.total_ops()},
           {"doorbells", k.doorbells},

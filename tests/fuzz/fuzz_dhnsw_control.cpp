@@ -13,6 +13,7 @@
 #include "compute/dhnsw/control.hpp"
 #include "common/fabric/local/local_fabric.hpp"
 #include "compute/dhnsw/epoch.hpp"
+#include "compute/dhnsw/insert_buffer.hpp"
 #include "tests/fuzz/fuzz_util.hpp"
 
 using namespace dmhnsw;

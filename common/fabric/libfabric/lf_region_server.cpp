@@ -59,6 +59,15 @@ class LfRegionServer final : public RegionBackend {
   void send_to(uint64_t sender, const void* data, size_t len) override;
   void set_tick(std::function<void()> tick, int period_ms) override;
   void run(const std::atomic<bool>& stop) override;
+  /// Fault injection (DMHNSW_FAULT_STALL_FILE=PATH): true once PATH exists (looked for every
+  /// 100 ms), and fabric progress stops while the control connection keeps answering.
+  bool fault_stalled(const char* stall_file, Clock::time_point& next_check);
+  /// The tick, departures, queued replies and abandoned lanes, each on its own period.
+  void housekeeping(Clock::time_point& next_tick, Clock::time_point& next_lane_check);
+  /// A failed completion: a reply that could not go (dropped) or a receive to post again.
+  void on_cq_error(fid_cq* cq);
+  /// A batch of completions: replies sent, messages received (handled, receive posted again).
+  void on_completions(const fi_cq_msg_entry* e, const fi_addr_t* src, ssize_t n);
   RegionServer::Stats stats() const override;
   double progress_stalled_seconds() const override;
 
@@ -470,116 +479,127 @@ RegionServer::Stats LfRegionServer::stats() const {
   return s;
 }
 
+bool LfRegionServer::fault_stalled(const char* stall_file, Clock::time_point& next_check) {
+  if (stall_file != nullptr && !fault_stall.load() && Clock::now() >= next_check) {
+    next_check = Clock::now() + std::chrono::milliseconds(100);
+    if (std::filesystem::exists(stall_file)) {
+      spdlog::warn("memnode {}: {} exists: fabric progress stops (fault injection)", id, stall_file);
+      fault_stall.store(true);
+    }
+  }
+  return fault_stall.load(std::memory_order_relaxed);
+}
+
+void LfRegionServer::housekeeping(Clock::time_point& next_tick, Clock::time_point& next_lane_check) {
+  if (Clock::now() >= next_tick) {
+    std::function<void()> t;
+    {
+      std::lock_guard g(mu);
+      t = tick;
+      next_tick = Clock::now() + std::chrono::milliseconds(tick_ms);
+    }
+    if (t) t();
+    reap_departed();
+  }
+  flush_outbox();
+  if (Clock::now() >= next_lane_check) {
+    next_lane_check = Clock::now() + std::chrono::milliseconds(100);
+    check_lanes();
+  }
+}
+
+void LfRegionServer::on_cq_error(fid_cq* cq) {
+  fi_cq_err_entry err{};
+  if (fi_cq_readerr(cq, &err, 0) <= 0) return;
+  if (complete_send(err.op_context)) {
+    spdlog::debug("memnode {}: a reply failed: {}", id, fi_strerror(err.err));
+    return;
+  }
+  for (size_t i = 0; i < recv_ctx.size(); ++i)
+    if (err.op_context == recv_ctx[i].get() && err.err != FI_ECANCELED) post_recv(i);
+}
+
+void LfRegionServer::on_completions(const fi_cq_msg_entry* e, const fi_addr_t* src, ssize_t n) {
+  for (ssize_t i = 0; i < n; ++i) {
+    if (complete_send(e[i].op_context)) continue;
+    for (size_t slot = 0; slot < recv_ctx.size(); ++slot) {
+      if (e[i].op_context != recv_ctx[slot].get()) continue;
+      on_message(slot, e[i].len, src[i]);
+      post_recv(slot);
+      break;
+    }
+  }
+}
+
 void LfRegionServer::run(const std::atomic<bool>& stop) {
-  auto& m = *this;
-  fid_cq* cq = m.ep->cq();
+  fid_cq* cq = ep->cq();
   // On shm and tcp the target's progress serves one-sided operations, which leave no
   // completion here. Spin while there is a sign of work (a completion, a queued reply, a
   // served remote operation) and for a window after it; when idle, block on the CQ's wait
   // object (tcp, verbs: the provider keeps progressing inside) or, on shm, whose wait does
   // not honour timeouts, poll with a short pause between polls.
   const auto spin_window = std::chrono::milliseconds(5);
-  const bool blocking_wait = m.domain->provider() != Provider::Shm && m.lanes.empty();  // lanes need polling
-  const bool counted = m.ep->counts_remote_ops();
-  uint64_t remote_seen = m.remote_ops();
+  const bool blocking_wait = domain->provider() != Provider::Shm && lanes.empty();  // lanes need polling
+  const bool counted = ep->counts_remote_ops();
+  uint64_t remote_seen = remote_ops();
   auto last_work = Clock::now();
   auto next_tick = Clock::now();
-  // Fault injection for tests: with DMHNSW_FAULT_STALL_FILE=PATH all fabric progress stops
-  // once PATH exists (looked for every 100 ms); the control connection keeps answering, as
-  // with a wedged provider.
   const char* stall_file = std::getenv("DMHNSW_FAULT_STALL_FILE");
   if (stall_file != nullptr && *stall_file == '\0') stall_file = nullptr;
   if (stall_file != nullptr)
     spdlog::warn("memnode {}: DMHNSW_FAULT_STALL_FILE={}: fabric progress stops when it exists (fault injection)",
-                 m.id, stall_file);
+                 id, stall_file);
   auto next_stall_check = Clock::now();
   auto next_lane_check = Clock::now();
-  m.lanes_stop.store(false);
-  if (!m.lanes.empty()) m.start_lane_thread();
+  lanes_stop.store(false);
+  if (!lanes.empty()) start_lane_thread();
   struct LaneThreadStop {
     LfRegionServer& m;
     ~LaneThreadStop() { m.stop_lane_thread(); }
-  } lane_thread_stop{m};
+  } lane_thread_stop{*this};
   while (!stop.load(std::memory_order_relaxed)) {
-    if (stall_file != nullptr && !m.fault_stall.load() && Clock::now() >= next_stall_check) {
-      next_stall_check = Clock::now() + std::chrono::milliseconds(100);
-      if (std::filesystem::exists(stall_file)) {
-        spdlog::warn("memnode {}: {} exists: fabric progress stops (fault injection)", m.id, stall_file);
-        m.fault_stall.store(true);
-      }
-    }
-    if (m.fault_stall.load(std::memory_order_relaxed)) {
+    if (fault_stalled(stall_file, next_stall_check)) {
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
       continue;
     }
-    m.loop_ns.store(Clock::now().time_since_epoch().count(), std::memory_order_relaxed);
-    if (Clock::now() >= next_tick) {
-      std::function<void()> t;
-      {
-        std::lock_guard g(m.mu);
-        t = m.tick;
-        next_tick = Clock::now() + std::chrono::milliseconds(m.tick_ms);
-      }
-      if (t) t();
-      m.reap_departed();
-    }
-    m.flush_outbox();
-    if (Clock::now() >= next_lane_check) {
-      next_lane_check = Clock::now() + std::chrono::milliseconds(100);
-      m.check_lanes();
-    }
+    loop_ns.store(Clock::now().time_since_epoch().count(), std::memory_order_relaxed);
+    housekeeping(next_tick, next_lane_check);
     fi_cq_msg_entry e[16];
     fi_addr_t src[16];
     ssize_t rc = fi_cq_readfrom(cq, e, 16, src);
     if (rc == -FI_EAGAIN) {
       auto now = Clock::now();
       if (counted) {
-        uint64_t r = m.remote_ops();
+        uint64_t r = remote_ops();
         if (r != remote_seen) {
           remote_seen = r;
           last_work = now;
         }
       }
-      if (!m.outbox.empty() || now - last_work < spin_window) {
-        ++m.spins;
+      if (!outbox.empty() || now - last_work < spin_window) {
+        ++spins;
         sched_yield();  // share the core with local computenodes (2-core hosts)
         continue;
       }
-      ++m.waits;
-      if (blocking_wait) {
-        rc = fi_cq_sreadfrom(cq, e, 16, src, nullptr, 10);
-        if (rc == -FI_EAGAIN || rc == -FI_ETIMEDOUT) continue;
-        if (rc > 0) last_work = Clock::now();
-      } else {
+      ++waits;
+      if (!blocking_wait) {
         std::this_thread::sleep_for(std::chrono::microseconds(counted ? 50 : 5));
         continue;
       }
+      rc = fi_cq_sreadfrom(cq, e, 16, src, nullptr, 10);
+      if (rc == -FI_EAGAIN || rc == -FI_ETIMEDOUT) continue;
+      if (rc > 0) last_work = Clock::now();
     }
     if (rc == -FI_EAVAIL) {
-      fi_cq_err_entry err{};
-      if (fi_cq_readerr(cq, &err, 0) <= 0) continue;
-      if (m.complete_send(err.op_context)) {
-        spdlog::debug("memnode {}: a reply failed: {}", m.id, fi_strerror(err.err));
-        continue;
-      }
-      for (size_t i = 0; i < m.recv_ctx.size(); ++i)
-        if (err.op_context == m.recv_ctx[i].get() && err.err != FI_ECANCELED) m.post_recv(i);
+      on_cq_error(cq);
       continue;
     }
     if (rc < 0) {
-      spdlog::error("memnode {}: fi_cq_read: {}", m.id, fi_strerror(static_cast<int>(-rc)));
+      spdlog::error("memnode {}: fi_cq_read: {}", id, fi_strerror(static_cast<int>(-rc)));
       continue;
     }
     last_work = Clock::now();
-    for (ssize_t i = 0; i < rc; ++i) {
-      if (m.complete_send(e[i].op_context)) continue;
-      for (size_t slot = 0; slot < m.recv_ctx.size(); ++slot) {
-        if (e[i].op_context != m.recv_ctx[slot].get()) continue;
-        m.on_message(slot, e[i].len, src[i]);
-        m.post_recv(slot);
-        break;
-      }
-    }
+    on_completions(e, src, rc);
   }
 }
 

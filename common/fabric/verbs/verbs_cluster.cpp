@@ -174,7 +174,7 @@ Status VerbsEndpoint::room_for(uint16_t node, uint32_t wrs) {
   return Status::Ok;
 }
 
-Status VerbsEndpoint::post(std::span<const Op> ops) {
+Status VerbsEndpoint::check(std::span<const Op> ops) const {
   const size_t nodes = cluster_->num_peers();
   for (const Op& op : ops) {
     const uint16_t node = op.remote.node();
@@ -188,6 +188,43 @@ Status VerbsEndpoint::post(std::span<const Op> ops) {
         (op.remote.offset() % 8 != 0 || reinterpret_cast<uintptr_t>(op.local) % 8 != 0))
       return Status::Misaligned;
   }
+  return Status::Ok;
+}
+
+void VerbsEndpoint::to_work_request(const Op& op, uint16_t node, uint32_t max_inline, ibv_send_wr& wr,
+                                    ibv_sge& sge) const {
+  const PeerState& p = cluster_->peer(node);
+  sge.addr = reinterpret_cast<uintptr_t>(op.local);
+  sge.length = static_cast<uint32_t>(op.kind == OpKind::Read || op.kind == OpKind::Write ? op.len : 8);
+  sge.lkey = pool_mr_->lkey;
+  wr.sg_list = &sge;
+  wr.num_sge = sge.length > 0 ? 1 : 0;
+  const uint64_t raddr = p.base + op.remote.offset();
+  const uint32_t rkey = static_cast<uint32_t>(p.key);
+  switch (op.kind) {
+    case OpKind::Read:
+      wr.opcode = IBV_WR_RDMA_READ;
+      wr.wr.rdma = {raddr, rkey};
+      break;
+    case OpKind::Write:
+      wr.opcode = IBV_WR_RDMA_WRITE;
+      wr.wr.rdma = {raddr, rkey};
+      if (op.len <= max_inline) wr.send_flags |= IBV_SEND_INLINE;  // copied at post: no DMA read
+      break;
+    case OpKind::FetchAdd:
+      wr.opcode = IBV_WR_ATOMIC_FETCH_AND_ADD;
+      wr.wr.atomic = {raddr, op.operand, 0, rkey};
+      break;
+    case OpKind::CompareSwap:
+      wr.opcode = IBV_WR_ATOMIC_CMP_AND_SWP;
+      wr.wr.atomic = {raddr, op.compare, op.operand, rkey};
+      break;
+  }
+}
+
+Status VerbsEndpoint::post(std::span<const Op> ops) {
+  const size_t nodes = cluster_->num_peers();
+  if (Status s = check(ops); s != Status::Ok) return s;
   if (ops.empty()) return Status::Ok;
   // One linked list per memnode (a batch normally reads one), in the caller's order, at most
   // kMaxChunk or a send queue's worth per doorbell. Room is made for all of them before any is
@@ -217,7 +254,6 @@ Status VerbsEndpoint::post(std::span<const Op> ops) {
   };
   for (uint16_t node = 0; node < nodes; ++node) {
     const auto& idxs = by_node[node];
-    const PeerState& p = cluster_->peer(node);
     for (size_t from = 0; from < idxs.size(); from += chunk_max) {
       const size_t n = std::min<size_t>(chunk_max, idxs.size() - from);
       Status s = room_for(node, static_cast<uint32_t>(n));  // later chunks of a long batch wait for room
@@ -230,37 +266,10 @@ Status VerbsEndpoint::post(std::span<const Op> ops) {
       sges.assign(n, ibv_sge{});
       for (size_t j = 0; j < n; ++j) {
         const Op& op = ops[idxs[from + j]];
-        ibv_send_wr& wr = wrs[j];
-        ibv_sge& sge = sges[j];
-        sge.addr = reinterpret_cast<uintptr_t>(op.local);
-        sge.length = static_cast<uint32_t>(op.kind == OpKind::Read || op.kind == OpKind::Write ? op.len : 8);
-        sge.lkey = pool_mr_->lkey;
-        wr.wr_id = op_wr_id(slot, ch.gen, static_cast<uint32_t>(j));
-        wr.next = j + 1 < n ? &wrs[j + 1] : nullptr;
-        wr.sg_list = &sge;
-        wr.num_sge = sge.length > 0 ? 1 : 0;
-        wr.send_flags = j + 1 == n ? IBV_SEND_SIGNALED : 0;
-        const uint64_t raddr = p.base + op.remote.offset();
-        const uint32_t rkey = static_cast<uint32_t>(p.key);
-        switch (op.kind) {
-          case OpKind::Read:
-            wr.opcode = IBV_WR_RDMA_READ;
-            wr.wr.rdma = {raddr, rkey};
-            break;
-          case OpKind::Write:
-            wr.opcode = IBV_WR_RDMA_WRITE;
-            wr.wr.rdma = {raddr, rkey};
-            if (op.len <= c.max_inline) wr.send_flags |= IBV_SEND_INLINE;  // copied at post: no DMA read
-            break;
-          case OpKind::FetchAdd:
-            wr.opcode = IBV_WR_ATOMIC_FETCH_AND_ADD;
-            wr.wr.atomic = {raddr, op.operand, 0, rkey};
-            break;
-          case OpKind::CompareSwap:
-            wr.opcode = IBV_WR_ATOMIC_CMP_AND_SWP;
-            wr.wr.atomic = {raddr, op.compare, op.operand, rkey};
-            break;
-        }
+        wrs[j].wr_id = op_wr_id(slot, ch.gen, static_cast<uint32_t>(j));
+        wrs[j].next = j + 1 < n ? &wrs[j + 1] : nullptr;
+        wrs[j].send_flags = j + 1 == n ? IBV_SEND_SIGNALED : 0;
+        to_work_request(op, node, c.max_inline, wrs[j], sges[j]);
         ch.ops.emplace_back(op.tag, op.kind);
         ++counters_.ops[static_cast<int>(op.kind)];
         if (op.kind == OpKind::Read) counters_.bytes_read += op.len;

@@ -163,6 +163,10 @@ class VerbsEndpoint final : public Endpoint {
   void fail_dead();
   /// Makes room for `wrs` more requests on `node`'s send queue; false when it cannot.
   Status room_for(uint16_t node, uint32_t wrs);
+  /// The checks every provider makes before posting (node, bounds, buffer, alignment).
+  Status check(std::span<const Op> ops) const;
+  /// One operation as a work request into `wr` / `sge` (linked and signalled by the caller).
+  void to_work_request(const Op& op, uint16_t node, uint32_t max_inline, ibv_send_wr& wr, ibv_sge& sge) const;
   uint32_t take_slot();
 
   std::shared_ptr<VerbsCluster> cluster_;

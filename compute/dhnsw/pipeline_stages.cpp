@@ -1,0 +1,320 @@
+// The stages of the d-HNSW engine (pipeline_stages.hpp): planning a batch, fetching its
+// sub-HNSWs with the seqlock check, deserializing and searching them.
+#include "compute/dhnsw/pipeline_stages.hpp"
+
+#include <malloc.h>
+#include <omp.h>
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <bit>
+#include <chrono>
+#include <cstring>
+#include <mutex>
+#include <span>
+#include <stdexcept>
+#include <thread>
+
+#include "compute/dhnsw/insert_buffer.hpp"
+
+namespace dmhnsw::dhnsw {
+
+Engine::Impl::Impl(fabric::Cluster& cl, const Index& ix, const EngineOptions& opts, size_t cap)
+    : c(cl), o(opts), epochs(cl, std::shared_ptr<const Index>(std::shared_ptr<const Index>{}, &ix), opts.ack_slot),
+      cache(cap) {
+  const int cores = std::max(1, omp_get_num_procs());
+  // Every core, also when pipelined: the fetch stage naps while its READs are in flight and
+  // the deserialize stage is short, so leaving them a core of their own measured slower.
+  omp_threads = o.search_threads > 0 ? static_cast<int>(o.search_threads) : cores;
+  // Deserialized sub-HNSWs come and go every batch: keep freed memory in the heap instead
+  // of unmapping it, so the next one does not page-fault its arrays in again.
+  static std::once_flag heap_once;
+  std::call_once(heap_once, [] {
+    mallopt(M_MMAP_THRESHOLD, 32 << 20);
+    mallopt(M_TRIM_THRESHOLD, 1 << 30);
+  });
+  size_buffers(ix);
+}
+
+void Engine::Impl::size_buffers(const Index& index) {
+  // A sub grows into its share of the shared gap: at most block + the whole gap.
+  for (const auto& s : index.subs) max_fetch = std::max(max_fetch, s.block_bytes + s.overflow_bytes);
+  buf_bytes = std::bit_ceil(std::max<uint64_t>(max_fetch, 4096));
+}
+
+std::string Engine::Impl::sub_name(const Index& index, uint32_t id) {
+  const SubDesc& d = index.subs.at(id);
+  return "sub-HNSW " + std::to_string(id) + " (partition " + std::to_string(id) + ", memnode " +
+         std::to_string(d.memnode) + " offset " + std::to_string(fetch_range(d).first) + ")";
+}
+
+std::vector<SubDesc> Engine::Impl::read_live(const Index& index, const std::vector<uint32_t>& subs, fabric::Endpoint& ep,
+                               BatchStats& st) {
+  std::vector<SubDesc> out(subs.size());
+  if (subs.empty()) return out;
+  fabric::Buffer b = ep.alloc(subs.size() * sizeof(SubDesc));
+  std::vector<fabric::Op> ops;
+  for (size_t i = 0; i < subs.size(); ++i)
+    ops.push_back(fabric::Op::read(RemotePtr(index.subs.at(subs[i]).memnode, live_desc_offset(index.header, subs[i])),
+                                   b.data() + i * sizeof(SubDesc), sizeof(SubDesc), i));
+  if (fabric::Status s = ep.post(ops); s != fabric::Status::Ok) {  // nothing posted: name a sub on a dead memnode
+    size_t bad = 0;
+    while (bad + 1 < subs.size() && c.alive(ops[bad].remote.node())) ++bad;
+    fabric::Completion cpl;
+    cpl.tag = bad;
+    cpl.status = s;
+    cpl.node = ops[bad].remote.node();
+    throw fabric::FabricError("reading the live descriptor of " + sub_name(index, subs[bad]) + " failed: " + ep.describe(cpl));
+  }
+  fabric::Completion cs[16];
+  for (size_t left = ops.size(); left > 0;) {
+    const size_t got = ep.poll(cs);
+    for (size_t j = 0; j < got; ++j)
+      if (cs[j].status != fabric::Status::Ok)
+        throw fabric::FabricError("reading the live descriptor of " + sub_name(index, subs.at(cs[j].tag)) +
+                                  " failed: " + ep.describe(cs[j]));
+    left -= got;
+    if (got == 0) std::this_thread::yield();
+  }
+  st.version_reads += ops.size();
+  ++st.version_doorbells;
+  for (size_t i = 0; i < subs.size(); ++i) {
+    std::memcpy(&out[i], b.data() + i * sizeof(SubDesc), sizeof(SubDesc));
+    const SubDesc& st0 = index.subs.at(subs[i]);
+    if (out[i].id != subs[i] || out[i].block_offset != st0.block_offset || out[i].overflow_used > st0.overflow_bytes)
+      throw std::runtime_error("the live descriptor of " + sub_name(index, subs[i]) +
+                               " does not match the metadata block (was the index rebuilt?)");
+  }
+  return out;
+}
+
+std::shared_ptr<Engine::Impl::Job> Engine::Impl::open_batch(const float* queries, size_t first, uint32_t n,
+                                                            fabric::Endpoint& ep, std::vector<Answer>& answers) {
+  auto job = std::make_shared<Job>();
+  const uint64_t was = epochs.current()->header.epoch;
+  const EpochWatcher::Seen seen = epochs.poll(ep);
+  const Control& ctl = seen.control;
+  if (seen.moved) {  // the cache goes with the old epoch
+    spdlog::info("dhnsw: epoch {} -> {}: metadata refreshed, {} cached sub-HNSW(s) dropped", was,
+                 epochs.current()->header.epoch, cache.size());
+    cache.clear();
+    size_buffers(*epochs.current());
+  }
+  job->index = epochs.current();
+  const Index& index = *job->index;
+  job->st.epoch = index.header.epoch;
+  if (ctl.phase != kIdle)
+    job->st.buffered_scanned += buffer_search(ep, ctl, index.header.dim, index.inner_product(), o.k,
+                                              queries + first * index.header.dim, n, answers.data() + first);
+  job->first = first;
+  job->n = n;
+  job->closed = Clock::now();
+  job->st.queries = n;
+  const uint32_t P = index.header.num_subs, b = std::min(o.probe, P);
+  std::vector<std::vector<uint32_t>> probes(n);
+  {
+    std::vector<float> D(size_t{n} * b);
+    std::vector<faiss::Index::idx_t> I(size_t{n} * b);
+    index.meta->hnsw.efSearch = static_cast<int>(std::max(o.meta_ef_search, b));
+    omp_set_num_threads(n >= kParallelQueries ? omp_threads : 1);
+    index.meta->search(n, queries + first * index.header.dim, b, D.data(), I.data());
+    for (uint32_t q = 0; q < n; ++q)
+      for (uint32_t j = 0; j < b; ++j) {
+        faiss::Index::idx_t p = I[size_t{q} * b + j];
+        if (p >= 0 && p < static_cast<faiss::Index::idx_t>(P)) probes[q].push_back(static_cast<uint32_t>(p));
+      }
+  }
+  {  // the live descriptors: a cached copy is good while its version is the live one
+    std::vector<uint32_t> subs;
+    for (const auto& q : probes) subs.insert(subs.end(), q.begin(), q.end());
+    std::sort(subs.begin(), subs.end());
+    subs.erase(std::unique(subs.begin(), subs.end()), subs.end());
+    const std::vector<SubDesc> live = read_live(index, subs, ep, job->st);
+    for (size_t i = 0; i < subs.size(); ++i) job->live[subs[i]] = live[i];
+  }
+  job->plan = plan_batch(probes, o.regroup, [&](uint32_t s) {
+    if (!o.regroup) return false;
+    auto hit = cache.get(s);
+    if (!hit) return false;
+    const SubDesc& d = job->live.at(s);
+    if ((d.version & 1) != 0 || hit->version != d.version || hit->epoch != index.header.epoch) return false;
+    job->hits[s] = std::move(hit);
+    return true;
+  });
+  job->remaining = job->plan.entries.size();
+  job->st.needed = job->plan.needed;
+  job->st.cache_hits = job->plan.cache_hits;
+  job->st.fetched = job->plan.fetches();
+  job->st.meta_s = seconds_since(job->closed);
+  return job;
+}
+
+std::vector<Engine::Impl::Item> Engine::Impl::fetch_group(const std::shared_ptr<Job>& job,
+                                                          const std::vector<uint32_t>& entries, fabric::Endpoint& ep) {
+  const Index& index = *job->index;
+  auto t0 = Clock::now();
+  std::vector<Item> items(entries.size());
+  for (size_t i = 0; i < entries.size(); ++i) {
+    items[i].job = job;
+    items[i].entry = entries[i];
+    items[i].desc = job->live.at(job->plan.entries[entries[i]].sub);
+    items[i].buf = ep.alloc(buf_bytes);
+  }
+  auto fail = [&](const fabric::Completion& cpl) {
+    uint32_t sub = job->plan.entries[entries.at(cpl.tag)].sub;
+    throw fabric::FabricError("fetching " + sub_name(index, sub) + " failed: " + ep.describe(cpl));
+  };
+  // A sub-HNSW READ takes hundreds of microseconds or more: after a short spin the fetch
+  // stage naps between polls, leaving the core to the search and deserialize stages (and,
+  // on shm and tcp, to the memnode's progress thread that serves the READ).
+  auto wait = [&](size_t n) {
+    fabric::Completion cs[16];
+    unsigned idle = 0;
+    while (n > 0) {
+      size_t got = ep.poll(cs);
+      for (size_t j = 0; j < got; ++j)
+        if (cs[j].status != fabric::Status::Ok) fail(cs[j]);
+      n -= got;
+      if (got > 0)
+        idle = 0;
+      else if (++idle < 64)
+        std::this_thread::yield();
+      else
+        std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+  };
+  auto post = [&](std::span<const fabric::Op> span) {
+    fabric::Status s = ep.post(span);
+    if (s != fabric::Status::Ok) {  // nothing was posted: name an op toward a dead memnode if any
+      const fabric::Op* bad = &span.front();
+      for (const auto& op : span)
+        if (!c.alive(op.remote.node())) {
+          bad = &op;
+          break;
+        }
+      fabric::Completion cpl;
+      cpl.tag = bad->tag;
+      cpl.status = s;
+      cpl.node = bad->remote.node();
+      fail(cpl);
+    }
+    ++job->st.doorbells;
+  };
+  // Seqlock: fetch with the live descriptor, READ it again; an item whose version moved (or
+  // was odd: a commit in flight) is fetched again. After kAttempts it is taken as it is,
+  // sanitized and not cached (a writer died inside a commit and no inserter repaired it yet).
+  constexpr int kAttempts = 200;
+  std::vector<size_t> pending(items.size());
+  for (size_t i = 0; i < items.size(); ++i) pending[i] = i;
+  for (int attempt = 1; !pending.empty(); ++attempt) {
+    std::vector<fabric::Op> ops;
+    for (size_t i : pending) {
+      auto [off, len] = fetch_range(items[i].desc);
+      if (len > buf_bytes)
+        throw std::runtime_error(sub_name(index, items[i].desc.id) + ": live fetch range of " + std::to_string(len) +
+                                 " bytes is beyond its block and gap");
+      items[i].len = len;
+      for (uint64_t at = 0; at < len; at += o.max_read_bytes) {
+        uint64_t n = std::min<uint64_t>(o.max_read_bytes, len - at);
+        ops.push_back(fabric::Op::read(RemotePtr(items[i].desc.memnode, off + at), items[i].buf.data() + at, n, i));
+      }
+      job->st.bytes += len;
+    }
+    if (o.doorbell) {
+      post(ops);
+      wait(ops.size());
+    } else {
+      for (const auto& op : ops) {
+        post(std::span<const fabric::Op>(&op, 1));
+        wait(1);
+      }
+    }
+    job->st.reads += ops.size();
+    std::vector<uint32_t> subs;
+    for (size_t i : pending) subs.push_back(items[i].desc.id);
+    const std::vector<SubDesc> again = read_live(index, subs, ep, job->st);
+    std::vector<size_t> next;
+    bool odd = false;
+    for (size_t j = 0; j < pending.size(); ++j) {
+      Item& it = items[pending[j]];
+      const bool stable = again[j].version == it.desc.version && (it.desc.version & 1) == 0;
+      if (stable) continue;
+      if (attempt >= kAttempts) {
+        it.torn = true;
+        continue;
+      }
+      odd = odd || (again[j].version & 1) != 0;
+      it.desc = again[j];
+      ++job->st.refetches;
+      next.push_back(pending[j]);
+    }
+    pending.swap(next);
+    if (odd) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  job->st.fetch_s += seconds_since(t0);
+  return items;
+}
+
+void Engine::Impl::deserialize(Item& it) {
+  auto t0 = Clock::now();
+  const uint32_t sub = it.job->plan.entries[it.entry].sub;
+  const Index& index = *it.job->index;
+  auto s = std::make_shared<SubIndex>(deserialize_sub(it.buf.data(), it.len, it.desc, index.header, sub_name(index, sub), it.torn));
+  if (it.torn)
+    spdlog::warn("{}: no consistent copy after repeated fetches (a commit left in flight, version {}); searched "
+                 "a sanitized copy ({} neighbour entries dropped)", sub_name(index, sub), it.desc.version, s->sanitized);
+  it.sub = std::move(s);
+  if (o.regroup && !it.torn) cache.put(sub, it.sub);
+  it.job->st.deserialize_s += seconds_since(t0);
+}
+
+bool Engine::Impl::search(Item& it, const float* queries, std::vector<Answer>& answers) {
+  auto t0 = Clock::now();
+  Job& job = *it.job;
+  const Index& index = *job.index;
+  const PlanEntry& e = job.plan.entries[it.entry];
+  const SubIndex& s = *it.sub;
+  const uint32_t dim = index.header.dim, nq = static_cast<uint32_t>(e.queries.size());
+  const uint32_t k = o.k;
+  if (s.index && s.index->ntotal > 0) {
+    std::vector<float> X(size_t{nq} * dim), D(size_t{nq} * k);
+    std::vector<faiss::Index::idx_t> I(size_t{nq} * k);
+    for (uint32_t i = 0; i < nq; ++i)
+      std::memcpy(X.data() + size_t{i} * dim, queries + (job.first + e.queries[i]) * dim, sizeof(float) * dim);
+    s.index->hnsw.efSearch = static_cast<int>(std::max(o.ef_search, k));
+    // Faiss opens an OpenMP region per call: for a handful of queries one thread does
+    // better than waking the others (on a busy host that costs milliseconds).
+    omp_set_num_threads(nq >= kParallelQueries ? omp_threads : 1);
+    if (s.live) {  // deleted vectors guide the search but are never returned
+      faiss::SearchParametersHNSW sp;
+      sp.efSearch = s.index->hnsw.efSearch;
+      sp.sel = s.live.get();
+      s.index->search(nq, X.data(), k, D.data(), I.data(), &sp);
+    } else {
+      s.index->search(nq, X.data(), k, D.data(), I.data());
+    }
+    const bool ip = index.inner_product();
+    auto better = [ip](const std::pair<float, int64_t>& a, const std::pair<float, int64_t>& b) {
+      if (a.first != b.first) return ip ? a.first > b.first : a.first < b.first;
+      return a.second < b.second;
+    };
+    for (uint32_t i = 0; i < nq; ++i) {
+      Answer& a = answers[job.first + e.queries[i]];
+      for (uint32_t j = 0; j < k; ++j) {
+        faiss::Index::idx_t l = I[size_t{i} * k + j];
+        if (l < 0 || static_cast<size_t>(l) >= s.labels.size() || label_deleted(s.labels[static_cast<size_t>(l)]))
+          continue;
+        a.emplace_back(D[size_t{i} * k + j], s.labels[static_cast<size_t>(l)]);
+      }
+      std::sort(a.begin(), a.end(), better);
+      a.erase(std::unique(a.begin(), a.end(), [](const auto& x, const auto& y) { return x.second == y.second; }),
+              a.end());
+      if (a.size() > k) a.resize(k);
+    }
+  }
+  job.st.search_s += seconds_since(t0);
+  return --job.remaining == 0;
+}
+
+
+}  // namespace dmhnsw::dhnsw
