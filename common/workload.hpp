@@ -130,6 +130,8 @@ WorkloadStats summarize(const Workload& workload);
 
 inline constexpr std::array<char, 8> kWorkloadMagic = {'D', 'M', 'H', 'W', 'L', 'D', '\x1a', '\n'};
 inline constexpr std::uint32_t kWorkloadVersion = 1;
+/// Queries a workload may hold (warm-up + measured): generated or read.
+inline constexpr std::uint64_t kMaxQueries = std::uint64_t{1} << 40;
 
 struct WorkloadHeader {
   char magic[8];                     // kWorkloadMagic

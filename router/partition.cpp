@@ -1,4 +1,5 @@
 // Balanced k-means (SHINE logical index partitioning, paper section 6.2) and the oracle.
+// One unit: balance_offsets and the oracle use the same distance and centroid helpers.
 //
 // balanced_kmeans:
 //   1. k-means++ initialisation (deterministic: std::mt19937_64 seeded with opts.seed and our

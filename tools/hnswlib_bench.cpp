@@ -1,4 +1,5 @@
 // hnswlib-bench: the single-machine reference that dmhnsw's shine mode is compared against.
+// One unit: a tool whose steps (load, build, churn steps, queries, report) are its functions.
 //
 // Builds an hnswlib 0.6.2 HierarchicalNSW (label = base row id) with --threads threads, the way
 // hnswlib's own ParallelFor does it (the first vector alone, then an atomic counter over the

@@ -1,5 +1,7 @@
 // libfabric transport, memory side: a registered region served over one endpoint (plus RMA
 // lanes), messages from computenodes, and the target-side progress shm and tcp need.
+// One unit: it is one class, whose admitted addresses, lanes and reply queue every part uses;
+// its event loop (run) is split into its steps below.
 #include <poll.h>
 #include <sched.h>
 #include <unistd.h>
