@@ -13,12 +13,40 @@
 #include <exception>
 #include <fstream>
 #include <string>
+#include <vector>
 
 #include "common/dataset.hpp"
 #include "common/json_file.hpp"
 #include "common/distance.hpp"
 #include "common/units.hpp"
 #include "compute/dhnsw/build.hpp"
+
+namespace {
+
+/// The short summary on stdout (the full report goes to --json).
+void print_summary(const dmhnsw::dhnsw::BuiltIndex& built, const dmhnsw::dhnsw::BuildOptions& o,
+                   const nlohmann::json& report, const std::vector<dmhnsw::memory::ImageInfo>& infos) {
+  using namespace dmhnsw;
+  const auto& p = report["partitions"];
+  std::printf("  partitions  %u (%s k-means, seed %llu), sizes min %llu / mean %.1f / max %llu, max/mean %.3f\n",
+              built.options.partitions, o.plain_kmeans ? "plain" : "capacity-constrained",
+              static_cast<unsigned long long>(o.seed), static_cast<unsigned long long>(p["min"].get<uint64_t>()),
+              p["mean"].get<double>(), static_cast<unsigned long long>(p["max"].get<uint64_t>()),
+              built.partition_max_over_mean);
+  std::printf("  sub-HNSW    M %u, efConstruction %u; meta-HNSW M %u over %u centroids (%s)\n", o.m,
+              o.ef_construction, o.meta_m, built.options.partitions,
+              format_bytes(built.header.meta_index_bytes).c_str());
+  std::printf("  layout      gaps internal %.3f, overflow %.3f; metadata block %s at %llu\n",
+              o.layout.internal_gap, o.layout.overflow_gap, format_bytes(built.header.block_bytes).c_str(),
+              static_cast<unsigned long long>(dhnsw::kMetadataOffset));
+  std::printf("  time        partition %.2f s, sub-HNSWs + meta-HNSW %.2f s, layout %.2f s\n",
+              built.seconds_partition, built.seconds_build_subs, built.seconds_layout);
+  for (const auto& i : infos)
+    std::printf("  image       %s: memnode %u, region %s, file %s\n", i.path.c_str(), unsigned{i.memnode_id},
+                format_bytes(i.region_size).c_str(), format_bytes(i.file_bytes).c_str());
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   using namespace dmhnsw;
@@ -112,23 +140,7 @@ int main(int argc, char** argv) {
                         {"file_bytes", i.file_bytes}, {"body_checksum", i.body_checksum}});
     report["images"] = images;
 
-    const auto& p = report["partitions"];
-    std::printf("  partitions  %u (%s k-means, seed %llu), sizes min %llu / mean %.1f / max %llu, max/mean %.3f\n",
-                built.options.partitions, o.plain_kmeans ? "plain" : "capacity-constrained",
-                static_cast<unsigned long long>(o.seed), static_cast<unsigned long long>(p["min"].get<uint64_t>()),
-                p["mean"].get<double>(), static_cast<unsigned long long>(p["max"].get<uint64_t>()),
-                built.partition_max_over_mean);
-    std::printf("  sub-HNSW    M %u, efConstruction %u; meta-HNSW M %u over %u centroids (%s)\n", o.m,
-                o.ef_construction, o.meta_m, built.options.partitions,
-                format_bytes(built.header.meta_index_bytes).c_str());
-    std::printf("  layout      gaps internal %.3f, overflow %.3f; metadata block %s at %llu\n",
-                o.layout.internal_gap, o.layout.overflow_gap, format_bytes(built.header.block_bytes).c_str(),
-                static_cast<unsigned long long>(dhnsw::kMetadataOffset));
-    std::printf("  time        partition %.2f s, sub-HNSWs + meta-HNSW %.2f s, layout %.2f s\n",
-                built.seconds_partition, built.seconds_build_subs, built.seconds_layout);
-    for (const auto& i : infos)
-      std::printf("  image       %s: memnode %u, region %s, file %s\n", i.path.c_str(), unsigned{i.memnode_id},
-                  format_bytes(i.region_size).c_str(), format_bytes(i.file_bytes).c_str());
+    print_summary(built, o, report, infos);
     if (!json_path.empty()) {
       write_json_file(json_path, report, "--json");
       std::printf("  report      %s\n", json_path.c_str());
