@@ -131,6 +131,29 @@ TEST_CASE("dhnsw: a memnode killed mid-query makes the computenode fail within 5
   CHECK_THAT(q.output(), Contains("memnode 1") && Contains("sub-HNSW"));
 }
 
+TEST_CASE("dhnsw: a querier killed mid-run makes the other fail within seconds naming it", "[integration][dhnsw]") {
+  Built b;
+  TempDir dir;
+  Memnode m0(dir, 0, "shm", "127.0.0.1:0", {"--load", b.image(0)});
+  Memnode m1(dir, 1, "shm", "127.0.0.1:0", {"--load", b.image(1)});
+  std::string mns = m0.address + "," + m1.address;
+  // Two queriers sharing the workload, each at 40 queries per second (~5 s for its half); the
+  // second dies mid-run, the first fails at the results' gather naming it (the board judges
+  // departures from when this process connected), not after the 120 s gather timeout.
+  std::vector<std::string> args{"--workload", b.d.wl, "--batch", "10", "--probe", "3", "--arrival-qps", "40",
+                                "--max-wait-us", "1000000"};
+  Proc q0(cn("shm", mns, 0, 2, args), dir.file("q0.log"));
+  Proc q1(cn("shm", mns, 1, 2, args), dir.file("q1.log"));
+  REQUIRE(wait_for_output(q1, "d-HNSW index", seconds(20)));
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  REQUIRE(q1.running());
+  const auto [code, secs] = kill_then_wait(q1, q0, seconds(60));
+  INFO(q0.output());
+  CHECK(code > 0);
+  CHECK(secs < 20.0);  // its own half first (~5 s), then the gather fails at once
+  CHECK_THAT(q0.output(), Contains("computenode 1 left the run"));
+}
+
 TEST_CASE("dhnsw: a wire model changes when operations complete, never the answers", "[integration][dhnsw][wire]") {
   Built b;
   TempDir dir;
