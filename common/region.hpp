@@ -76,6 +76,11 @@ inline constexpr size_t kReused = 15;
 /// Every memnode (memnode 0's is used): region offset and entries of the reuse log, a ring of
 /// 16-byte entries [reuse number + 1, record] that node caches read to drop reused records.
 inline constexpr size_t kReuseLog = 16, kReuseLogCap = 17;
+/// Compressed vectors (compute/codes.hpp), when the index has them: the codes block (region
+/// offset and bytes, 0: none; read from memnode 0) and every memnode's codes log (offset and
+/// entries, the same on every memnode; compute/shine/layout.hpp CodesLog), written once when
+/// formatting; kCodesLogCount: every memnode's appended entries (FETCH_ADD per insert).
+inline constexpr size_t kCodes = 18, kCodesBytes = 19, kCodesLog = 20, kCodesLogCap = 21, kCodesLogCount = 22;
 /// kFormat values: the region is being formatted by one computenode, then ready. While
 /// formatting, the high 32 bits hold the formatter's computenode id + 1 (0: not said), so a
 /// waiter can tell from memnode 0's presence table that the formatter left.

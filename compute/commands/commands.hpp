@@ -65,6 +65,7 @@ class IndexCommands {
   shine::ConsolidateOptions con_;
   std::string ids_file_;
   int64_t id_capacity_ = -1;  // shine build: -1 twice the rows, 0 no id index
+  std::string codes_ = "none";  // shine build: --codes
   std::string build_cache_ = "2GiB", metric_ = "l2", report_, store_dir_, partition_metric_ = "l2", share_;
   dhnsw::OnlineBuildOptions dbo_;
   dhnsw::InsertOptions dio_;

@@ -60,6 +60,14 @@ void IndexCommands::add(CLI::App& app) {
                      "(inserts then take only ids above the index's highest)")
       ->capture_default_str()
       ->check(CLI::Range(int64_t{-1}, int64_t{1} << 40));
+  build_->add_option("--codes", codes_,
+                     "shine: compressed vectors stored with the index: none, sq8 (8 bits per dimension, Faiss's "
+                     "ScalarQuantizer) or pq:M (M bytes, Faiss's ProductQuantizer; M divides the dimension), trained "
+                     "on this computenode's data by the one that formats")
+      ->capture_default_str();
+  build_->add_option("--codes-capacity", bo_.params.codes_capacity,
+                     "shine: codes log entries per memnode (0: twice the rows over the memnodes, at least 1024)")
+      ->capture_default_str();
   build_->add_option("--store-index", store_dir_, "after the build, every memnode writes its region to DIR/memnode-<id>.img");
   // d-HNSW build (as tools/dhnsw-build) and insert options
   build_->add_option("--partitions", dbo_.build.partitions, "dhnsw: partitions / sub-HNSWs (0: round(sqrt(n)))")
@@ -237,6 +245,9 @@ int IndexCommands::run_shine(RunEnv& env, shine::ReadMode rm) {
     if (bo_.max_elements > 0) rows = std::min<uint64_t>(rows, bo_.max_elements);
     rows = std::max<uint64_t>(rows, bo_.ids.size());
     bo_.params.id_capacity = id_capacity_ >= 0 ? static_cast<uint64_t>(id_capacity_) : std::max<uint64_t>(1024, 2 * rows);
+    bo_.codes = compute::parse_codes(codes_);
+    if (bo_.params.codes_capacity == 0)
+      bo_.params.codes_capacity = std::max<uint64_t>(1024, 2 * rows / std::max<size_t>(1, env.cluster.memnodes().size()));
   }
   auto r = shine::run_build(env.rc, bo_);
   if (env.flags.cn_id == 0) shine::print_build(r);

@@ -177,6 +177,12 @@ json run_build(const RunContext& rc, const BuildOptions& o) {
   FloatMatrix data = load_vectors_as_float(o.data, lo);
   GraphParams want = o.params;
   want.dim = static_cast<uint32_t>(data.d());
+  if (o.format && o.codes.enabled()) {  // rows evenly spread over the data
+    const size_t step = std::max<size_t>(1, data.n() / kCodesTrainRows);
+    std::vector<float> sample;
+    for (size_t i = 0; i < data.n(); i += step) sample.insert(sample.end(), data.row(i), data.row(i) + data.d());
+    want.codes = compute::Quantizer::train(o.codes, sample.data(), sample.size() / data.d(), want.dim, want.metric);
+  }
   auto control = c.make_endpoint(16u << 20);
   GraphParams p = format_or_attach(c, *control, o.format ? &want : nullptr, rc.cn_id);
   if (!o.format && p.dim != data.d())
@@ -223,6 +229,9 @@ json run_build(const RunContext& rc, const BuildOptions& o) {
                  {"n", end - o.begin}, {"dim", p.dim}, {"m", p.m}, {"ef_construction", p.ef_construction},
                  {"metric", std::string(to_string(p.metric))}, {"num_cns", rc.num_cns}, {"threads", o.threads},
                  {"coroutines", o.coroutines}, {"memnodes", c.memnodes().size()}};
+  if (p.codes)
+    report["codes"] = {{"kind", p.codes->spec().to_string()}, {"code_size", p.codes->code_size()},
+                       {"log_capacity", p.codes_log.capacity}, {"block_bytes", p.codes_block_bytes}};
   if (rc.cn_id != 0) {
     report["cn"] = mine_j;
     return report;
@@ -341,6 +350,11 @@ void print_build(const json& r) {
                 static_cast<unsigned long long>(m["nodes_inserted_here"].get<uint64_t>()),
                 static_cast<double>(m["bytes_used"].get<uint64_t>()) / (1 << 20),
                 static_cast<double>(m["region_bytes"].get<uint64_t>()) / (1 << 20));
+  if (r.contains("codes"))
+    std::printf("  codes %s: %llu bytes per vector (Faiss), a log of %llu entries per memnode\n",
+                r["codes"]["kind"].get<std::string>().c_str(),
+                static_cast<unsigned long long>(r["codes"]["code_size"].get<uint64_t>()),
+                static_cast<unsigned long long>(r["codes"]["log_capacity"].get<uint64_t>()));
 }
 
 void print_query(const json& r) {

@@ -39,15 +39,24 @@ bool claim_ids(fabric::Endpoint& ep, uint64_t lo, uint64_t hi, uint64_t& ceiling
   return false;
 }
 
-IndexAreas plan_areas(uint64_t id_capacity, uint16_t memnodes, uint64_t first) {
+IndexAreas plan_areas(uint64_t id_capacity, uint16_t memnodes, uint64_t first, uint64_t codes_block_bytes,
+                      CodesLog codes_log) {
   IndexAreas a;
   a.records = first;
-  if (id_capacity == 0) return a;
-  a.ids = IdTable::sized_for(id_capacity, memnodes, first);
-  a.free = FreeTable::sized_for(id_capacity, memnodes, first + (a.ids.bytes_per_memnode() + 63) / 64 * 64);
-  a.reuse_log.offset = a.free.offset + a.free.bytes_per_memnode();
-  a.reuse_log.capacity = ReuseLog::kDefaultEntries;
-  a.records = a.reuse_log.offset + a.reuse_log.bytes();
+  if (id_capacity > 0) {
+    a.ids = IdTable::sized_for(id_capacity, memnodes, first);
+    a.free = FreeTable::sized_for(id_capacity, memnodes, first + (a.ids.bytes_per_memnode() + 63) / 64 * 64);
+    a.reuse_log.offset = a.free.offset + a.free.bytes_per_memnode();
+    a.reuse_log.capacity = ReuseLog::kDefaultEntries;
+    a.records = a.reuse_log.offset + a.reuse_log.bytes();
+  }
+  if (codes_block_bytes > 0) {
+    a.codes_block = a.records;
+    a.codes_block_bytes = codes_block_bytes;
+    a.codes_log = codes_log;
+    a.codes_log.offset = a.codes_block + (codes_block_bytes + 63) / 64 * 64;
+    a.records = a.codes_log.offset + a.codes_log.bytes();
+  }
   return a;
 }
 
@@ -60,10 +69,13 @@ void format_regions(fabric::Cluster& c, fabric::Endpoint& ep, const GraphParams&
   const auto n = c.memnodes().size();
   auto read_header = [&](uint16_t i) { return read_live_header(c, ep, i); };
   IndexAreas areas;
-  if (wanted.id_capacity > 0) {
+  const std::vector<char> block = wanted.codes ? wanted.codes->serialize() : std::vector<char>{};
+  if (wanted.id_capacity > 0 || !block.empty()) {
     uint64_t at = 0;
     for (uint16_t i = 0; i < n; ++i) at = std::max(at, (read_header(i).data_offset + 63) / 64 * 64);
-    areas = plan_areas(wanted.id_capacity, static_cast<uint16_t>(n), at);
+    CodesLog log;
+    if (wanted.codes) log = {0, std::max<uint64_t>(wanted.codes_capacity, 1), static_cast<uint32_t>(wanted.codes->code_size())};
+    areas = plan_areas(wanted.id_capacity, static_cast<uint16_t>(n), at, block.size(), log);
   }
   const IdTable& ids = areas.ids;
   for (uint16_t i = 0; i < n; ++i) {
@@ -75,13 +87,22 @@ void format_regions(fabric::Cluster& c, fabric::Endpoint& ep, const GraphParams&
     h.elem_type = static_cast<uint8_t>(ElemType::F32);
     h.dim = wanted.dim;
     h.memnode_count = static_cast<uint16_t>(n);
-    h.mode_words[shine_word::kBump] = ids.buckets > 0 ? areas.records : (h.data_offset + 63) / 64 * 64;
+    const bool areas_first = ids.buckets > 0 || !block.empty();
+    h.mode_words[shine_word::kBump] = areas_first ? areas.records : (h.data_offset + 63) / 64 * 64;
+    if (areas_first && h.mode_words[shine_word::kBump] >= h.region_size)
+      throw FabricError("memnode " + std::to_string(i) + " (" + c.memnodes()[i].address + "): its share of the id " +
+                        "index (" + std::to_string(wanted.id_capacity) + " ids) and codes log (" +
+                        std::to_string(areas.codes_log.capacity) + " entries), " +
+                        std::to_string(h.mode_words[shine_word::kBump] - (h.data_offset + 63) / 64 * 64) +
+                        " bytes, does not fit its " + std::to_string(h.region_size) + "-byte region");
+    if (!block.empty()) {
+      h.mode_words[shine_word::kCodes] = areas.codes_block;
+      h.mode_words[shine_word::kCodesBytes] = areas.codes_block_bytes;
+      h.mode_words[shine_word::kCodesLog] = areas.codes_log.offset;
+      h.mode_words[shine_word::kCodesLogCap] = areas.codes_log.capacity;
+      if (i == 0) ep.write(RemotePtr(0, areas.codes_block), block.data(), block.size());
+    }
     if (ids.buckets > 0) {
-      if (h.mode_words[shine_word::kBump] >= h.region_size)
-        throw FabricError("memnode " + std::to_string(i) + " (" + c.memnodes()[i].address + "): its share of an id " +
-                          "index for " + std::to_string(wanted.id_capacity) + " ids (" +
-                          std::to_string(areas.records - ids.offset) + " bytes with its free stack) does not fit its " +
-                          std::to_string(h.region_size) + "-byte region");
       h.mode_words[shine_word::kIdTable] = ids.offset;
       h.mode_words[shine_word::kIdBuckets] = ids.buckets;
       h.mode_words[shine_word::kFreeList] = areas.free.offset;
@@ -173,10 +194,37 @@ GraphParams params_from_header(const RegionHeader& h0, size_t n) {
   }
   // Records reused with no log to tell the node caches about it: none are.
   if (p.reuse_log.capacity == 0) p.free.capacity = 0;
+  p.codes_block = h0.mode_words[shine_word::kCodes];
+  p.codes_block_bytes = p.codes_block == 0 ? 0 : h0.mode_words[shine_word::kCodesBytes];
+  p.codes_log.offset = h0.mode_words[shine_word::kCodesLog];
+  p.codes_log.capacity = p.codes_block_bytes == 0 ? 0 : h0.mode_words[shine_word::kCodesLogCap];
+  if (p.codes_block_bytes > 0 &&
+      (p.codes_block < h0.data_offset || p.codes_block_bytes > compute::kMaxCodesBlock ||
+       p.codes_block + p.codes_block_bytes > h0.region_size || p.codes_log.offset < p.codes_block + p.codes_block_bytes ||
+       p.codes_log.offset % 8 != 0 || p.codes_log.capacity > h0.region_size / 16 ||
+       p.codes_log.offset + 16 * p.codes_log.capacity > h0.region_size))
+    throw FabricError("memnode 0: the codes words at region offset " + std::to_string(mode_word_offset(shine_word::kCodes)) +
+                      " say a block of " + std::to_string(p.codes_block_bytes) + " bytes at offset " +
+                      std::to_string(p.codes_block) + " and a log of " + std::to_string(p.codes_log.capacity) +
+                      " entries at offset " + std::to_string(p.codes_log.offset) + ", outside the " +
+                      std::to_string(h0.region_size) + "-byte region's data area (a corrupted region header?)");
   if (h0.memnode_count != n)
     throw FabricError("the index was formatted over " + std::to_string(h0.memnode_count) + " memnodes, --memnodes names " +
                       std::to_string(n));
   return p;
+}
+
+/// The quantizer from memnode 0's codes block; the codes log's entries are sized by it, and the
+/// node records start after the log.
+void load_codes(fabric::Endpoint& ep, GraphParams& p) {
+  std::vector<char> block(p.codes_block_bytes);
+  ep.read(RemotePtr(0, p.codes_block), block.data(), block.size());
+  p.codes = compute::Quantizer::load(block.data(), block.size(), "memnode 0", p.codes_block);
+  if (p.codes->dim() != p.dim || p.codes->metric() != p.metric)
+    throw FabricError("memnode 0: the codes block at offset " + std::to_string(p.codes_block) + " is for dimension " +
+                      std::to_string(p.codes->dim()) + ", the index has " + std::to_string(p.dim));
+  p.codes_log.code_size = static_cast<uint32_t>(p.codes->code_size());
+  p.records = p.codes_log.offset + p.codes_log.bytes();
 }
 
 /// A run that builds or inserts must match the index it attaches to.
@@ -192,6 +240,9 @@ void check_wanted(const GraphParams& p, const GraphParams& want) {
   if (want.id_capacity > 0 && p.ids.buckets == 0)
     throw FabricError("the shine index on the memnodes has no id index; this run asks for one (--id-capacity " +
                       std::to_string(want.id_capacity) + ")");
+  if (want.codes && !p.codes)
+    throw FabricError("the shine index on the memnodes has no codes; this run asks for --codes " +
+                      want.codes->spec().to_string());
   if (p.metric != want.metric)
     throw FabricError("the shine index on the memnodes uses metric " + std::string(to_string(p.metric)) +
                       ", this run asks for " + std::string(to_string(want.metric)));
@@ -217,7 +268,8 @@ GraphParams format_or_attach(fabric::Cluster& c, fabric::Endpoint& ep, const Gra
                       std::to_string(shine_word::kFormatting) + " (+ a formatter id), " +
                       std::to_string(shine_word::kFormatted) + " (a corrupted region header?)");
   if (state != shine_word::kFormatted) wait_formatted(c, ep, state, wanted);
-  const GraphParams p = params_from_header(read_live_header(c, ep, 0), c.memnodes().size());
+  GraphParams p = params_from_header(read_live_header(c, ep, 0), c.memnodes().size());
+  if (p.codes_block_bytes > 0) load_codes(ep, p);
   if (wanted != nullptr) check_wanted(p, *wanted);
   return p;
 }

@@ -18,6 +18,7 @@
 #include "cache/node_cache.hpp"
 #include "cache/trace.hpp"
 #include "compute/shine/layout.hpp"
+#include "compute/codes.hpp"
 #include "compute/coro.hpp"
 #include "compute/shine/free_list.hpp"
 #include "compute/id_index.hpp"
@@ -43,8 +44,15 @@ struct GraphParams {
   /// Its stacks of deleted records (capacity 0: none; they come with an id index).
   FreeTable free;
   ReuseLog reuse_log;
-  /// Where node records start on every memnode (after the id index, free stacks and reuse log);
-  /// 0: at each memnode's data area, rounded up to 64.
+  /// Compressed vectors. Formatting: the trained quantizer (null: none) and the codes log's
+  /// entries per memnode (0: twice the build's rows over the memnodes, at least 1024). A stored
+  /// index: its quantizer as loaded from the codes block (null: none) and the block's place.
+  std::shared_ptr<const compute::Quantizer> codes;
+  uint64_t codes_capacity = 0;
+  uint64_t codes_block = 0, codes_block_bytes = 0;
+  CodesLog codes_log;
+  /// Where node records start on every memnode (after the id index, free stacks, reuse log and
+  /// codes); 0: at each memnode's data area, rounded up to 64.
   uint64_t records = 0;
 };
 
@@ -54,9 +62,13 @@ struct IndexAreas {
   IdTable ids;
   FreeTable free;
   ReuseLog reuse_log;
+  uint64_t codes_block = 0, codes_block_bytes = 0;  // with codes: the block, then the log
+  CodesLog codes_log;
   uint64_t records = 0;
 };
-IndexAreas plan_areas(uint64_t id_capacity, uint16_t memnodes, uint64_t first);
+/// `codes_block_bytes` 0: no codes (`codes_log` ignored).
+IndexAreas plan_areas(uint64_t id_capacity, uint16_t memnodes, uint64_t first, uint64_t codes_block_bytes = 0,
+                      CodesLog codes_log = {});
 
 /// How a candidate's neighbours' vectors are read: one READ per neighbour (the paper), or
 /// all of them as one doorbell batch.
@@ -276,6 +288,9 @@ class Worker {
   Task<std::vector<RemotePtr>> read_reuse_log(uint64_t from, uint64_t upto, bool& lost, uint64_t& done, OpContext& ctx);
   /// Maps `label` to `me` in the id index; `replaced` gets the node it held (upsert).
   Task<void> map_id(uint64_t label, RemotePtr me, bool upsert, RemotePtr& replaced, OpContext& ctx);
+  /// With codes: the node's code appended to its memnode's codes log (a full log is left alone:
+  /// searches read that node's vector instead).
+  Task<void> append_code(RemotePtr me, uint64_t label, const float* v, OpContext& ctx);
   /// Reads the vector parts of `nodes`; returns (node, distance to q, label) of the valid ones
   /// and, with a cache, keeps their vectors.
   Task<std::vector<Neighbor>> read_vectors(const std::vector<RemotePtr>& nodes, const float* q, OpContext& ctx,

@@ -148,6 +148,7 @@ Task<bool> Worker::insert(const float* v, uint64_t label, OpContext& ctx, bool u
     // unlinked (its bytes are not reused).
     if (ids_) co_await map_id(label, me, upsert, replaced, ctx);
   }
+  if (g_.params().codes) co_await append_code(me, label, v, ctx);
   co_await link_new(me, v, level, label, ctx);
   bool was_replaced = false;
   if (!replaced.is_null()) {
@@ -156,6 +157,19 @@ Task<bool> Worker::insert(const float* v, uint64_t label, OpContext& ctx, bool u
   }
   if (!reused) co_await atomic(Op::fetch_add(word_ptr(shine_word::kNodeCount), 1, nullptr), ctx);
   co_return was_replaced;
+}
+
+Task<void> Worker::append_code(RemotePtr me, uint64_t label, const float* v, OpContext& ctx) {
+  const GraphParams& p = g_.params();
+  const uint64_t slot =
+      co_await atomic(Op::fetch_add(RemotePtr(me.node(), mode_word_offset(shine_word::kCodesLogCount)), 1, nullptr), ctx);
+  if (slot >= p.codes_log.capacity) co_return;
+  std::vector<char> e(p.codes_log.entry_bytes(), 0);
+  const uint64_t raw = me.raw();
+  std::memcpy(e.data(), &raw, 8);
+  std::memcpy(e.data() + 8, &label, 8);
+  p.codes->encode(v, 1, reinterpret_cast<uint8_t*>(e.data() + 16));
+  co_await write(RemotePtr(me.node(), p.codes_log.entry_offset(slot)), e.data(), e.size(), ctx);
 }
 
 Task<void> Worker::map_id(uint64_t label, RemotePtr me, bool upsert, RemotePtr& replaced, OpContext& ctx) {

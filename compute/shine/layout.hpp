@@ -93,4 +93,18 @@ class NodeLayout {
   uint64_t vector_part_ = 0;
 };
 
+/// Every memnode's codes log (shine_word::kCodesLog..kCodesLogCount): the code of each node
+/// written there, appended by the insert that wrote the node (a reused record appends again:
+/// the later entry holds). An entry is [u64 node (RemotePtr raw; 0: never written)][u64 label]
+/// [code, padded to 8]; slots past the capacity are not written (searches read those nodes'
+/// vectors instead).
+struct CodesLog {
+  uint64_t offset = 0;    // on every memnode
+  uint64_t capacity = 0;  // entries per memnode; 0: none
+  uint32_t code_size = 0;
+  uint64_t entry_bytes() const { return 16 + (uint64_t{code_size} + 7) / 8 * 8; }
+  uint64_t bytes() const { return (capacity * entry_bytes() + 63) / 64 * 64; }
+  uint64_t entry_offset(uint64_t i) const { return offset + i * entry_bytes(); }
+};
+
 }  // namespace dmhnsw::shine

@@ -1,0 +1,39 @@
+#pragma once
+// What a computenode holds of a shine index's codes (issue 31): every node's code read from the
+// memnodes' codes logs (compute/shine/layout.hpp CodesLog), by node. A node whose entry is
+// missing (never written, or past a full log) has none here: searches read its vector.
+#include <cstdint>
+#include <unordered_map>
+#include <vector>
+
+#include "common/fabric/transport.hpp"
+#include "compute/shine/graph.hpp"
+
+namespace dmhnsw::shine {
+
+class LocalCodes {
+ public:
+  /// Reads every memnode's log entries [0, count) in READs of up to 4 MiB; the later entry of a
+  /// node holds (its record was reused for another vector). Throws when the index has no codes.
+  static LocalCodes load(fabric::Endpoint& ep, const GraphParams& p);
+  size_t code_size() const { return code_size_; }
+  size_t size() const { return labels_.size(); }
+  uint64_t bytes() const { return codes_.size() + 16 * labels_.size(); }
+  /// The node's code, or null.
+  const uint8_t* find(RemotePtr node) const {
+    const auto it = at_.find(node.raw());
+    return it == at_.end() ? nullptr : codes_.data() + it->second * code_size_;
+  }
+  uint64_t label(RemotePtr node) const { return labels_.at(at_.at(node.raw())); }
+  /// Entries each memnode's log holds (as counted when loaded, at most its capacity).
+  const std::vector<uint64_t>& entries() const { return entries_; }
+
+ private:
+  size_t code_size_ = 0;
+  std::unordered_map<uint64_t, uint32_t> at_;  // node raw -> slot
+  std::vector<uint8_t> codes_;
+  std::vector<uint64_t> labels_;
+  std::vector<uint64_t> entries_;
+};
+
+}  // namespace dmhnsw::shine
