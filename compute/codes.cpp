@@ -1,6 +1,8 @@
 #include "compute/codes.hpp"
 
+#include <faiss/IndexFlatCodes.h>
 #include <faiss/IndexPQ.h>
+#include <faiss/impl/DistanceComputer.h>
 #include <faiss/IndexScalarQuantizer.h>
 #include <faiss/impl/FaissException.h>
 #include <faiss/impl/io.h>
@@ -54,7 +56,23 @@ CodesSpec parse_codes(const std::string& text) {
   throw std::invalid_argument("--codes '" + text + "': use none, sq8 or pq:M (M sub-quantizers, dividing the dimension)");
 }
 
+CodeDistance::CodeDistance(std::unique_ptr<faiss::FlatCodesDistanceComputer> dc, bool ip)
+    : dc_(std::move(dc)), ip_(ip) {}
+CodeDistance::~CodeDistance() = default;
+
+float CodeDistance::operator()(const uint8_t* code) const {
+  const float d = dc_->distance_to_code(code);
+  return ip_ ? 1.0f - d : d;
+}
+
 Quantizer::~Quantizer() = default;
+
+std::unique_ptr<CodeDistance> Quantizer::distance_to(const float* q) const {
+  const auto* flat = dynamic_cast<const faiss::IndexFlatCodes*>(index_.get());
+  std::unique_ptr<faiss::FlatCodesDistanceComputer> dc(flat->get_FlatCodesDistanceComputer());
+  dc->set_query(q);
+  return std::make_unique<CodeDistance>(std::move(dc), metric_ == Metric::IP);
+}
 
 std::shared_ptr<const Quantizer> Quantizer::train(const CodesSpec& spec, const float* x, size_t n, uint32_t dim,
                                                   Metric metric) {

@@ -19,9 +19,8 @@
 #include "common/distance.hpp"
 
 namespace faiss {
-struct ScalarQuantizer;
-struct ProductQuantizer;
 struct Index;
+struct FlatCodesDistanceComputer;
 }  // namespace faiss
 
 namespace dmhnsw::compute {
@@ -58,6 +57,19 @@ inline constexpr uint32_t kCodesVersion = 1;
 /// centroids 256 x dim floats).
 inline constexpr uint64_t kMaxCodesBlock = 256ull << 20;
 
+/// One query's distances to codes, on the scale of common/distance.hpp (squared L2, or 1 - <q, x>
+/// for ip): approximate, comparable with exact distances. One per query and thread.
+class CodeDistance {
+ public:
+  CodeDistance(std::unique_ptr<faiss::FlatCodesDistanceComputer> dc, bool ip);
+  ~CodeDistance();
+  float operator()(const uint8_t* code) const;
+
+ private:
+  std::unique_ptr<faiss::FlatCodesDistanceComputer> dc_;
+  bool ip_;
+};
+
 class Quantizer {
  public:
   /// Trains on n x dim vectors (a sample is enough: SQ8 learns each dimension's range, PQ runs
@@ -80,6 +92,9 @@ class Quantizer {
   void encode(const float* x, size_t n, uint8_t* codes) const;
   /// n codes back into n x dim floats (approximately).
   void decode(const uint8_t* codes, size_t n, float* x) const;
+  /// Distances from query `q` (dim floats) to codes (Faiss's distance computer: SQ8 decodes on
+  /// the fly, PQ looks up its per-query tables).
+  std::unique_ptr<CodeDistance> distance_to(const float* q) const;
 
  private:
   Quantizer() = default;

@@ -24,6 +24,13 @@ class LocalCodes {
     const auto it = at_.find(node.raw());
     return it == at_.end() ? nullptr : codes_.data() + it->second * code_size_;
   }
+  /// The node's code and its label, or null.
+  const uint8_t* find(RemotePtr node, uint64_t* label) const {
+    const auto it = at_.find(node.raw());
+    if (it == at_.end()) return nullptr;
+    *label = labels_[it->second];
+    return codes_.data() + size_t{it->second} * code_size_;
+  }
   uint64_t label(RemotePtr node) const { return labels_.at(at_.at(node.raw())); }
   /// Entries each memnode's log holds (as counted when loaded, at most its capacity).
   const std::vector<uint64_t>& entries() const { return entries_; }

@@ -8,6 +8,7 @@
 #include <queue>
 #include <thread>
 
+#include "compute/shine/codes_log.hpp"
 #include "compute/shine/graph_detail.hpp"
 
 namespace dmhnsw::shine {
@@ -130,12 +131,29 @@ Task<Worker::Entry> Worker::read_entry(OpContext& ctx) {
                   w[shine_word::kReused - shine_word::kEntryPoint]};
 }
 
-Task<std::vector<Neighbor>> Worker::read_vectors(const std::vector<RemotePtr>& nodes, const float* q,
+Task<std::vector<Neighbor>> Worker::read_vectors(const std::vector<RemotePtr>& all, const float* q,
                                                  OpContext& ctx, VecCache* cache) {
   std::vector<Neighbor> out;
-  if (nodes.empty()) co_return out;
+  if (all.empty()) co_return out;
   const auto& L = g_.layout();
-  out.reserve(nodes.size());
+  out.reserve(all.size());
+  // With codes, a node whose code this computenode holds costs no READ; its deleted bit and
+  // generation are not known (cached = true: the results are checked against the index).
+  std::vector<RemotePtr> uncoded;
+  if (ctx.code_dist != nullptr) {
+    for (RemotePtr p : all) {
+      uint64_t label = 0;
+      if (const uint8_t* code = ctx.codes->find(p, &label)) {
+        ++ctx.search.visited;
+        ++ctx.search.coded;
+        out.push_back({(*ctx.code_dist)(code), p, label, false, true});
+      } else {
+        uncoded.push_back(p);
+      }
+    }
+  }
+  const std::vector<RemotePtr>& nodes = ctx.code_dist != nullptr ? uncoded : all;
+  if (nodes.empty()) co_return out;
   // Vectors this insert already knows are not read again (they never change).
   std::vector<RemotePtr> remote;
   if (cache != nullptr) {
@@ -389,7 +407,7 @@ Task<void> Worker::drop_stale(std::vector<Neighbor>& w, uint32_t k, OpContext& c
       n.cached = false;
       const bool reused = !NodeHeader::valid(f.header) || f.label != n.label ||
                           NodeHeader::generation(f.header) != n.generation;
-      if (reused) ctx.node_cache->erase(n.node);  // its vector is another's now
+      if (reused && ctx.node_cache != nullptr) ctx.node_cache->erase(n.node);  // its vector is another's now
       if (reused || NodeHeader::deleted(f.header)) {
         n.deleted = true;
         ++dropped;
@@ -401,8 +419,29 @@ Task<void> Worker::drop_stale(std::vector<Neighbor>& w, uint32_t k, OpContext& c
   }
 }
 
+Task<std::vector<Neighbor>> Worker::rerank(const float* q, std::vector<Neighbor> w, uint32_t r, OpContext& ctx) {
+  std::vector<RemotePtr> best;
+  for (size_t i = 0; i < w.size() && best.size() < r; ++i) best.push_back(w[i].node);
+  const compute::CodeDistance* saved = ctx.code_dist;
+  ctx.code_dist = nullptr;  // the exact vectors, with their headers as they are now
+  std::vector<Neighbor> exact = co_await read_vectors(best, q, ctx, nullptr);
+  ctx.code_dist = saved;
+  ctx.search.reranked += best.size();
+  exact.erase(std::remove_if(exact.begin(), exact.end(), [](const Neighbor& n) { return n.deleted; }), exact.end());
+  std::sort(exact.begin(), exact.end(), ByDistLess{});
+  co_return exact;
+}
+
 Task<std::vector<Neighbor>> Worker::search(const float* q, uint32_t k, uint32_t ef, OpContext& ctx,
                                            uint32_t upper_ef) {
+  // With codes: this query's distances to them, for this search only.
+  std::unique_ptr<compute::CodeDistance> code_dist;
+  if (ctx.codes != nullptr && g_.params().codes) code_dist = g_.params().codes->distance_to(q);
+  ctx.code_dist = code_dist.get();
+  struct Clear {
+    OpContext& c;
+    ~Clear() { c.code_dist = nullptr; }
+  } clear{ctx};
   const Entry entry = co_await read_entry(ctx);
   RemotePtr ep = entry.node;
   unsigned max_level = entry.level;
@@ -422,6 +461,7 @@ Task<std::vector<Neighbor>> Worker::search(const float* q, uint32_t k, uint32_t 
     }
   }
   std::vector<Neighbor> w = co_await search_layer(q, std::move(eps), std::max(ef, k), 0, ctx, nullptr);
+  if (ctx.code_dist != nullptr) w = co_await rerank(q, std::move(w), std::max(ctx.rerank, k), ctx);
   // A node cache's entries do not see deletes: while the index has any, the results it gave
   // are checked against the index.
   if (entry.deleted > 0) co_await drop_stale(w, k, ctx);

@@ -91,7 +91,9 @@ struct Neighbor {
 };
 
 struct SearchStats {
-  uint64_t visited = 0;   // distinct nodes whose vector was read
+  uint64_t visited = 0;   // distinct nodes whose vector was read (or whose code was compared)
+  uint64_t coded = 0;     // of them, compared by their code (no READ)
+  uint64_t reranked = 0;  // vectors read to re-rank the best candidates found by codes
   uint64_t hops = 0;      // candidates expanded (neighbour lists read)
   uint64_t skipped = 0;   // invalid pointers or headers met (concurrent writers)
   uint64_t stale = 0;     // results a cache held that the index had deleted meanwhile (dropped)
@@ -159,8 +161,15 @@ class VisitedSet {
 };
 
 /// Per-coroutine state of one insert or query.
+class LocalCodes;
+
 struct OpContext {
   ReadMode mode = ReadMode::Batch;
+  /// Queries over an index with codes: each node this computenode holds a code of is compared
+  /// by its code (no READ); the best `rerank` candidates are then read and compared exactly.
+  const LocalCodes* codes = nullptr;
+  uint32_t rerank = 0;
+  const compute::CodeDistance* code_dist = nullptr;  // set by Worker::search for one query
   cache::NodeCache* node_cache = nullptr;  // queries: the computenode's node cache (optional)
   cache::TraceWriter* trace = nullptr;     // queries: records every node-cache access (optional)
   std::vector<cache::TraceRecord>* accesses = nullptr;  // queries: the same records kept in memory (optional)
@@ -189,6 +198,9 @@ class Worker {
   /// k nearest neighbours with efSearch `ef` (Algorithm 1), the levels above 0 searched with
   /// `upper_ef` (1: greedy, as HNSW does; more: level 0 starts from that many nodes).
   Task<std::vector<Neighbor>> search(const float* q, uint32_t k, uint32_t ef, OpContext& ctx, uint32_t upper_ef = 1);
+  /// The best `r` of `w` (found by their codes) read and compared exactly, nearest first;
+  /// deleted ones and pointers that are not nodes dropped.
+  Task<std::vector<Neighbor>> rerank(const float* q, std::vector<Neighbor> w, uint32_t r, OpContext& ctx);
   /// FreshDiskANN's delete consolidation for node `p` (compute/shine/consolidate.cpp): each of
   /// its lists that names deleted nodes gets, under p's lock, those nodes' live neighbours in
   /// their place, pruned with the heuristic (DiskANN's RobustPrune with `alpha`; 1: hnswlib's).

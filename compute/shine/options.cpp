@@ -26,6 +26,12 @@ void SearchOptions::add_flags(CLI::App& cmd, const std::string& cache_ratio_also
                  "keeps recall after heavy churn at a few more READs per query")
       ->capture_default_str()
       ->check(CLI::Range(1, 4096));
+  cmd.add_option("--rerank", rerank,
+                 "shine: with an index built with --codes, compare nodes by this computenode's copy of their "
+                 "codes (no vector READs) and re-rank the best R candidates with their full vectors (0: full "
+                 "vectors throughout)")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 100000));
   cmd.add_option("--routing", routing.policy,
                  "shine: none: every computenode answers its own queries; best-fit: to the computenode whose "
                  "partition fits; balanced: best fit within equal quotas per batch; adaptive: quotas from the "

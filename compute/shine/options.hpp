@@ -31,13 +31,16 @@ struct SearchOptions {
   // reaches level 0 with that many starting points: it keeps recall on a graph worn by
   // steady churn (experiments/churn), at a few more READs per query.
   uint32_t upper_ef = 1;
+  // With an index built with --codes: 0 reads full vectors throughout; R > 0 compares nodes by
+  // this computenode's copy of their codes (no READ) and re-reads the best R exactly.
+  uint32_t rerank = 0;
   RoutingOptions routing;
 
   /// The node cache's capacity for an index of `index_bytes`.
   uint64_t cache_capacity(uint64_t index_bytes) const {
     return cache_bytes > 0 ? cache_bytes : static_cast<uint64_t>(cache_ratio * static_cast<double>(index_bytes));
   }
-  /// Registers --threads, --coroutines, --cache-ratio, --cache-bytes, --admit-probability, --upper-ef,
+  /// Registers --threads, --coroutines, --cache-ratio, --cache-bytes, --admit-probability, --upper-ef, --rerank,
   /// --routing, --route-batch, --route-threshold, --kmeans-seed, --oracle and --adaptive-quota on
   /// `cmd`. `cache_ratio_also` ends --cache-ratio's help (another mode may read it too).
   void add_flags(CLI::App& cmd, const std::string& cache_ratio_also = "");

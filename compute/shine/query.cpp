@@ -32,6 +32,14 @@ QuerySession::QuerySession(const RunContext& rc, const QueryOptions& o)
   g_.emplace(c_, p_);
   board_.emplace(c_, *control_, self_, K_, "query", rc.departed_at_connect);
   make_node_cache();
+  if (o.search.rerank > 0) {
+    if (!p_.codes) throw std::invalid_argument("--rerank: the shine index has no codes (build it with --codes)");
+    const auto t0 = Clock::now();
+    codes_.emplace(LocalCodes::load(*control_, p_));
+    codes_load_s_ = seconds_since(t0);
+    spdlog::info("codes {}: {} nodes' codes loaded ({} MiB) in {:.2f} s; the best {} re-ranked", p_.codes->spec().to_string(),
+                 codes_->size(), codes_->bytes() >> 20, codes_load_s_, o.search.rerank);
+  }
   make_partition_oracle();
   relay_.emplace(c_, self_, K_, relay_callbacks());
   relay_ptr_.store(&*relay_);

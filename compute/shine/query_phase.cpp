@@ -235,6 +235,8 @@ void QuerySession::answer(PhaseRun& run, std::vector<PerQuery>& out) {
     for (auto& x : ctxs) {
       x.mode = o_.mode;
       x.node_cache = ncache_.get();
+      x.codes = codes_ ? &*codes_ : nullptr;
+      x.rerank = o_.search.rerank;
       x.trace = traces_[t].get();
       x.measured = run.is_measured;
     }

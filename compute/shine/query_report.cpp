@@ -38,6 +38,10 @@ json QuerySession::report_header() const {
                      {"capacity_entries", ncache_ ? ncache_->capacity_entries() : 0},
                      {"index_bytes", idx_bytes_}, {"admit_probability", o_.search.admit_probability}}},
           {"partition", partition_},
+          {"codes", codes_ ? json{{"kind", p_.codes->spec().to_string()}, {"code_size", p_.codes->code_size()},
+                                  {"rerank", o_.search.rerank}, {"nodes", codes_->size()},
+                                  {"bytes", codes_->bytes()}, {"load_seconds", codes_load_s_}}
+                           : json(nullptr)},
           {"index", {{"dim", p_.dim}, {"m", p_.m}, {"ef_construction", p_.ef_construction},
                      {"metric", std::string(to_string(p_.metric))},
                      {"distance_kernel", g_->distance().kernel_name()}}}};
@@ -58,6 +62,8 @@ json QuerySession::my_share(const std::vector<PerQuery>& rows, const PhaseResult
     ss.hops += r.ss.hops;
     ss.skipped += r.ss.skipped;
     ss.stale += r.ss.stale;
+    ss.coded += r.ss.coded;
+    ss.reranked += r.ss.reranked;
   }
   if (lat.size() > 8192) {  // at most 8192 latencies per computenode travel (an even subsample)
     std::vector<float> sub;
@@ -66,7 +72,7 @@ json QuerySession::my_share(const std::vector<PerQuery>& rows, const PhaseResult
   }
   return {{"cn_id", self_}, {"queries", rows.size()}, {"seconds", pr.seconds}, {"recall_sum", recall},
           {"io", io_json(io)}, {"visited", ss.visited}, {"hops", ss.hops}, {"skipped", ss.skipped},
-          {"stale", ss.stale}, {"input", pr.input}, {"routed_away", pr.routed_away}, {"received", pr.received},
+          {"stale", ss.stale}, {"coded", ss.coded}, {"reranked", ss.reranked}, {"input", pr.input}, {"routed_away", pr.routed_away}, {"received", pr.received},
           {"bounced", pr.bounced}, {"syncs", pr.syncs}, {"routed_to", pr.routed_to}, {"cache", cache_json(cs)},
           {"cpu_seconds", cpu_secs},
           {"latencies_us", lat}};
@@ -76,7 +82,7 @@ json QuerySession::my_share(const std::vector<PerQuery>& rows, const PhaseResult
 json QuerySession::merge_run(uint32_t ef, const std::vector<std::string>& texts) {
   std::vector<float> all_lat;
   double max_secs = 0, recall_sum = 0;
-  uint64_t queries = 0, visited = 0, hops = 0, skipped = 0, stale = 0, lookups = 0, chits = 0;
+  uint64_t queries = 0, visited = 0, hops = 0, skipped = 0, stale = 0, lookups = 0, chits = 0, coded = 0, reranked = 0;
   compute::IoStats all_io;
   json per_cn = json::array();
   for (uint32_t cn = 0; cn < texts.size(); ++cn) {
@@ -91,6 +97,8 @@ json QuerySession::merge_run(uint32_t ef, const std::vector<std::string>& texts)
     hops += j["hops"].get<uint64_t>();
     skipped += j["skipped"].get<uint64_t>();
     stale += j["stale"].get<uint64_t>();
+    coded += j["coded"].get<uint64_t>();
+    reranked += j["reranked"].get<uint64_t>();
     lookups += j["cache"]["lookups"].get<uint64_t>();
     chits += j["cache"]["hits"].get<uint64_t>();
     all_io.reads += j["io"]["reads"].get<uint64_t>();
@@ -122,7 +130,10 @@ json QuerySession::merge_run(uint32_t ef, const std::vector<std::string>& texts)
             {"reads", static_cast<double>(all_io.reads) / nq},
             {"bytes", bytes_per_q},
             {"doorbells", static_cast<double>(all_io.doorbells) / nq},
-            {"vector_bytes", static_cast<double>(visited) / nq * static_cast<double>(g_->layout().vector_read_bytes())}}},
+            {"coded", static_cast<double>(coded) / nq},
+            {"reranked", static_cast<double>(reranked) / nq},
+            {"vector_bytes", static_cast<double>(visited - coded) / nq *
+                                 static_cast<double>(g_->layout().vector_read_bytes())}}},
           {"network_bound_qps", {{"56Gbps", 56e9 / 8 / std::max(bytes_per_q, 1.0)}, {"100Gbps", 100e9 / 8 / std::max(bytes_per_q, 1.0)}}},
           {"cache_hit_rate", lookups ? static_cast<double>(chits) / static_cast<double>(lookups) : 0.0},
           {"invalid_pointers_skipped", skipped},

@@ -18,6 +18,7 @@
 #include "common/workload.hpp"
 #include "compute/board.hpp"
 #include "compute/relay_client.hpp"
+#include "compute/shine/codes_log.hpp"
 #include "compute/shine/engine.hpp"
 #include "compute/shine/query_exchange.hpp"
 #include "compute/shine/run_util.hpp"
@@ -116,6 +117,9 @@ class QuerySession {
   uint32_t K_, self_;
   // the node cache
   std::unique_ptr<cache::NodeCache> ncache_;
+  // the codes (--rerank): every node's code, loaded once
+  std::optional<LocalCodes> codes_;
+  double codes_load_s_ = 0;
   uint64_t idx_bytes_ = 0;
   cache::NodeCacheConfig cc_;
   // the partitioning oracle

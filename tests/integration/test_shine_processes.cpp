@@ -274,3 +274,55 @@ TEST_CASE("shine: an index stored with --store-index and served by memnode --loa
   CHECK(a["per_query"]["visited"] == b["per_query"]["visited"]);  // the same graph, walked the same way
   CHECK(a["per_query"]["bytes"] == b["per_query"]["bytes"]);
 }
+
+TEST_CASE("shine: an index built with --codes answers with --rerank as with full vectors, reading a fraction of "
+          "the bytes (shm, cxl)",
+          "[integration][shine][codes]") {
+  Data d;  // 3,000 rows of 24 dimensions: 2,000 built with codes, 1,000 inserted by another computenode
+  for (std::string provider : {"shm", "cxl"}) {
+    DYNAMIC_SECTION(provider) {
+      TempDir dir;
+      Memnode m0(dir, 0, provider), m1(dir, 1, provider);
+      std::string mns = m0.address + "," + m1.address;
+      auto b = run(cn(provider, mns, 0, 1, {"build", "--data", d.base, "--max-elements", "2000", "--ef-construction", "80",
+                                            "--codes", "sq8", "--report", dir.file("build.json")}),
+                   dir, "build", seconds(300));
+      INFO(b.output);
+      REQUIRE(b.code == 0);
+      CHECK(load_json(dir.file("build.json"))["codes"]["code_size"] == 24);
+      // Inserts by a computenode that did not train the quantizer: it loads it and logs codes too.
+      auto ins = run(cn(provider, mns, 0, 1, {"insert", "--data", d.base, "--begin", "2000"}), dir, "insert", seconds(300));
+      INFO(ins.output);
+      REQUIRE(ins.code == 0);
+      auto query = [&](const std::string& rerank) {
+        const std::string rep = dir.file("q" + rerank + ".json");
+        auto q = run(cn(provider, mns, 0, 1, {"query", "--workload", d.wl, "--ef-search", "48", "--rerank", rerank,
+                                              "--report", rep}),
+                     dir, "q" + rerank, seconds(300));
+        INFO(q.output);
+        REQUIRE(q.code == 0);
+        return load_json(rep);
+      };
+      const auto full = query("0"), coded = query("30");
+      const auto& f = full["runs"][0];
+      const auto& c = coded["runs"][0];
+      INFO("recall full " << f["recall"] << ", codes " << c["recall"] << "; bytes per query " << f["per_query"]["bytes"]
+                          << " -> " << c["per_query"]["bytes"]);
+      CHECK(full["codes"].is_null());
+      CHECK(coded["codes"]["nodes"] == 3000);  // every node's code, the inserted ones too
+      CHECK(c["recall"].get<double>() >= f["recall"].get<double>() - 0.01);
+      CHECK(c["per_query"]["coded"].get<double>() > 0.9 * c["per_query"]["visited"].get<double>() - 30);
+      CHECK(c["per_query"]["reranked"].get<double>() <= 30.0);
+      CHECK(c["per_query"]["bytes"].get<double>() < 0.5 * f["per_query"]["bytes"].get<double>());
+    }
+  }
+  // A query with --rerank on an index without codes is refused naming the flag.
+  TempDir dir;
+  Memnode m0(dir, 0, "shm");
+  REQUIRE(run(cn("shm", m0.address, 0, 1, {"build", "--data", d.base, "--max-elements", "300"}), dir, "plain",
+              seconds(120))
+              .code == 0);
+  auto q = run(cn("shm", m0.address, 0, 1, {"query", "--workload", d.wl, "--rerank", "10"}), dir, "refused", seconds(60));
+  CHECK(q.code != 0);
+  CHECK_THAT(q.output, Contains("--rerank") && Contains("no codes"));
+}
