@@ -13,6 +13,7 @@
 #include <deque>
 #include <functional>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <vector>
 
@@ -20,6 +21,7 @@
 #include "common/region.hpp"
 #include "compute/coro.hpp"
 #include "compute/serve/backend.hpp"
+#include "compute/shine/codes_log.hpp"
 #include "compute/serve/shine_router.hpp"
 #include "compute/shine/graph.hpp"
 #include "compute/shine/sample.hpp"
@@ -77,6 +79,12 @@ class ShineBackend final : public Backend {
       ncache_ = std::make_unique<cache::NodeCache>(cc);
       spdlog::info("serve: node cache of {} entries ({} MiB), level-0 admission p={}", ncache_->capacity_entries(),
                    cache_bytes >> 20, so.admit_probability);
+    }
+    if (so.rerank > 0) {  // the codes, loaded once (nodes inserted since are read as vectors)
+      if (!p_.codes) throw std::invalid_argument("--rerank: the shine index has no codes (build it with --codes)");
+      codes_.emplace(shine::LocalCodes::load(*control_, p_));
+      spdlog::info("serve: codes {} of {} nodes ({} MiB); the best {} re-ranked", p_.codes->spec().to_string(),
+                   codes_->size(), codes_->bytes() >> 20, so.rerank);
     }
     // The router first: if it cannot start (a peer's partitioning refused, a dead memnode), the
     // constructor throws before any worker thread exists to be left joinable.
@@ -252,6 +260,8 @@ class ShineBackend final : public Backend {
       for (size_t j = 0; j < jobs.size(); ++j) {
         before[j] = ctxs[j].io;
         ctxs[j].node_cache = jobs[j].kind == Job::Kind::Search ? ncache_.get() : nullptr;
+        ctxs[j].codes = jobs[j].kind == Job::Kind::Search && codes_ ? &*codes_ : nullptr;
+        ctxs[j].rerank = o_.search.rerank;
         s.spawn(one(w, jobs[j], ctxs[j], finished[j]));
       }
       try {
@@ -320,6 +330,7 @@ class ShineBackend final : public Backend {
   ShineServeOptions o_;
   BackendMetrics& m_;
   std::unique_ptr<cache::NodeCache> ncache_;
+  std::optional<shine::LocalCodes> codes_;
   std::mutex cache_mu_;
   cache::NodeCacheStats cache_seen_;
   std::unique_ptr<fabric::Endpoint> control_;
