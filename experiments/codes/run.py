@@ -1,0 +1,86 @@
+#!/usr/bin/python3
+"""shine with compressed vectors (issue 31) against the float index, in the same run.
+
+One shine index per --codes kind is built into 2 memnodes (one computenode, T threads); every
+query run uses the same index: --rerank 0 reads full vectors throughout (the float index's
+traversal), --rerank R compares nodes by the computenode's copy of their codes and re-reads
+the best R. Each at the --ef-search values, without and with the wire model. Per run: recall@10,
+QPS, bytes / READs / doorbells per query, codes loaded. Results: OUT/results.json and
+OUT/results.md.
+
+  experiments/codes/run.py --set wordnet --codes sq8,pq:48 --rerank 0,20,50
+"""
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import dmh  # noqa: E402
+
+HERE = Path(__file__).resolve().parent
+ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+ap.add_argument("--set", default="wordnet", help="wordnet, bigann10k, syn100k or syn1m (default %(default)s)")
+ap.add_argument("--codes", default="sq8,pq:48", help="--codes kinds, one index each (default %(default)s)")
+ap.add_argument("--rerank", default="0,20,50", help="--rerank values; 0: full vectors (default %(default)s)")
+ap.add_argument("--ef-search", default="32,64,128", help="efSearch values (default %(default)s)")
+ap.add_argument("--m", type=int, default=16)
+ap.add_argument("--ef-construction", type=int, default=100)
+ap.add_argument("--threads", type=int, default=2)
+ap.add_argument("--coroutines", type=int, default=4)
+ap.add_argument("--provider", default="cxl")
+ap.add_argument("--wire", default="none,rdma-100g", help="wire models of the query runs (default %(default)s)")
+ap.add_argument("--region", default="1GiB")
+ap.add_argument("--work", default=None, help="data and logs (default runs/codes/SET)")
+ap.add_argument("--out", default=None, help="results folder (default this folder's SET/)")
+a = ap.parse_args()
+
+work = Path(a.work or dmh.ROOT / "runs" / "codes" / a.set)
+work.mkdir(parents=True, exist_ok=True)
+out = Path(a.out or HERE / a.set)
+out.mkdir(parents=True, exist_ok=True)
+base, wl, metric = dmh.dataset(a.set, work)
+results = {"set": a.set, "provider": a.provider, "m": a.m, "ef_construction": a.ef_construction,
+           "threads": a.threads, "coroutines": a.coroutines, "command": " ".join(sys.argv), "indexes": []}
+for codes in a.codes.split(","):
+    dmh.log(f"{a.set}: build with --codes {codes}")
+    with dmh.Memnodes(2, a.provider, a.region, work / "mn") as mn:
+        cn = [str(dmh.BIN / "computenode"), "--provider", a.provider, "--memnodes", mn.list]
+        rep = work / "build.json"
+        dmh.run(cn + ["build", "--data", base, "--m", a.m, "--ef-construction", a.ef_construction, "--metric", metric,
+                      "--threads", a.threads, "--codes", codes, "--report", rep])
+        b = json.loads(rep.read_text())
+        idx = {"codes": codes, "build_seconds": b["seconds"], "code_size": b["codes"]["code_size"], "runs": []}
+        for wire in a.wire.split(","):
+            for rerank in a.rerank.split(","):
+                q = work / "q.json"
+                dmh.run(cn + ["--wire", wire, "query", "--workload", wl, "--k", 10, "--ef-search", a.ef_search,
+                              "--threads", a.threads, "--coroutines", a.coroutines, "--rerank", rerank,
+                              "--report", q])
+                r = json.loads(q.read_text())
+                for run in r["runs"]:
+                    idx["runs"].append({"wire": wire, "rerank": int(rerank), "ef_search": run["ef_search"],
+                                        "recall": run["recall"], "qps": run["qps"], "per_query": run["per_query"],
+                                        "codes_bytes": (r["codes"] or {}).get("bytes", 0)})
+                dmh.log(f"  {codes} wire {wire} rerank {rerank}: " + ", ".join(
+                    f"ef {x['ef_search']} R {x['recall']:.4f} {x['qps']:.0f} qps {x['per_query']['bytes']:.0f} B"
+                    for x in r["runs"]))
+        results["indexes"].append(idx)
+
+rows = []
+for idx in results["indexes"]:
+    full = {(x["wire"], x["ef_search"]): x for x in idx["runs"] if x["rerank"] == 0}
+    for x in idx["runs"]:
+        f = full.get((x["wire"], x["ef_search"]))
+        rows.append([idx["codes"], x["wire"], x["ef_search"], x["rerank"] or "float", f"{x['recall']:.4f}",
+                     f"{x['qps']:.0f}", f"{x['per_query']['bytes']:.0f}",
+                     f"{f['per_query']['bytes'] / x['per_query']['bytes']:.1f}x" if f else "",
+                     f"{x['qps'] / f['qps']:.2f}x" if f else "", f"{x['per_query']['reads']:.0f}",
+                     f"{x['codes_bytes'] / 2**20:.1f}"])
+md = dmh.md_table(["codes", "wire", "efSearch", "rerank", "recall@10", "QPS", "bytes/query", "fewer bytes",
+                   "QPS vs float", "READs/query", "codes MiB"], rows)
+(out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
+(out / "results.md").write_text(f"`{results['command']}`\n\n{md}\n")
+print(md)
