@@ -20,6 +20,26 @@ namespace {
 
 constexpr char kMagic[8] = {'D', 'M', 'C', 'O', 'D', 'E', 'S', '1'};
 
+// The SQ8 kernels: one clone per instruction set, chosen when the program loads (the
+// reductions vectorize because this unit is compiled with reassociation allowed:
+// compute/CMakeLists.txt).
+__attribute__((target_clones("avx512f", "avx2", "default"))) float sq8_l2(const float* a, const float* s,
+                                                                          const uint8_t* c, size_t d) {
+  float sum = 0;
+  for (size_t i = 0; i < d; ++i) {
+    const float t = a[i] - static_cast<float>(c[i]) * s[i];
+    sum += t * t;
+  }
+  return sum;
+}
+
+__attribute__((target_clones("avx512f", "avx2", "default"))) float sq8_dot(const float* b, const uint8_t* c,
+                                                                           size_t d) {
+  float sum = 0;
+  for (size_t i = 0; i < d; ++i) sum += b[i] * static_cast<float>(c[i]);
+  return sum;
+}
+
 faiss::MetricType faiss_metric(Metric m) { return m == Metric::IP ? faiss::METRIC_INNER_PRODUCT : faiss::METRIC_L2; }
 
 }  // namespace
@@ -60,7 +80,23 @@ CodeDistance::CodeDistance(std::unique_ptr<faiss::FlatCodesDistanceComputer> dc,
     : dc_(std::move(dc)), ip_(ip) {}
 CodeDistance::~CodeDistance() = default;
 
+CodeDistance::CodeDistance(const float* q, const std::vector<float>& trained, uint32_t dim, bool ip) : ip_(ip) {
+  a_.resize(dim);
+  s_.resize(dim);
+  for (uint32_t i = 0; i < dim; ++i) {
+    const float vmin = trained[i], step = trained[dim + i] / 255.0f;
+    if (ip) {  // <q, x> = sum q_i (vmin_i + 0.5 step_i) + sum (q_i step_i) c_i
+      k_ += q[i] * (vmin + 0.5f * step);
+      a_[i] = q[i] * step;
+    } else {  // q_i - x_i = (q_i - vmin_i - 0.5 step_i) - c_i step_i
+      a_[i] = q[i] - vmin - 0.5f * step;
+      s_[i] = step;
+    }
+  }
+}
+
 float CodeDistance::operator()(const uint8_t* code) const {
+  if (!dc_) return ip_ ? 1.0f - (k_ + sq8_dot(a_.data(), code, a_.size())) : sq8_l2(a_.data(), s_.data(), code, a_.size());
   const float d = dc_->distance_to_code(code);
   return ip_ ? 1.0f - d : d;
 }
@@ -68,6 +104,9 @@ float CodeDistance::operator()(const uint8_t* code) const {
 Quantizer::~Quantizer() = default;
 
 std::unique_ptr<CodeDistance> Quantizer::distance_to(const float* q) const {
+  if (const auto* sq = dynamic_cast<const faiss::IndexScalarQuantizer*>(index_.get());
+      sq != nullptr && sq->sq.trained.size() == 2 * size_t{dim_})  // per-dimension ranges (QT_8bit)
+    return std::make_unique<CodeDistance>(q, sq->sq.trained, dim_, metric_ == Metric::IP);
   const auto* flat = dynamic_cast<const faiss::IndexFlatCodes*>(index_.get());
   std::unique_ptr<faiss::FlatCodesDistanceComputer> dc(flat->get_FlatCodesDistanceComputer());
   dc->set_query(q);

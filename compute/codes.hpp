@@ -62,12 +62,17 @@ inline constexpr uint64_t kMaxCodesBlock = 256ull << 20;
 class CodeDistance {
  public:
   CodeDistance(std::unique_ptr<faiss::FlatCodesDistanceComputer> dc, bool ip);
+  /// SQ8 (Faiss's per-dimension range: x_i = vmin_i + (c_i + 0.5) / 255 * vdiff_i), computed
+  /// here with the query folded in: l2 sum (a_i - c_i s_i)^2, ip 1 - (k + sum b_i c_i).
+  CodeDistance(const float* q, const std::vector<float>& trained, uint32_t dim, bool ip);
   ~CodeDistance();
   float operator()(const uint8_t* code) const;
 
  private:
   std::unique_ptr<faiss::FlatCodesDistanceComputer> dc_;
   bool ip_;
+  std::vector<float> a_, s_;  // SQ8: per dimension (l2: offset and step; ip: b in a_)
+  float k_ = 0;
 };
 
 class Quantizer {

@@ -70,6 +70,22 @@ TEST_CASE("codes: SQ8 and PQ trained with Faiss survive their block, and a corru
       back->encode(x.data(), 1, b.data());
       CHECK(a == b);  // the same quantizer after the round trip
 
+      // The distance to a code is the distance to the vector it decodes to (l2 and ip scales).
+      for (Metric metric : {Metric::L2, Metric::IP}) {
+        const auto qm = metric == Metric::L2 ? q : Quantizer::train(q->spec(), x.data(), 2000, d, metric);
+        const DistanceComputer exact(metric, d);
+        std::vector<uint8_t> code(qm->code_size());
+        std::vector<float> dec(d);
+        for (size_t i = 0; i < 20; ++i) {
+          const float* query = x.data() + (100 + i) * d;
+          const auto dist = qm->distance_to(query);
+          qm->encode(x.data() + i * d, 1, code.data());
+          qm->decode(code.data(), 1, dec.data());
+          const float want = exact(query, dec.data());
+          CHECK((*dist)(code.data()) == Approx(want).epsilon(1e-3).margin(1e-3));
+        }
+      }
+
       auto corrupt = block;
       corrupt[block.size() - 5] ^= 0x40;  // inside the payload
       CHECK_THROWS_WITH(Quantizer::load(corrupt.data(), corrupt.size(), "memnode 0", 4096),
