@@ -9,23 +9,17 @@
 #include "common/fabric/local/local_fabric.hpp"
 #include "common/region.hpp"
 #include "compute/codes.hpp"
+#include "gaussian.hpp"
 #include "compute/shine/codes_log.hpp"
 #include "compute/shine/graph.hpp"
 
 using namespace dmhnsw;
 using namespace dmhnsw::shine;
+using dmhnsw::testing::gaussian;
 using compute::CodeKind;
 using compute::Quantizer;
 
 namespace {
-
-std::vector<float> gaussian(size_t n, size_t d, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<float> nd(0, 1);
-  std::vector<float> v(n * d);
-  for (auto& x : v) x = nd(rng);
-  return v;
-}
 
 /// Largest |x - decode(encode(x))| over the rows, relative to the data's spread (1 here).
 double worst_error(const Quantizer& q, const std::vector<float>& x, size_t d) {

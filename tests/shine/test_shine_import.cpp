@@ -16,22 +16,16 @@
 #include "tools/hnswlib_space.hpp"
 #include "common/fabric/local/local_fabric.hpp"
 #include "common/region.hpp"
+#include "gaussian.hpp"
 #include "compute/shine/graph.hpp"
 #include "compute/shine/import.hpp"
 
 using namespace dmhnsw;
 using namespace dmhnsw::shine;
+using dmhnsw::testing::gaussian;
 using Catch::Contains;
 
 namespace {
-
-std::vector<float> gaussian(size_t n, size_t d, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<float> nd(0, 1);
-  std::vector<float> v(n * d);
-  for (auto& x : v) x = nd(rng);
-  return v;
-}
 
 struct Fixture {
   const size_t n, d, m = 8;

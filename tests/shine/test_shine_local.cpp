@@ -12,11 +12,13 @@
 #include "common/fabric/local/local_fabric.hpp"
 #include "common/presence.hpp"
 #include "common/region.hpp"
+#include "gaussian.hpp"
 #include "compute/shine/layout.hpp"
 #include "compute/shine/graph.hpp"
 
 using namespace dmhnsw;
 using namespace dmhnsw::shine;
+using dmhnsw::testing::gaussian;
 using compute::Scheduler;
 
 namespace {
@@ -29,14 +31,6 @@ std::shared_ptr<fabric::LocalCluster> make_cluster(uint16_t nodes, uint64_t byte
   }
   c->refresh_headers();
   return c;
-}
-
-std::vector<float> gaussian_data(size_t n, size_t d, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<float> nd(0, 1);
-  std::vector<float> v(n * d);
-  for (auto& x : v) x = nd(rng);
-  return v;
 }
 
 std::vector<uint32_t> brute_force(const std::vector<float>& base, size_t d, const float* q, size_t k) {
@@ -131,8 +125,8 @@ TEST_CASE("shine node layout: sizes and offsets", "[shine][layout]") {
 
 TEST_CASE("shine insert + search on LocalFabric: recall against brute force", "[shine]") {
   const size_t n = 3000, d = 24, nq = 100, k = 10;
-  auto base = gaussian_data(n, d, 1);
-  auto queries = gaussian_data(nq, d, 2);
+  auto base = gaussian(n, d, 1);
+  auto queries = gaussian(nq, d, 2);
   for (ReadMode mode : {ReadMode::Batch, ReadMode::PerRead}) {
     Built b = build(base, d, 12, 100, 42, mode);
     uint64_t count = 0;
@@ -160,8 +154,8 @@ TEST_CASE("shine insert + search on LocalFabric: recall against brute force", "[
 
 TEST_CASE("shine: --upper-ef searches the upper levels wider, reading more and finding at least as much", "[shine]") {
   const size_t n = 3000, d = 24, nq = 100, k = 10;
-  auto base = gaussian_data(n, d, 1);
-  auto queries = gaussian_data(nq, d, 2);
+  auto base = gaussian(n, d, 1);
+  auto queries = gaussian(nq, d, 2);
   Built b = build(base, d, 12, 100, 42, ReadMode::Batch);
   Scheduler s(*b.ep);
   Worker w(*b.graph, s, 7);
@@ -190,7 +184,7 @@ TEST_CASE("shine: --upper-ef searches the upper levels wider, reading more and f
 
 TEST_CASE("shine build is deterministic for a fixed seed and one thread", "[shine]") {
   const size_t n = 800, d = 8;
-  auto base = gaussian_data(n, d, 3);
+  auto base = gaussian(n, d, 3);
   Built a = build(base, d, 8, 50, 9, ReadMode::Batch);
   Built b = build(base, d, 8, 50, 9, ReadMode::Batch);
   for (uint16_t i = 0; i < 2; ++i) {
@@ -214,7 +208,7 @@ TEST_CASE("shine: an exhausted region is a clear error naming the memnode", "[sh
   Scheduler s(*ep);
   Worker w(g, s, 1);
   OpContext ctx;
-  auto data = gaussian_data(10000, 256, 5);
+  auto data = gaussian(10000, 256, 5);
   CHECK_THROWS_WITH(
       [&] {
         for (size_t i = 0; i < 10000; ++i) compute::run_sync(s, w.insert(&data[i * 256], static_cast<uint32_t>(i), ctx));
@@ -292,7 +286,7 @@ TEST_CASE("shine: with an id index, every inserted id finds its node and a dupli
   Scheduler s(*ep);
   Worker w(g, s, 3);
   OpContext ctx;
-  auto data = gaussian_data(300, 16, 9);
+  auto data = gaussian(300, 16, 9);
   std::vector<uint32_t> ids;  // sparse, in no order
   for (uint32_t i = 0; i < 300; ++i) ids.push_back((i * 2654435761u) % 4000000000u);
   for (size_t i = 0; i < ids.size(); ++i) compute::run_sync(s, w.insert(&data[i * 16], ids[i], ctx));
@@ -340,8 +334,8 @@ TEST_CASE("shine: deleted ids are never returned, upserted ids answer with their
   Scheduler s(*ep);
   Worker w(g, s, 5);
   OpContext ctx;
-  auto data = gaussian_data(kN, kD, 21);
-  auto fresh = gaussian_data(kN, kD, 22);  // the upserts' new vectors
+  auto data = gaussian(kN, kD, 21);
+  auto fresh = gaussian(kN, kD, 22);  // the upserts' new vectors
   std::vector<uint64_t> ids;               // sparse 63-bit ids
   for (uint64_t i = 0; i < kN; ++i) ids.push_back(((i + 1) * 0x9E3779B97F4A7C15ull) >> 1);
   for (size_t i = 0; i < kN; ++i) compute::run_sync(s, w.insert(&data[i * kD], ids[i], ctx));
@@ -436,7 +430,7 @@ TEST_CASE("shine: under steady churn deleted records are reused, the region stay
   std::map<uint64_t, std::vector<float>> live;  // id -> vector
   uint64_t next_id = 1000;
   auto add = [&](size_t n, uint64_t seed) {
-    auto v = gaussian_data(n, kD, seed);
+    auto v = gaussian(n, kD, seed);
     for (size_t i = 0; i < n; ++i) {
       const uint64_t id = (next_id++) * 7919;
       compute::run_sync(s, w.insert(&v[i * kD], id, ctx));
@@ -452,7 +446,7 @@ TEST_CASE("shine: under steady churn deleted records are reused, the region stay
     }
     return sum;
   };
-  const auto queries = gaussian_data(100, kD, 77);
+  const auto queries = gaussian(100, kD, 77);
   // recall@10 of `x` over the live set (brute force), and deleted ids returned.
   auto measure = [&](OpContext& x, size_t& gone_returned) {
     std::vector<float> flat;
@@ -544,7 +538,7 @@ TEST_CASE("shine: consolidation leaves no live list naming a deleted node, and i
   OpContext ctx;
   const NodeLayout& L = g.layout();
   std::map<uint64_t, std::vector<float>> live;
-  const auto base = gaussian_data(kN + kChurn, kD, 5);
+  const auto base = gaussian(kN + kChurn, kD, 5);
   for (size_t i = 0; i < kN; ++i) {
     compute::run_sync(s, w.insert(&base[i * kD], 31 * i + 7, ctx));
     live[31 * i + 7].assign(&base[i * kD], &base[(i + 1) * kD]);
@@ -669,7 +663,7 @@ TEST_CASE("shine: consolidation leaves no live list naming a deleted node, and i
     order.push_back(id);
     flat.insert(flat.end(), v.begin(), v.end());
   }
-  const auto queries = gaussian_data(100, kD, 78);
+  const auto queries = gaussian(100, kD, 78);
   size_t hits = 0, gone = 0;
   for (size_t q = 0; q < 100; ++q) {
     std::set<uint64_t> want;
@@ -691,7 +685,7 @@ TEST_CASE("shine: consolidation while another thread inserts into deleted record
   auto& ep = ig.ep;
   const GraphParams& got = ig.params;
   Graph& g = *ig.graph;
-  const auto base = gaussian_data(kN + kChurn, kD, 6);
+  const auto base = gaussian(kN + kChurn, kD, 6);
   std::set<uint64_t> deleted;
   {
     Scheduler s(*ep);
