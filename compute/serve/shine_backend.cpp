@@ -81,7 +81,6 @@ class ShineBackend final : public Backend {
                    cache_bytes >> 20, so.admit_probability);
     }
     if (so.rerank > 0) {  // the codes, loaded once (nodes inserted since are read as vectors)
-      if (!p_.codes) throw std::invalid_argument("--rerank: the shine index has no codes (build it with --codes)");
       codes_.emplace(shine::LocalCodes::load(*control_, p_));
       spdlog::info("serve: codes {} of {} nodes ({} MiB); the best {} re-ranked", p_.codes->spec().to_string(),
                    codes_->size(), codes_->bytes() >> 20, so.rerank);

@@ -8,7 +8,7 @@
 namespace dmhnsw::shine {
 
 LocalCodes LocalCodes::load(fabric::Endpoint& ep, const GraphParams& p) {
-  if (!p.codes) throw std::invalid_argument("the shine index on the memnodes has no codes (build it with --codes)");
+  if (!p.codes) throw std::invalid_argument("--rerank: the shine index has no codes (build it with --codes)");
   LocalCodes lc;
   const CodesLog& log = p.codes_log;
   lc.code_size_ = log.code_size;

@@ -14,7 +14,8 @@ namespace dmhnsw::shine {
 class LocalCodes {
  public:
   /// Reads every memnode's log entries [0, count) in READs of up to 4 MiB; the later entry of a
-  /// node holds (its record was reused for another vector). Throws when the index has no codes.
+  /// node holds (its record was reused for another vector). Throws naming --rerank when the
+  /// index has no codes.
   static LocalCodes load(fabric::Endpoint& ep, const GraphParams& p);
   size_t code_size() const { return code_size_; }
   size_t size() const { return labels_.size(); }

@@ -216,7 +216,7 @@ GraphParams params_from_header(const RegionHeader& h0, size_t n) {
 
 /// The quantizer from memnode 0's codes block; the codes log's entries are sized by it, and the
 /// node records start after the log.
-void load_codes(fabric::Endpoint& ep, GraphParams& p) {
+void load_codes(fabric::Endpoint& ep, GraphParams& p, uint64_t region_size) {
   std::vector<char> block(p.codes_block_bytes);
   ep.read(RemotePtr(0, p.codes_block), block.data(), block.size());
   p.codes = compute::Quantizer::load(block.data(), block.size(), "memnode 0", p.codes_block);
@@ -225,6 +225,12 @@ void load_codes(fabric::Endpoint& ep, GraphParams& p) {
                       std::to_string(p.codes->dim()) + ", the index has " + std::to_string(p.dim));
   p.codes_log.code_size = static_cast<uint32_t>(p.codes->code_size());
   p.records = p.codes_log.offset + p.codes_log.bytes();
+  if (p.records > region_size)  // the words were checked with the smallest entry; now the real one
+    throw FabricError("memnode 0: the codes log words at region offset " +
+                      std::to_string(mode_word_offset(shine_word::kCodesLog)) + " say " +
+                      std::to_string(p.codes_log.capacity) + " entries of " + std::to_string(p.codes_log.entry_bytes()) +
+                      " bytes at offset " + std::to_string(p.codes_log.offset) + ", past the " +
+                      std::to_string(region_size) + "-byte region (a corrupted region header?)");
 }
 
 /// A run that builds or inserts must match the index it attaches to.
@@ -268,8 +274,9 @@ GraphParams format_or_attach(fabric::Cluster& c, fabric::Endpoint& ep, const Gra
                       std::to_string(shine_word::kFormatting) + " (+ a formatter id), " +
                       std::to_string(shine_word::kFormatted) + " (a corrupted region header?)");
   if (state != shine_word::kFormatted) wait_formatted(c, ep, state, wanted);
-  GraphParams p = params_from_header(read_live_header(c, ep, 0), c.memnodes().size());
-  if (p.codes_block_bytes > 0) load_codes(ep, p);
+  const RegionHeader h = read_live_header(c, ep, 0);
+  GraphParams p = params_from_header(h, c.memnodes().size());
+  if (p.codes_block_bytes > 0) load_codes(ep, p, h.region_size);
   if (wanted != nullptr) check_wanted(p, *wanted);
   return p;
 }

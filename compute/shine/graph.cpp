@@ -139,8 +139,10 @@ Task<std::vector<Neighbor>> Worker::read_vectors(const std::vector<RemotePtr>& a
   out.reserve(all.size());
   // With codes, a node whose code this computenode holds costs no READ; its deleted bit and
   // generation are not known (cached = true: the results are checked against the index).
-  std::vector<RemotePtr> uncoded;
+  // Per thread, not per hop: filled and last used before this coroutine's first suspension.
+  thread_local std::vector<RemotePtr> uncoded;
   if (ctx.code_dist != nullptr) {
+    uncoded.clear();
     for (RemotePtr p : all) {
       uint64_t label = 0;
       if (const uint8_t* code = ctx.codes->find(p, &label)) {

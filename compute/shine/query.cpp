@@ -33,7 +33,6 @@ QuerySession::QuerySession(const RunContext& rc, const QueryOptions& o)
   board_.emplace(c_, *control_, self_, K_, "query", rc.departed_at_connect);
   make_node_cache();
   if (o.search.rerank > 0) {
-    if (!p_.codes) throw std::invalid_argument("--rerank: the shine index has no codes (build it with --codes)");
     const auto t0 = Clock::now();
     codes_.emplace(LocalCodes::load(*control_, p_));
     codes_load_s_ = seconds_since(t0);
