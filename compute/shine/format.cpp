@@ -8,14 +8,12 @@
 
 #include "common/presence.hpp"
 #include "compute/shine/graph.hpp"
+#include "compute/shine/graph_detail.hpp"
 
 namespace dmhnsw::shine {
 
 using fabric::FabricError;
-
-namespace {
-RemotePtr word_ptr(size_t w) { return RemotePtr(0, mode_word_offset(w)); }
-}  // namespace
+using graph_detail::word_ptr;
 
 void raise_id_ceiling(fabric::Endpoint& ep, uint64_t ceiling) {
   const RemotePtr word(0, mode_word_offset(shine_word::kIdCeiling));

@@ -1,6 +1,6 @@
 #pragma once
-// Helpers shared by the units of shine's datapath (graph.cpp, graph_insert.cpp, graph_reuse.cpp):
-// not part of graph.hpp's interface.
+// Helpers shared by shine's units (the datapath in graph.cpp, graph_insert.cpp, graph_reuse.cpp,
+// and format.cpp): not part of graph.hpp's interface.
 #include <cstddef>
 
 #include "common/region.hpp"
