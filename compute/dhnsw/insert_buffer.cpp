@@ -16,10 +16,10 @@ namespace {
 /// comes from memnode 0, and readers size their reads by it.
 void check_entry_bytes(const Control& c, uint32_t dim) {
   if (c.entry_bytes != buffer_entry_bytes(dim))
-    throw std::runtime_error("memnode 0: d-HNSW control block at offset " +
-                             std::to_string(control_field(offsetof(Control, entry_bytes))) + ": insert buffer entries of " +
-                             std::to_string(c.entry_bytes) + " bytes, but those of vectors of dimension " + std::to_string(dim) + " are " +
-                             std::to_string(buffer_entry_bytes(dim)));
+    throw std::runtime_error(
+        "memnode 0: d-HNSW control block at offset " + std::to_string(control_field(offsetof(Control, entry_bytes))) +
+        ": insert buffer entries of " + std::to_string(c.entry_bytes) + " bytes, but those of vectors of dimension " +
+        std::to_string(dim) + " are " + std::to_string(buffer_entry_bytes(dim)));
 }
 
 }  // namespace
