@@ -19,6 +19,7 @@
 #include "common/json_file.hpp"
 #include "common/distance.hpp"
 #include "common/units.hpp"
+#include "compute/codes.hpp"
 #include "compute/dhnsw/build.hpp"
 
 namespace {
@@ -91,6 +92,11 @@ int main(int argc, char** argv) {
                  "unit-length inner-product data)")
       ->capture_default_str();
   app.add_option("--threads", o.threads, "threads building sub-HNSWs (0: all cores)")->capture_default_str();
+  std::string codes_text = "none";
+  app.add_option("--codes", codes_text,
+                 "compressed vectors beside the vectors in each sub-HNSW, for `computenode query --rerank`: none, "
+                 "sq8 or pq:M (trained on up to 65,536 rows spread over the data)")
+      ->capture_default_str();
   app.add_option("--json", json_path, "write the JSON report to this file");
   try {
     app.parse(argc, argv);
@@ -111,6 +117,7 @@ int main(int argc, char** argv) {
       throw std::invalid_argument(std::string("--partition-metric: ") + e.what());
     }
     if (out_path.empty()) throw std::invalid_argument("--out: empty path");
+    o.codes = compute::parse_codes(codes_text);
 
     LoadOptions load;
     if (max_vectors != 0) load.max_rows = max_vectors;

@@ -61,9 +61,10 @@ void IndexCommands::add(CLI::App& app) {
       ->capture_default_str()
       ->check(CLI::Range(int64_t{-1}, int64_t{1} << 40));
   build_->add_option("--codes", codes_,
-                     "shine: compressed vectors stored with the index: none, sq8 (8 bits per dimension, Faiss's "
-                     "ScalarQuantizer) or pq:M (M bytes, Faiss's ProductQuantizer; M divides the dimension), trained "
-                     "on this computenode's data by the one that formats")
+                     "compressed vectors stored with the index (searched with --rerank): none, sq8 (8 bits per "
+                     "dimension, Faiss's ScalarQuantizer) or pq:M (M bytes, Faiss's ProductQuantizer; M divides the "
+                     "dimension), trained on up to 65,536 rows (shine: of the computenode that formats; dhnsw: spread "
+                     "over the data; a rebuild keeps the quantizer)")
       ->capture_default_str();
   build_->add_option("--codes-capacity", bo_.params.codes_capacity,
                      "shine: codes log entries per memnode (0: twice the rows over the memnodes, at least 1024)")
@@ -193,6 +194,7 @@ int IndexCommands::run_dhnsw(RunEnv& env) {
     dbo_.data = bo_.data;
     dbo_.max_vectors = bo_.max_elements;
     dbo_.metric = parse_metric(metric_);
+    dbo_.build.codes = compute::parse_codes(codes_);
     dbo_.build.partition_metric = parse_metric(partition_metric_);
     if (build_->get_option("--m")->count() > 0) dbo_.build.m = bo_.params.m;
     if (build_->get_option("--ef-construction")->count() > 0) dbo_.build.ef_construction = bo_.params.ef_construction;

@@ -1,5 +1,6 @@
 #include "compute/dhnsw/build.hpp"
 
+#include <faiss/IndexFlatCodes.h>
 #include <faiss/IndexHNSW.h>
 #include <omp.h>
 
@@ -200,18 +201,22 @@ void lay_out(uint32_t dim, Metric metric, const BuildOptions& opts, uint32_t thr
   const uint32_t P = static_cast<uint32_t>(subs.size());
   const std::vector<char> meta_bytes = serialize_meta(*meta);
   meta.reset();
+  const uint32_t code_size = out.quantizer ? static_cast<uint32_t>(out.quantizer->code_size()) : 0;
+  const std::vector<char> codes_block = out.quantizer ? out.quantizer->serialize() : std::vector<char>{};
   std::vector<SubShape> shapes(P);
-  for (uint32_t p = 0; p < P; ++p) shapes[p] = shape_of(*subs[p]);
+  for (uint32_t p = 0; p < P; ++p) shapes[p] = shape_of(*subs[p], code_size);
   // The id index: room for twice the vectors (in-place inserts until the next rebuild, which
   // sizes it again).
   const uint64_t id_capacity = opts.id_index ? 2 * out.num_vectors + 1024 : 0;
-  RegionPlan plan = plan_region(shapes, opts.memnodes, meta_bytes.size(), opts.layout, opts.base_offset, id_capacity);
+  RegionPlan plan = plan_region(shapes, opts.memnodes, meta_bytes.size(), opts.layout, opts.base_offset, id_capacity,
+                                codes_block.size());
   for (uint32_t p = 0; p < P; ++p) {
     plan.subs[p].entry_point = subs[p]->hnsw.entry_point;
     plan.subs[p].max_level = subs[p]->hnsw.max_level;
   }
-  const MetaHeader h = meta_header(P, out.num_vectors, dim, metric, opts, plan);
-  const std::vector<char> block = encode_metadata(h, plan.subs, meta_bytes.data(), meta_bytes.size());
+  MetaHeader h = meta_header(P, out.num_vectors, dim, metric, opts, plan);
+  h.code_size = code_size;
+  const std::vector<char> block = encode_metadata(h, plan.subs, meta_bytes.data(), meta_bytes.size(), codes_block);
   if (block.size() != plan.metadata_bytes) throw std::runtime_error("build: metadata block size mismatch");
   std::memcpy(&out.header, block.data(), sizeof out.header);
   out.subs = plan.subs;
@@ -247,7 +252,14 @@ void lay_out(uint32_t dim, Metric metric, const BuildOptions& opts, uint32_t thr
     std::vector<int64_t> lab(members[p]);
     if (labels != nullptr)
       for (auto& x : lab) x = labels[x];
-    serialize_sub(*subs[p], lab.data(), d, out.regions[d.memnode].data() + (d.block_offset - rb));
+    std::vector<uint8_t> codes;
+    if (out.quantizer) {
+      auto* st = dynamic_cast<const faiss::IndexFlatCodes*>(subs[p]->storage);
+      codes.resize(static_cast<size_t>(subs[p]->ntotal) * code_size);
+      out.quantizer->encode(reinterpret_cast<const float*>(st->codes.data()), static_cast<size_t>(subs[p]->ntotal),
+                            codes.data());
+    }
+    serialize_sub(*subs[p], lab.data(), codes.data(), code_size, d, out.regions[d.memnode].data() + (d.block_offset - rb));
     subs[p].reset();
   });
   if (plan.id_buckets > 0) {  // each id -> its label entry in its sub's labels array
@@ -301,6 +313,20 @@ BuiltIndex build_index(const float* data, size_t n, uint32_t dim, Metric metric,
   out.seconds_partition = seconds_since(t0);
 
   t0 = Clock::now();
+  out.quantizer = opts.quantizer;
+  if (!out.quantizer && opts.codes.enabled()) {  // trained on rows spread over the data
+    const size_t rows = std::min(n, kCodesTrainRows);
+    std::vector<float> sample(rows * dim);
+    for (size_t i = 0; i < rows; ++i)
+      std::memcpy(sample.data() + i * dim, data + (i * n / rows) * dim, sizeof(float) * dim);
+    out.quantizer = compute::Quantizer::train(opts.codes, sample.data(), rows, dim, metric);
+  }
+  if (out.quantizer && (out.quantizer->dim() != dim || out.quantizer->metric() != metric))
+    throw std::invalid_argument("build: the quantizer is for dimension " + std::to_string(out.quantizer->dim()) +
+                                ", the data has " + std::to_string(dim));
+  out.seconds_codes = seconds_since(t0);
+
+  t0 = Clock::now();
   std::vector<std::unique_ptr<faiss::IndexHNSWFlat>> subs;
   std::unique_ptr<faiss::IndexHNSWFlat> meta = build_hnsws(data, n, dim, metric, opts, threads, part, members, subs);
   out.seconds_build_subs = seconds_since(t0);
@@ -345,9 +371,14 @@ nlohmann::json BuiltIndex::report() const {
                      {"max_over_mean", partition_max_over_mean},
                      {"inertia", partition_inertia}};
   j["seconds"] = {{"partition", seconds_partition},
+                  {"codes", seconds_codes},
                   {"build_subs", seconds_build_subs},
                   {"layout", seconds_layout},
-                  {"total", seconds_partition + seconds_build_subs + seconds_layout}};
+                  {"total", seconds_partition + seconds_codes + seconds_build_subs + seconds_layout}};
+  j["codes"] = quantizer ? nlohmann::json{{"kind", quantizer->spec().to_string()},
+                                          {"code_size", quantizer->code_size()},
+                                          {"bytes", num_vectors * quantizer->code_size()}}
+                         : nlohmann::json(nullptr);
   uint64_t blocks = 0, gaps = 0;
   for (const SubDesc& d : subs) {
     blocks += d.block_bytes;
@@ -411,7 +442,9 @@ void relocate(BuiltIndex& b, uint64_t base) {
   const std::vector<char>& r0 = b.regions[0];
   const std::vector<char> meta(r0.begin() + static_cast<std::ptrdiff_t>(h.meta_index_offset),
                                r0.begin() + static_cast<std::ptrdiff_t>(h.meta_index_offset + h.meta_index_bytes));
-  const std::vector<char> block = encode_metadata(h, b.subs, meta.data(), meta.size());
+  const std::vector<char> codes(r0.begin() + static_cast<std::ptrdiff_t>(h.codes_offset),
+                                r0.begin() + static_cast<std::ptrdiff_t>(h.codes_offset + h.codes_bytes));
+  const std::vector<char> block = encode_metadata(h, b.subs, meta.data(), meta.size(), codes);
   std::memcpy(&b.header, block.data(), sizeof b.header);
   for (auto& r : b.regions) std::memcpy(r.data(), block.data(), block.size());
   b.region_base = base;

@@ -10,6 +10,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "compute/codes.hpp"
 #include "compute/dhnsw/control.hpp"
 #include "compute/dhnsw/layout.hpp"
 #include "common/distance.hpp"
@@ -52,10 +53,18 @@ struct BuildOptions {
   /// An id index in the regions (common/id_table.hpp), for deletes, upserts and duplicate
   /// checks by id; sized for twice the vectors.
   bool id_index = true;
+  /// Codes of the vectors (compute/codes.hpp) beside them in each sub-HNSW, for searches over
+  /// codes (`--rerank`): the quantizer is trained on up to kCodesTrainRows rows spread over the
+  /// data, or `quantizer` is used as it is (a rebuild keeps the live epoch's).
+  compute::CodesSpec codes;
+  std::shared_ptr<const compute::Quantizer> quantizer;
   /// A progress display (common/progress.hpp) of the vectors put into sub-HNSWs; off for the
   /// rebuilds a serving computenode runs in the background.
   bool progress = false;
 };
+
+/// Rows a quantizer is trained on at most.
+inline constexpr size_t kCodesTrainRows = 65536;
 
 /// The partitions resolved from BuildOptions::partitions for n vectors.
 uint32_t resolve_partitions(uint32_t partitions, size_t n);
@@ -76,7 +85,8 @@ struct BuiltIndex {
   std::vector<uint64_t> partition_sizes;
   double partition_max_over_mean = 0;
   double partition_inertia = 0;
-  double seconds_partition = 0, seconds_build_subs = 0, seconds_layout = 0;
+  double seconds_partition = 0, seconds_build_subs = 0, seconds_layout = 0, seconds_codes = 0;
+  std::shared_ptr<const compute::Quantizer> quantizer;  // of the codes (null: none)
   BuildOptions options;
   Metric metric = Metric::L2;
   uint64_t num_vectors = 0;

@@ -23,6 +23,7 @@ std::pair<const char*, uint64_t> local_array(const SubIndex& s, uint32_t a) {
       if (st == nullptr) throw std::invalid_argument("commit: the sub-HNSW's storage is not flat");
       return {reinterpret_cast<const char*>(st->codes.data()), st->codes.size()};
     }
+    case kCodes: return {reinterpret_cast<const char*>(s.codes.data()), s.codes.size()};
     default: return {reinterpret_cast<const char*>(s.labels.data()), s.labels.size() * sizeof(int64_t)};
   }
 }
@@ -65,7 +66,7 @@ std::vector<char> gather(const char* fetched, const SubDesc& d, const std::vecto
 }
 
 UpdateCommit prepare_commit(const SubDesc& d, const ArraySegments& segs, const std::vector<int32_t>& old_neighbors,
-                            const SubIndex& now, const SubDesc* partner, uint32_t dim) {
+                            const SubIndex& now, const SubDesc* partner, uint32_t dim, uint32_t code_size) {
   UpdateCommit c;
   c.sub = d.id;
   c.memnode = d.memnode;
@@ -87,7 +88,7 @@ UpdateCommit prepare_commit(const SubDesc& d, const ArraySegments& segs, const s
       throw std::invalid_argument("commit: sub " + num(d.id) + ": the local " + array_name(a) + " array shrank");
     uint64_t tail = total - old_total;
     if (tail == 0) continue;
-    const uint64_t elem = element_bytes(a, dim);
+    const uint64_t elem = element_bytes(a, dim, code_size);
     const ArraySlot& slot = d.arrays[a];
     // Only while the array has no record yet: its elements must stay in order.
     const uint64_t room = segs[a].size() == 1 ? (slot.capacity - slot.used) / elem * elem : 0;

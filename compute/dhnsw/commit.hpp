@@ -2,7 +2,7 @@
 // d-HNSW's UpdateCommit (paper section 4.2, Algorithm 4): what an in-place insert into one
 // sub-HNSW writes back. After the computenode inserted vectors into its local copy of the sub,
 // the commit holds, as region WRITEs:
-//   - the appended tails of levels, offsets, neighbors, vectors and labels: first into each
+//   - the appended tails of levels, offsets, neighbors, labels, codes and vectors: first into each
 //     array's internal gap, then as overflow records in the group's shared gap (slot 0 growing
 //     up, slot 1 down; compute/dhnsw/layout.hpp says exactly how);
 //   - the dirty ranges of the neighbour lists of nodes that were there before;
@@ -59,9 +59,9 @@ class CommitDoesNotFit : public std::runtime_error {
 
 /// The commit that turns sub `d` (as fetched: `segs`, and its neighbours array as it was in
 /// remote memory, `old_neighbors`) into `now` (the local copy after the inserts; its first
-/// d.count nodes are the old ones). `partner` is the live descriptor of the other sub of the
+/// d.count nodes are the old ones; with codes, now.codes holds one per node). `partner` is the live descriptor of the other sub of the
 /// group (null when alone), for the free space of the shared gap. Throws CommitDoesNotFit.
 UpdateCommit prepare_commit(const SubDesc& d, const ArraySegments& segs, const std::vector<int32_t>& old_neighbors,
-                            const SubIndex& now, const SubDesc* partner, uint32_t dim);
+                            const SubIndex& now, const SubDesc* partner, uint32_t dim, uint32_t code_size);
 
 }  // namespace dmhnsw::dhnsw

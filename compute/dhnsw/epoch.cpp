@@ -196,6 +196,7 @@ BuildOptions next_epoch_options(const Index& idx, uint32_t threads) {
   bo.epoch = h.epoch + 1;
   bo.image = false;
   bo.id_index = h.id_buckets > 0;
+  bo.quantizer = idx.codes;  // the codes stay comparable across epochs
   return bo;
 }
 

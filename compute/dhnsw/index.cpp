@@ -43,6 +43,15 @@ Index load_index(fabric::Cluster& c, fabric::Endpoint& ep) {
     if (mn.id != 0) validate_metadata(h, idx.subs, r.region_size, mn.id, what);
   }
   idx.meta = deserialize_meta(md.meta_index.data(), md.meta_index.size(), what + " (meta-HNSW)");
+  if (!md.codes.empty()) {
+    const uint64_t at = h.metadata_offset + h.codes_offset;
+    idx.codes = compute::Quantizer::load(md.codes.data(), md.codes.size(), "memnode 0", at);
+    if (idx.codes->code_size() != h.code_size || idx.codes->dim() != h.dim ||
+        (idx.codes->metric() == Metric::IP) != idx.inner_product())
+      throw std::runtime_error("memnode 0: the quantizer block at offset " + std::to_string(at) + " (dimension " +
+                               std::to_string(idx.codes->dim()) + ", code size " +
+                               std::to_string(idx.codes->code_size()) + ") does not fit the index's header");
+  }
   idx.metadata_bytes = len;
   return idx;
 }

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "common/fabric/transport.hpp"
+#include "compute/codes.hpp"
 #include "compute/dhnsw/layout.hpp"
 
 namespace dmhnsw::dhnsw {
@@ -19,6 +20,8 @@ struct Index {
   MetaHeader header{};
   std::vector<SubDesc> subs;
   std::unique_ptr<faiss::IndexHNSWFlat> meta;
+  /// The quantizer of the codes arrays (null: the index has none), from the metadata block.
+  std::shared_ptr<const compute::Quantizer> codes;
   uint64_t metadata_bytes = 0;
   bool inner_product() const { return header.metric == 1; }
 };

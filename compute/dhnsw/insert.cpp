@@ -248,6 +248,11 @@ Inserter::Outcome Inserter::insert_into(uint32_t sub, const float* x, const int6
   if (kept_ids.empty()) return Outcome::Done;
   f.s.index->add(static_cast<faiss::Index::idx_t>(kept_ids.size()), kept_x.data());
   f.s.labels.insert(f.s.labels.end(), kept_ids.begin(), kept_ids.end());
+  if (index_.codes) {  // the new vectors' codes go into the codes array with them
+    const size_t old = f.s.codes.size(), cs = index_.codes->code_size();
+    f.s.codes.resize(old + kept_ids.size() * cs);
+    index_.codes->encode(kept_x.data(), kept_ids.size(), f.s.codes.data() + old);
+  }
   commit(sub, lock.word(), f, kept_ids);
   st_.commit_us.push_back(seconds_since(t0) * 1e6);
   return Outcome::Done;
@@ -299,7 +304,8 @@ void Inserter::commit(uint32_t sub, uint64_t mine, const Fetched& f, const std::
   const uint32_t g0 = index_->subs.at(sub).slot == 0 ? sub : partner;
   // 4. Commit.
   const UpdateCommit cm =
-      prepare_commit(d, f.segs, f.old_nb, f.s, partner != kNoPartner ? &f.pd : nullptr, index_->header.dim);
+      prepare_commit(d, f.segs, f.old_nb, f.s, partner != kNoPartner ? &f.pd : nullptr, index_->header.dim,
+                     index_->header.code_size);
   if (ep_.compare_swap(live_ptr(g0, offsetof(SubDesc, lock)), mine, mine) != mine)
     throw std::runtime_error("dhnsw insert: lost the lock of sub-HNSW " + num(sub) + "'s group before committing");
   fabric::Buffer word = ep_.alloc(8);

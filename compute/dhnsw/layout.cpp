@@ -85,6 +85,16 @@ void check_header_fields(const MetaHeader& h, uint64_t region_size, const std::s
     fail(what, hoff(h, offsetof(MetaHeader, meta_index_offset)),
          "meta-HNSW [" + num(h.meta_index_offset) + ", +" + num(h.meta_index_bytes) + ") outside the block of " +
              num(h.block_bytes) + " bytes");
+  if (h.codes_bytes > 0 || h.code_size > 0) {
+    const uint64_t c_end = sat_add(h.codes_offset, h.codes_bytes);
+    if (h.codes_bytes == 0 || h.code_size == 0 || h.code_size > 4 * kMaxDimension)
+      fail(what, hoff(h, offsetof(MetaHeader, code_size)),
+           "code size " + num(h.code_size) + " with a quantizer block of " + num(h.codes_bytes) + " bytes");
+    if (h.codes_offset < mi_end || c_end > h.block_bytes || h.codes_offset < h.sub_table_offset + table_bytes)
+      fail(what, hoff(h, offsetof(MetaHeader, codes_offset)),
+           "quantizer block [" + num(h.codes_offset) + ", +" + num(h.codes_bytes) +
+               ") not between the meta-HNSW's end " + num(mi_end) + " and the block's end " + num(h.block_bytes));
+  }
   if (h.meta_index_bytes > 0 && h.meta_index_offset < h.sub_table_offset + table_bytes &&
       h.sub_table_offset < mi_end)
     fail(what, hoff(h, offsetof(MetaHeader, meta_index_offset)),
@@ -99,19 +109,21 @@ const char* array_name(uint32_t a) {
     case kLevels: return "levels";
     case kOffsets: return "offsets";
     case kNeighbors: return "neighbors";
-    case kVectors: return "vectors";
     case kLabels: return "labels";
+    case kCodes: return "codes";
+    case kVectors: return "vectors";
     default: return "unknown array";
   }
 }
 
-uint64_t element_bytes(uint32_t a, uint32_t dim) {
+uint64_t element_bytes(uint32_t a, uint32_t dim, uint32_t code_size) {
   switch (a) {
     case kLevels: return sizeof(int32_t);
     case kOffsets: return sizeof(uint64_t);
     case kNeighbors: return sizeof(int32_t);
-    case kVectors: return uint64_t{sizeof(float)} * dim;
     case kLabels: return sizeof(int64_t);
+    case kCodes: return std::max<uint64_t>(code_size, 1);  // never 0: callers divide by it
+    case kVectors: return uint64_t{sizeof(float)} * dim;
     default: throw std::invalid_argument("element_bytes: unknown array " + std::to_string(a));
   }
 }
@@ -120,8 +132,9 @@ void array_bytes(const SubShape& s, uint64_t out[kNumArrays]) {
   out[kLevels] = s.count * sizeof(int32_t);
   out[kOffsets] = (s.count + 1) * sizeof(uint64_t);
   out[kNeighbors] = s.neighbor_entries * sizeof(int32_t);
-  out[kVectors] = s.count * s.dim * sizeof(float);
   out[kLabels] = s.count * sizeof(int64_t);
+  out[kCodes] = s.count * s.code_size;
+  out[kVectors] = s.count * s.dim * sizeof(float);
 }
 
 uint64_t plan_arrays(const SubShape& s, const LayoutParams& p, ArraySlot out[kNumArrays]) {
@@ -132,18 +145,19 @@ uint64_t plan_arrays(const SubShape& s, const LayoutParams& p, ArraySlot out[kNu
   for (uint32_t a = 0; a < kNumArrays; ++a) {
     out[a].offset = at;
     out[a].used = used[a];
-    out[a].capacity = with_gap(used[a], p.internal_gap);
+    out[a].capacity = a == kCodes && s.code_size == 0 ? 0 : with_gap(used[a], p.internal_gap);
     at += out[a].capacity;
   }
   return at;
 }
 
-uint64_t metadata_block_bytes(uint32_t num_subs, uint64_t meta_index_bytes) {
-  return align_up(sizeof(MetaHeader) + uint64_t{num_subs} * sizeof(SubDesc) + meta_index_bytes, kAlign);
+uint64_t metadata_block_bytes(uint32_t num_subs, uint64_t meta_index_bytes, uint64_t codes_bytes) {
+  return align_up(align_up(sizeof(MetaHeader) + uint64_t{num_subs} * sizeof(SubDesc) + meta_index_bytes, 8) + codes_bytes,
+                  kAlign);
 }
 
 RegionPlan plan_region(std::span<const SubShape> subs, uint32_t num_memnodes, uint64_t meta_index_bytes,
-                       const LayoutParams& p, uint64_t base, uint64_t id_capacity) {
+                       const LayoutParams& p, uint64_t base, uint64_t id_capacity, uint64_t codes_bytes) {
   if (base < kMetadataOffset || base % 4096 != 0)
     throw std::invalid_argument("plan_region: base " + std::to_string(base) + " is not 4096-aligned at or after " +
                                 std::to_string(kMetadataOffset));
@@ -155,7 +169,7 @@ RegionPlan plan_region(std::span<const SubShape> subs, uint32_t num_memnodes, ui
   check_gap(p.overflow_gap, "overflow");
   RegionPlan plan;
   plan.metadata_offset = base;
-  plan.metadata_bytes = metadata_block_bytes(static_cast<uint32_t>(subs.size()), meta_index_bytes);
+  plan.metadata_bytes = metadata_block_bytes(static_cast<uint32_t>(subs.size()), meta_index_bytes, codes_bytes);
   uint64_t first_group = align_up(base + plan.metadata_bytes, kAlign);
   if (id_capacity > 0) {
     const IdTable t = IdTable::sized_for(id_capacity, static_cast<uint16_t>(num_memnodes), first_group);
@@ -221,6 +235,16 @@ std::pair<uint64_t, uint64_t> fetch_range(const SubDesc& d) {
 }
 
 uint64_t block_offset_in_fetch(const SubDesc& d) { return d.slot == 0 ? 0 : d.overflow_used; }
+
+std::vector<std::pair<uint64_t, uint64_t>> coded_fetch_parts(const SubDesc& d) {
+  const uint64_t base = block_offset_in_fetch(d), len = fetch_range(d).second;
+  const ArraySlot& v = d.arrays[kVectors];
+  const uint64_t skip_begin = base + v.offset, skip_end = base + v.offset + v.used;
+  std::vector<std::pair<uint64_t, uint64_t>> parts;
+  if (skip_begin > 0) parts.emplace_back(0, skip_begin);
+  if (skip_end < len) parts.emplace_back(skip_end, len - skip_end);
+  return parts;
+}
 
 uint64_t overflow_free(const SubDesc& a, const SubDesc* b) {
   const uint64_t used = a.overflow_used + (b ? b->overflow_used : 0);
@@ -388,7 +412,7 @@ uint64_t metadata_checksum(const char* block, size_t bytes) {
 }
 
 std::vector<char> encode_metadata(const MetaHeader& header, std::span<const SubDesc> subs, const char* meta_index,
-                                  uint64_t meta_index_bytes) {
+                                  uint64_t meta_index_bytes, std::span<const char> codes) {
   MetaHeader h = header;
   std::memcpy(h.magic, kMetaMagic, sizeof h.magic);
   h.version = kMetaFormatVersion;
@@ -396,12 +420,15 @@ std::vector<char> encode_metadata(const MetaHeader& header, std::span<const SubD
   h.sub_table_offset = sizeof(MetaHeader);
   h.meta_index_offset = sizeof(MetaHeader) + subs.size() * sizeof(SubDesc);
   h.meta_index_bytes = meta_index_bytes;
-  h.block_bytes = metadata_block_bytes(h.num_subs, meta_index_bytes);
+  h.codes_offset = codes.empty() ? 0 : align_up(h.meta_index_offset + meta_index_bytes, 8);
+  h.codes_bytes = codes.size();
+  h.block_bytes = metadata_block_bytes(h.num_subs, meta_index_bytes, codes.size());
   h.checksum = 0;
   std::vector<char> block(h.block_bytes, 0);
   std::memcpy(block.data(), &h, sizeof h);
   if (!subs.empty()) std::memcpy(block.data() + h.sub_table_offset, subs.data(), subs.size() * sizeof(SubDesc));
   if (meta_index_bytes > 0) std::memcpy(block.data() + h.meta_index_offset, meta_index, meta_index_bytes);
+  if (!codes.empty()) std::memcpy(block.data() + h.codes_offset, codes.data(), codes.size());
   h.checksum = metadata_checksum(block.data(), block.size());
   std::memcpy(block.data() + offsetof(MetaHeader, checksum), &h.checksum, sizeof h.checksum);
   return block;
@@ -433,6 +460,7 @@ Metadata decode_metadata(const char* block, size_t len, uint64_t region_size, ui
   if (h.num_subs > 0)
     std::memcpy(md.subs.data(), block + h.sub_table_offset, uint64_t{h.num_subs} * sizeof(SubDesc));
   md.meta_index.assign(block + h.meta_index_offset, block + h.meta_index_offset + h.meta_index_bytes);
+  md.codes.assign(block + h.codes_offset, block + h.codes_offset + h.codes_bytes);
   validate_metadata(h, md.subs, region_size, memnode, what);
   return md;
 }

@@ -19,14 +19,19 @@
 // (fetch_range). Groups are placed on memnodes round-robin (group g on memnode g % N); a
 // group holds subs 2g and 2g+1 (the last group holds one sub when their number is odd).
 //
-// Inside a sub-HNSW block the five arrays follow each other, each followed by an internal gap
+// Inside a sub-HNSW block the six arrays follow each other, each followed by an internal gap
 // (default 10 % of the array) so it can grow in place:
 //
 //   levels   int32  x count              (Faiss HNSW::levels: levels a node is in, >= 1)
 //   offsets  uint64 x (count + 1)        (Faiss HNSW::offsets into neighbors)
 //   neighbors int32 x offsets[count]     (Faiss HNSW::neighbors, -1 = empty slot)
-//   vectors  float  x dim x count        (IndexFlat codes)
 //   labels   int64  x count              (global ids)
+//   codes    uint8  x code_size x count  (compressed vectors, MetaHeader::code_size; empty
+//                                         and without capacity in an index without codes)
+//   vectors  float  x dim x count        (IndexFlat codes)
+//
+// The vectors come last so that a search over codes READs the block up to them (and the
+// overflow) and reads only the vectors of the candidates it re-ranks.
 //
 // The overflow part of a sub-HNSW (used by in-place inserts once an internal gap is full) is
 // a sequence of records, each an OverflowRecord header followed by `bytes` of elements that
@@ -37,7 +42,8 @@
 // round_up(16 + bytes, kAlign) bytes: the 16-byte header, the payload, zero padding; so every
 // record starts kAlign-aligned and SubDesc::overflow_used (the sum of the sub's record sizes)
 // is a multiple of kAlign. `bytes` is a multiple of the array's element size (element_bytes:
-// 4 for levels and neighbours, 8 for offsets and labels, 4 * dim for vectors). The used part
+// 4 for levels and neighbours, 8 for offsets and labels, code_size for codes, 4 * dim for
+// vectors). The used part
 // of the gap is [overflow_offset, overflow_offset + overflow_used) for slot 0 (right after
 // its block) and [block_offset - overflow_used, block_offset) for slot 1 (right before its
 // block). Readers always parse the records in increasing address order, from the start of
@@ -62,11 +68,12 @@
 namespace dmhnsw::dhnsw {
 
 inline constexpr char kMetaMagic[8] = {'D', 'M', 'H', 'D', 'H', 'N', 'S', 'W'};
-inline constexpr uint32_t kMetaFormatVersion = 2;  // 2: live descriptors (lock word, checksum without the mutable fields)
+inline constexpr uint32_t kMetaFormatVersion = 3;  // 3: the codes array and block (2: live descriptors)
 inline constexpr uint64_t kAlign = 64;  // every block, array and gap starts 64-byte aligned
 
-enum Array : uint32_t { kLevels = 0, kOffsets = 1, kNeighbors = 2, kVectors = 3, kLabels = 4 };
-inline constexpr uint32_t kNumArrays = 5;
+// In address order inside a block.
+enum Array : uint32_t { kLevels = 0, kOffsets = 1, kNeighbors = 2, kLabels = 3, kCodes = 4, kVectors = 5 };
+inline constexpr uint32_t kNumArrays = 6;
 const char* array_name(uint32_t a);
 
 struct MetaHeader {
@@ -91,9 +98,14 @@ struct MetaHeader {
   uint64_t metadata_offset;   // region offset of this block, the same on every memnode (epochs move it)
   uint64_t id_buckets;        // buckets of the epoch's id index (id_table()); 0: the index has none
   uint64_t checksum;          // metadata_checksum(): checksum64 (common/checksum.hpp) of the block with this field 0
+  uint32_t code_size;         // bytes per vector of the codes arrays; 0: the index has no codes
+  uint32_t reserved1;
+  uint64_t codes_offset;      // the quantizer's block (compute/codes.hpp) from the block start (0: none)
+  uint64_t codes_bytes;
+  uint64_t reserved2[5];
 };
 static_assert(std::is_trivially_copyable_v<MetaHeader> && std::is_standard_layout_v<MetaHeader>);
-static_assert(sizeof(MetaHeader) == 128);
+static_assert(sizeof(MetaHeader) == 192);
 static_assert(offsetof(MetaHeader, version) == 8);
 static_assert(offsetof(MetaHeader, num_subs) == 12);
 static_assert(offsetof(MetaHeader, dim) == 16);
@@ -108,6 +120,9 @@ static_assert(offsetof(MetaHeader, epoch) == 80);
 static_assert(offsetof(MetaHeader, metadata_offset) == 104);
 static_assert(offsetof(MetaHeader, id_buckets) == 112);
 static_assert(offsetof(MetaHeader, checksum) == 120);
+static_assert(offsetof(MetaHeader, code_size) == 128);
+static_assert(offsetof(MetaHeader, codes_offset) == 136);
+static_assert(offsetof(MetaHeader, codes_bytes) == 144);
 
 /// One array of a sub-HNSW: [offset, offset + used) holds elements, [offset + used,
 /// offset + capacity) is its internal gap. Offsets relative to the block start.
@@ -139,7 +154,6 @@ struct SubDesc {
   uint64_t version;          // seqlock: odd while an in-place commit is in flight, +2 per commit
   uint64_t lock;             // group lock (slot-0 sub only): 0 free, else lock_word(owner, ticket)
   uint64_t deleted;          // vectors marked deleted (their label's kDeletedLabel bit), of `count`
-  uint64_t reserved1[3];
 };
 inline constexpr uint32_t kNoPartner = ~uint32_t{0};
 static_assert(std::is_trivially_copyable_v<SubDesc> && std::is_standard_layout_v<SubDesc>);
@@ -151,11 +165,11 @@ static_assert(offsetof(SubDesc, count) == 16);
 static_assert(offsetof(SubDesc, entry_point) == 24);
 static_assert(offsetof(SubDesc, block_offset) == 32);
 static_assert(offsetof(SubDesc, arrays) == 48);
-static_assert(offsetof(SubDesc, group_offset) == 168);
-static_assert(offsetof(SubDesc, overflow_used) == 200);
-static_assert(offsetof(SubDesc, version) == 208);
-static_assert(offsetof(SubDesc, lock) == 216);
-static_assert(offsetof(SubDesc, deleted) == 224);
+static_assert(offsetof(SubDesc, group_offset) == 192);
+static_assert(offsetof(SubDesc, overflow_used) == 224);
+static_assert(offsetof(SubDesc, version) == 232);
+static_assert(offsetof(SubDesc, lock) == 240);
+static_assert(offsetof(SubDesc, deleted) == 248);
 
 // Deletes. A deleted vector stays in its sub-HNSW (it keeps guiding searches, as hnswlib's
 // markDelete) with the top bit of its label set; searches never return it, a rebuild drops it.
@@ -211,12 +225,14 @@ struct SubShape {
   uint64_t count = 0;             // vectors
   uint64_t neighbor_entries = 0;  // int32 entries of the neighbors array (Faiss offsets[count])
   uint32_t dim = 0;
+  uint32_t code_size = 0;  // 0: no codes
 };
 /// Used bytes of each array for `s`.
 void array_bytes(const SubShape& s, uint64_t out[kNumArrays]);
 
 /// Array slots of one block: each array's capacity is its used bytes plus the internal gap,
-/// rounded up to kAlign (an empty array still gets kAlign bytes); returns the block size.
+/// rounded up to kAlign (an empty array still gets kAlign bytes, but the codes array of an
+/// index without codes none); returns the block size.
 uint64_t plan_arrays(const SubShape& s, const LayoutParams& p, ArraySlot out[kNumArrays]);
 
 /// The metadata block starts right after the header page (RegionHeader::data_offset); the
@@ -246,14 +262,20 @@ struct RegionPlan {
 /// online rebuild lays the next epoch out in a free part of the regions.
 /// `id_capacity` > 0: room for an id index of that many ids between the metadata block and the
 /// groups (IdTable::sized_for).
+/// `codes_bytes`: the quantizer's block in the metadata block (0: no codes).
 RegionPlan plan_region(std::span<const SubShape> subs, uint32_t num_memnodes, uint64_t meta_index_bytes,
-                       const LayoutParams& p, uint64_t base = kMetadataOffset, uint64_t id_capacity = 0);
+                       const LayoutParams& p, uint64_t base = kMetadataOffset, uint64_t id_capacity = 0,
+                       uint64_t codes_bytes = 0);
 /// The id index of the epoch whose metadata header is `h` (buckets 0 when it has none): after
 /// the metadata block, kAlign-aligned.
 IdTable id_table(const MetaHeader& h);
 
 /// Region bytes [offset, offset + length) to READ to get sub `d` with the overflow it uses.
 std::pair<uint64_t, uint64_t> fetch_range(const SubDesc& d);
+/// The parts of fetch_range(d) a search over codes READs: all of it but the vectors array's
+/// internal part (the overflow's vector records are read: they are small and interleaved).
+/// Each pair is (offset in the fetch range, length).
+std::vector<std::pair<uint64_t, uint64_t>> coded_fetch_parts(const SubDesc& d);
 /// Where sub `d`'s block starts inside a buffer holding fetch_range(d).
 uint64_t block_offset_in_fetch(const SubDesc& d);
 /// Free bytes of the shared gap of a group whose subs are `a` and `b` (b may be null).
@@ -262,8 +284,8 @@ uint64_t overflow_free(const SubDesc& a, const SubDesc* b);
 /// round_up(v, a) for a power of two a.
 constexpr uint64_t align_up(uint64_t v, uint64_t a) { return (v + a - 1) & ~(a - 1); }
 /// Size of one element of array `a` for dimension `dim` (levels 4, offsets 8, neighbors 4,
-/// vectors 4 * dim, labels 8).
-uint64_t element_bytes(uint32_t a, uint32_t dim);
+/// labels 8, codes `code_size`, vectors 4 * dim).
+uint64_t element_bytes(uint32_t a, uint32_t dim, uint32_t code_size);
 /// Bytes an overflow record with `payload` bytes occupies: round_up(16 + payload, kAlign).
 constexpr uint64_t overflow_record_bytes(uint64_t payload) {
   return align_up(sizeof(OverflowRecord) + payload, kAlign);
@@ -282,8 +304,9 @@ inline constexpr uint32_t kAnyMemnode = ~uint32_t{0};
 void validate_metadata(const MetaHeader& h, std::span<const SubDesc> subs, uint64_t region_size, uint32_t memnode,
                        const std::string& what);
 
-/// Size of a metadata block: header, `num_subs` SubDescs, the meta-HNSW, rounded up to kAlign.
-uint64_t metadata_block_bytes(uint32_t num_subs, uint64_t meta_index_bytes);
+/// Size of a metadata block: header, `num_subs` SubDescs, the meta-HNSW, the quantizer's block
+/// (8-byte aligned), rounded up to kAlign.
+uint64_t metadata_block_bytes(uint32_t num_subs, uint64_t meta_index_bytes, uint64_t codes_bytes = 0);
 
 /// MetaHeader::checksum of a metadata block of `bytes` bytes (the whole block, header
 /// included): checksum64 of the block with the checksum field and the mutable fields of every
@@ -292,15 +315,17 @@ uint64_t metadata_checksum(const char* block, size_t bytes);
 
 /// A metadata block ready to be written at kMetadataOffset of every region: `h` with
 /// block_bytes, sub_table_offset, meta_index_offset, meta_index_bytes, num_subs and checksum
-/// filled in, the table, the meta-HNSW bytes, zero padding to kAlign.
+/// filled in, the table, the meta-HNSW bytes, the quantizer's block `codes` (codes_offset and
+/// codes_bytes filled in; h.code_size is the caller's), zero padding to kAlign.
 std::vector<char> encode_metadata(const MetaHeader& h, std::span<const SubDesc> subs, const char* meta_index,
-                                  uint64_t meta_index_bytes);
+                                  uint64_t meta_index_bytes, std::span<const char> codes = {});
 
 /// A parsed metadata block.
 struct Metadata {
   MetaHeader header{};
   std::vector<SubDesc> subs;
   std::vector<char> meta_index;  // the serialized meta-HNSW
+  std::vector<char> codes;       // the quantizer's block (empty: no codes)
 };
 /// Checks the header of a metadata block (magic, version, sizes) from its first
 /// sizeof(MetaHeader) bytes; returns it (its block_bytes says how much to read for the rest).

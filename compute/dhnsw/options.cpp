@@ -27,6 +27,9 @@ void add_engine_flags(CLI::App& cmd, EngineOptions& o) {
   // share of sub-HNSWs kept here (else EngineOptions' 10 %).
   if (CLI::Option* ratio = cmd.get_option_no_throw("--cache-ratio"))
     ratio->each([&o](const std::string& v) { o.cache_ratio = std::stod(v); });
+  // Likewise --rerank (the search over codes, both modes).
+  if (CLI::Option* rerank = cmd.get_option_no_throw("--rerank"))
+    rerank->each([&o](const std::string& v) { o.rerank = static_cast<uint32_t>(std::stoul(v)); });
 }
 
 }  // namespace dmhnsw::dhnsw

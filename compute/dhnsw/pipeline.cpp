@@ -23,6 +23,11 @@ Engine::Engine(fabric::Cluster& c, const Index& index, EngineOptions o) : o_(o) 
   if (o_.max_read_bytes < 4096) o_.max_read_bytes = 4096;
   if (o_.doorbell_subs == 0) o_.doorbell_subs = 1;
   if (!index.meta) throw std::invalid_argument("dhnsw engine: the index has no meta-HNSW");
+  if (o_.rerank > 0 && !index.codes)
+    throw std::invalid_argument("--rerank " + std::to_string(o_.rerank) +
+                                ": the index has no codes (build it with --codes sq8 or pq:M)");
+  if (o_.rerank > kMaxRerank)
+    throw std::invalid_argument("--rerank " + std::to_string(o_.rerank) + " is above " + std::to_string(kMaxRerank));
   const uint32_t P = index.header.num_subs;
   size_t cap = o_.cache_subs >= 0 ? static_cast<size_t>(o_.cache_subs)
                                   : static_cast<size_t>(std::llround(o_.cache_ratio * static_cast<double>(P)));
@@ -47,6 +52,7 @@ struct Engine::Impl::Run {
   Impl& im;
   uint32_t G;  // sub-HNSW fetches per doorbell
   std::unique_ptr<fabric::Endpoint> ep;
+  std::unique_ptr<fabric::Endpoint> rerank_ep;  // the search stage's, over codes only
   Clock::time_point t_start;
   RunStats rs;
 
@@ -68,7 +74,8 @@ struct Engine::Impl::Run {
     }
     return static_cast<uint32_t>(last - first);
   }
-  void finish(const Job& job) {
+  void finish(Job& job) {
+    if (im.coded()) im.rerank(job, queries, answers, *rerank_ep);
     // Loads go most-demanded first, so plain LRU order would keep a batch's least-demanded
     // sub-HNSWs: touch them least-demanded first, leaving the most-demanded most recent.
     if (im.o.regroup)
@@ -80,6 +87,7 @@ struct Engine::Impl::Run {
     rs.fetch_s += st.fetch_s;
     rs.deserialize_s += st.deserialize_s;
     rs.search_s += st.search_s;
+    rs.rerank_s += st.rerank_s;
   }
   /// The batch's entries to fetch, G per doorbell.
   std::vector<std::vector<uint32_t>> uncached_groups(const Job& job) const {
@@ -99,7 +107,8 @@ RunStats Engine::Impl::run(const float* queries, size_t n, std::vector<Answer>& 
   // One endpoint, used by the fetch stage only; every buffer goes back to it before it dies.
   // Twice what the buffers need now: a rebuild may make sub-HNSWs larger during the run.
   Run r{queries, n, answers, *this, G,
-        c.make_endpoint(std::max<size_t>(2 * buf_bytes * (G + o.queue_depth + 3), 16u << 20)), Clock::now(), {}};
+        c.make_endpoint(std::max<size_t>(2 * buf_bytes * (G + o.queue_depth + 3), 16u << 20)), nullptr, Clock::now(), {}};
+  if (coded()) r.rerank_ep = c.make_endpoint(32u << 20);
   r.rs.cache_capacity = cache.capacity();
   const uint64_t evictions0 = cache.evictions();
   if (o.pipeline)

@@ -19,6 +19,8 @@
 
 namespace dmhnsw::dhnsw {
 
+inline constexpr uint32_t kMaxRerank = 4096;  // --rerank's bound: candidates per query
+
 struct EngineOptions {
   uint32_t k = 10;
   uint32_t batch = 1000;            // B: queries per batch
@@ -37,6 +39,10 @@ struct EngineOptions {
   bool doorbell = true;             // false: one READ per post, each waited for
   bool pipeline = true;             // false: the stages of a batch run in sequence on one thread
   int64_t ack_slot = -1;            // computenode id: acknowledge epochs in the control block (-1: no)
+  /// > 0: search over the sub-HNSWs' codes (an index built with --codes): fetches skip the
+  /// vectors, and each query's best `rerank` candidates are compared again with their vectors,
+  /// READ in one doorbell per batch share.
+  uint32_t rerank = 0;
 };
 
 struct BatchStats {
@@ -46,15 +52,18 @@ struct BatchStats {
   // commit moved the version; not counted in reads/doorbells/bytes above.
   uint64_t version_reads = 0, version_doorbells = 0, refetches = 0;
   uint64_t buffered_scanned = 0;  // insert-buffer entries compared while a rebuild runs
+  // Searches over codes: candidates re-ranked, the vector READs and bytes that took (not in
+  // reads/bytes above) and their doorbells; candidates whose vector came with the fetch.
+  uint64_t reranked = 0, rerank_reads = 0, rerank_bytes = 0, rerank_doorbells = 0, rerank_local = 0;
   uint64_t epoch = 0;             // the epoch the batch was planned with
   double seconds = 0;  // from the batch's close to its last query's answer
-  double meta_s = 0, fetch_s = 0, deserialize_s = 0, search_s = 0;
+  double meta_s = 0, fetch_s = 0, deserialize_s = 0, search_s = 0, rerank_s = 0;
 };
 
 struct RunStats {
   std::vector<BatchStats> batches;
   double seconds = 0;  // wall time of the whole run
-  double meta_s = 0, fetch_s = 0, deserialize_s = 0, search_s = 0;  // busy time per stage
+  double meta_s = 0, fetch_s = 0, deserialize_s = 0, search_s = 0, rerank_s = 0;  // busy time per stage
   uint64_t cache_capacity = 0, cache_evictions = 0;
 };
 

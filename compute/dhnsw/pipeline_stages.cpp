@@ -15,6 +15,7 @@
 #include <stdexcept>
 #include <thread>
 
+#include "common/distance.hpp"
 #include "compute/dhnsw/insert_buffer.hpp"
 
 namespace dmhnsw::dhnsw {
@@ -108,6 +109,7 @@ std::shared_ptr<Engine::Impl::Job> Engine::Impl::open_batch(const float* queries
                                               queries + first * index.header.dim, n, answers.data() + first);
   job->first = first;
   job->n = n;
+  if (coded()) job->cands.resize(n);
   job->closed = Clock::now();
   job->st.queries = n;
   const uint32_t P = index.header.num_subs, b = std::min(o.probe, P);
@@ -214,11 +216,16 @@ std::vector<Engine::Impl::Item> Engine::Impl::fetch_group(const std::shared_ptr<
         throw std::runtime_error(sub_name(index, items[i].desc.id) + ": live fetch range of " + std::to_string(len) +
                                  " bytes is beyond its block and gap");
       items[i].len = len;
-      for (uint64_t at = 0; at < len; at += o.max_read_bytes) {
-        uint64_t n = std::min<uint64_t>(o.max_read_bytes, len - at);
-        ops.push_back(fabric::Op::read(RemotePtr(items[i].desc.memnode, off + at), items[i].buf.data() + at, n, i));
+      // Over codes, the vectors' internal part stays in the region (the layout puts it last).
+      const std::vector<std::pair<uint64_t, uint64_t>> parts =
+          coded() ? coded_fetch_parts(items[i].desc) : std::vector<std::pair<uint64_t, uint64_t>>{{0, len}};
+      for (const auto& [from, plen] : parts) {
+        for (uint64_t at = from; at < from + plen; at += o.max_read_bytes) {
+          uint64_t n = std::min<uint64_t>(o.max_read_bytes, from + plen - at);
+          ops.push_back(fabric::Op::read(RemotePtr(items[i].desc.memnode, off + at), items[i].buf.data() + at, n, i));
+        }
+        job->st.bytes += plen;
       }
-      job->st.bytes += len;
     }
     if (o.doorbell) {
       post(ops);
@@ -259,7 +266,8 @@ void Engine::Impl::deserialize(Item& it) {
   auto t0 = Clock::now();
   const uint32_t sub = it.job->plan.entries[it.entry].sub;
   const Index& index = *it.job->index;
-  auto s = std::make_shared<SubIndex>(deserialize_sub(it.buf.data(), it.len, it.desc, index.header, sub_name(index, sub), it.torn));
+  auto s = std::make_shared<SubIndex>(deserialize_sub(it.buf.data(), it.len, it.desc, index.header, sub_name(index, sub),
+                                                      it.torn, coded() ? index.codes : nullptr));
   if (it.torn)
     spdlog::warn("{}: no consistent copy after repeated fetches (a commit left in flight, version {}); searched "
                  "a sanitized copy ({} neighbour entries dropped)", sub_name(index, sub), it.desc.version, s->sanitized);
@@ -275,7 +283,8 @@ bool Engine::Impl::search(Item& it, const float* queries, std::vector<Answer>& a
   const PlanEntry& e = job.plan.entries[it.entry];
   const SubIndex& s = *it.sub;
   const uint32_t dim = index.header.dim, nq = static_cast<uint32_t>(e.queries.size());
-  const uint32_t k = o.k;
+  // Over codes, a sub gives each query its best `rerank` candidates (approximate distances).
+  const uint32_t k = coded() ? std::max(o.k, o.rerank) : o.k;
   if (s.index && s.index->ntotal > 0) {
     std::vector<float> X(size_t{nq} * dim), D(size_t{nq} * k);
     std::vector<faiss::Index::idx_t> I(size_t{nq} * k);
@@ -298,6 +307,34 @@ bool Engine::Impl::search(Item& it, const float* queries, std::vector<Answer>& a
       if (a.first != b.first) return ip ? a.first > b.first : a.first < b.first;
       return a.second < b.second;
     };
+    if (coded()) {
+      for (uint32_t i = 0; i < nq; ++i) {
+        std::vector<pipeline_detail::Candidate>& cs = job.cands[e.queries[i]];
+        for (uint32_t j = 0; j < k; ++j) {
+          faiss::Index::idx_t l = I[size_t{i} * k + j];
+          if (l < 0 || static_cast<size_t>(l) >= s.labels.size() || label_deleted(s.labels[static_cast<size_t>(l)]))
+            continue;
+          pipeline_detail::Candidate c;
+          c.dist = D[size_t{i} * k + j];
+          c.id = s.labels[static_cast<size_t>(l)];
+          const uint64_t local = static_cast<uint64_t>(l);
+          if (local < s.vectors_internal) {
+            c.memnode = s.memnode;
+            c.offset = s.vectors_offset + local * dim * sizeof(float);
+          } else {
+            const float* v = s.overflow_vectors.data() + (local - s.vectors_internal) * dim;
+            c.local.assign(v, v + dim);
+          }
+          cs.push_back(std::move(c));
+        }
+        std::sort(cs.begin(), cs.end(), [&](const auto& x, const auto& y) {
+          return better({x.dist, x.id}, {y.dist, y.id});
+        });
+        if (cs.size() > k) cs.resize(k);
+      }
+      job.st.search_s += seconds_since(t0);
+      return --job.remaining == 0;
+    }
     for (uint32_t i = 0; i < nq; ++i) {
       Answer& a = answers[job.first + e.queries[i]];
       for (uint32_t j = 0; j < k; ++j) {
@@ -314,6 +351,79 @@ bool Engine::Impl::search(Item& it, const float* queries, std::vector<Answer>& a
   }
   job.st.search_s += seconds_since(t0);
   return --job.remaining == 0;
+}
+
+void Engine::Impl::rerank(Job& job, const float* queries, std::vector<Answer>& answers, fabric::Endpoint& ep) {
+  auto t0 = Clock::now();
+  const Index& index = *job.index;
+  const uint32_t dim = index.header.dim;
+  const bool ip = index.inner_product();
+  const dmhnsw::DistanceComputer exact(ip ? Metric::IP : Metric::L2, dim);
+  const uint64_t vb = uint64_t{4} * dim;
+  // READs of up to a buffer's worth per doorbell (at least one query's candidates).
+  const uint64_t per_query = vb * std::max(o.k, o.rerank);
+  const uint64_t cap = std::max<uint64_t>(per_query, 8ull << 20);
+  fabric::Buffer buf = ep.alloc(cap);
+  auto better = [ip](const std::pair<float, int64_t>& a, const std::pair<float, int64_t>& b) {
+    if (a.first != b.first) return ip ? a.first > b.first : a.first < b.first;
+    return a.second < b.second;
+  };
+  for (uint32_t q0 = 0; q0 < job.n;) {
+    std::vector<fabric::Op> ops;
+    std::vector<std::pair<uint32_t, size_t>> where;  // (query, candidate) of each op
+    uint64_t used = 0;
+    uint32_t q1 = q0;
+    for (; q1 < job.n; ++q1) {
+      uint64_t need = 0;
+      for (const auto& c : job.cands[q1]) need += c.local.empty() ? vb : 0;
+      if (q1 > q0 && used + need > cap) break;
+      for (size_t j = 0; j < job.cands[q1].size(); ++j) {
+        const auto& c = job.cands[q1][j];
+        if (!c.local.empty()) continue;
+        ops.push_back(fabric::Op::read(RemotePtr(c.memnode, c.offset), buf.data() + used, vb, ops.size()));
+        where.emplace_back(q1, j);
+        used += vb;
+      }
+    }
+    if (!ops.empty()) {
+      if (fabric::Status st = ep.post(ops); st != fabric::Status::Ok)
+        throw fabric::FabricError("re-ranking: reading candidate vectors from memnode " +
+                                  std::to_string(ops.front().remote.node()) + " failed: " + fabric::status_name(st));
+      fabric::Completion cs[16];
+      for (size_t left = ops.size(); left > 0;) {
+        const size_t got = ep.poll(cs);
+        for (size_t j = 0; j < got; ++j)
+          if (cs[j].status != fabric::Status::Ok)
+            throw fabric::FabricError("re-ranking: reading the vector of id " +
+                                      std::to_string(job.cands[where[cs[j].tag].first][where[cs[j].tag].second].id) +
+                                      " failed: " + ep.describe(cs[j]));
+        left -= got;
+        if (got == 0) std::this_thread::yield();
+      }
+      ++job.st.rerank_doorbells;
+      job.st.rerank_reads += ops.size();
+      job.st.rerank_bytes += used;
+    }
+    size_t op = 0;
+    for (uint32_t q = q0; q < q1; ++q) {
+      const float* x = queries + (job.first + q) * dim;
+      Answer& a = answers[job.first + q];  // the insert buffer's matches, if any, are exact already
+      for (const auto& c : job.cands[q]) {
+        const float* v = c.local.empty() ? reinterpret_cast<const float*>(buf.data() + vb * op++) : c.local.data();
+        job.st.rerank_local += c.local.empty() ? 0 : 1;
+        const float d = exact(x, v);
+        a.emplace_back(ip ? 1.0f - d : d, c.id);
+      }
+      job.st.reranked += job.cands[q].size();
+      std::sort(a.begin(), a.end(), better);
+      a.erase(std::unique(a.begin(), a.end(), [](const auto& x, const auto& y) { return x.second == y.second; }),
+              a.end());
+      if (a.size() > o.k) a.resize(o.k);
+      job.cands[q].clear();
+    }
+    q0 = q1;
+  }
+  job.st.rerank_s += seconds_since(t0);
 }
 
 

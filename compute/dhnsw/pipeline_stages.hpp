@@ -20,6 +20,16 @@
 namespace dmhnsw::dhnsw {
 namespace pipeline_detail {
 
+/// A candidate of a search over codes: approximate distance, id, and where its vector is
+/// (region offset on `memnode`, or `local` when it came with the fetch).
+struct Candidate {
+  float dist = 0;
+  int64_t id = 0;
+  uint16_t memnode = 0;
+  uint64_t offset = 0;
+  std::vector<float> local;
+};
+
 /// One batch on its way through the stages.
 struct Job {
   size_t first = 0;  // index of the batch's first query in the run
@@ -30,6 +40,7 @@ struct Job {
   std::shared_ptr<const Index> index;  // the epoch the batch was planned with
   Clock::time_point closed;
   size_t remaining = 0;  // entries not searched yet (search stage only)
+  std::vector<std::vector<Candidate>> cands;  // per query of the batch, searches over codes only
   BatchStats st;         // each stage writes its own fields before handing an item on
 };
 
@@ -70,9 +81,13 @@ struct Engine::Impl {
   std::vector<Item> fetch_group(const std::shared_ptr<Job>& job, const std::vector<uint32_t>& entries,
                                 fabric::Endpoint& ep);
   void deserialize(Item& it);
-  /// Searches one sub-HNSW for the batch's queries that need it and merges their top-k.
-  /// Returns true when this finished the batch.
+  /// Searches one sub-HNSW for the batch's queries that need it and merges their top-k (over
+  /// codes: their best candidates). Returns true when this finished the batch.
   bool search(Item& it, const float* queries, std::vector<Answer>& answers);
+  /// Over codes, once a batch's sub-HNSWs are searched: its candidates' vectors READ (in
+  /// doorbells of up to a buffer's worth), compared exactly, each query's top-k kept.
+  void rerank(Job& job, const float* queries, std::vector<Answer>& answers, fabric::Endpoint& ep);
+  bool coded() const { return o.rerank > 0; }
 
   // ---- one Engine::run: batches through the stages, in sequence or pipelined (pipeline.cpp)
   struct Run;

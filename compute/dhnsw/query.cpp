@@ -38,6 +38,10 @@ json report_header(const RunContext& rc, const QueryOptions& o, const Workload& 
                         {"max_wait_us", eo.max_wait_us}, {"arrival_qps", eo.arrival_qps},
                         {"regroup", eo.regroup}, {"doorbell", eo.doorbell}, {"pipeline", eo.pipeline},
                         {"queue_depth", eo.queue_depth}, {"search_threads", eo.search_threads}}},
+          {"codes", index.codes ? json{{"kind", index.codes->spec().to_string()},
+                                       {"code_size", index.codes->code_size()},
+                                       {"rerank", eo.rerank}}
+                                : json(nullptr)},
           {"runs", json::array()}};
 }
 
@@ -47,18 +51,18 @@ json my_share(uint32_t self, size_t queries, const RunStats& rs, double r1, doub
   for (const auto& b : rs.batches)
     batches.push_back({b.queries, b.needed, b.fetched, b.cache_hits, b.bytes, b.reads, b.doorbells, b.seconds,
                        b.meta_s, b.fetch_s, b.deserialize_s, b.search_s, b.version_reads, b.version_doorbells,
-                       b.refetches});
+                       b.refetches, b.reranked, b.rerank_reads, b.rerank_bytes, b.rerank_doorbells, b.rerank_s});
   return {{"cn_id", self}, {"queries", queries}, {"seconds", rs.seconds}, {"recall1_sum", r1},
           {"recall_sum", rk}, {"meta_s", rs.meta_s}, {"fetch_s", rs.fetch_s},
-          {"deserialize_s", rs.deserialize_s}, {"search_s", rs.search_s},
+          {"deserialize_s", rs.deserialize_s}, {"search_s", rs.search_s}, {"rerank_s", rs.rerank_s},
           {"cache_evictions", rs.cache_evictions}, {"batches", batches}};
 }
 
 /// Computenode 0: every computenode's share of one run merged into the report's run.
 json merge_run(uint32_t ef, const std::vector<std::string>& texts) {
   uint64_t queries = 0, nb = 0, needed = 0, fetched = 0, hits = 0, bytes = 0, reads = 0, doorbells = 0;
-  uint64_t vreads = 0, vdoorbells = 0, refetches = 0;
-  double max_secs = 0, r1s = 0, rks = 0, meta = 0, fetch = 0, deser = 0, search = 0, per_q_wall = 0;
+  uint64_t vreads = 0, vdoorbells = 0, refetches = 0, reranked = 0, rr_reads = 0, rr_bytes = 0, rr_doorbells = 0;
+  double max_secs = 0, r1s = 0, rks = 0, meta = 0, fetch = 0, deser = 0, search = 0, rerank = 0, per_q_wall = 0;
   std::vector<float> lat;  // per-query latency amortised over its batch
   json per_cn = json::array();
   for (const auto& t : texts) {
@@ -73,6 +77,7 @@ json merge_run(uint32_t ef, const std::vector<std::string>& texts) {
     fetch += j["fetch_s"].get<double>();
     deser += j["deserialize_s"].get<double>();
     search += j["search_s"].get<double>();
+    rerank += j["rerank_s"].get<double>();
     per_q_wall += s;
     for (const auto& b : j["batches"]) {
       ++nb;
@@ -86,6 +91,10 @@ json merge_run(uint32_t ef, const std::vector<std::string>& texts) {
       vreads += b[12].get<uint64_t>();
       vdoorbells += b[13].get<uint64_t>();
       refetches += b[14].get<uint64_t>();
+      reranked += b[15].get<uint64_t>();
+      rr_reads += b[16].get<uint64_t>();
+      rr_bytes += b[17].get<uint64_t>();
+      rr_doorbells += b[18].get<uint64_t>();
       if (bq > 0) lat.push_back(static_cast<float>(b[7].get<double>() * 1e6 / static_cast<double>(bq)));
     }
     json pc = {{"cn_id", j["cn_id"]}, {"queries", q}, {"seconds", s},
@@ -109,7 +118,12 @@ json merge_run(uint32_t ef, const std::vector<std::string>& texts) {
                          {"doorbells", static_cast<double>(doorbells) / nq},
                          {"fetches", static_cast<double>(fetched) / nq},
                          {"version_reads", static_cast<double>(vreads) / nq},
-                         {"version_doorbells", static_cast<double>(vdoorbells) / nq}}},
+                         {"version_doorbells", static_cast<double>(vdoorbells) / nq},
+                         {"reranked", static_cast<double>(reranked) / nq},
+                         {"rerank_reads", static_cast<double>(rr_reads) / nq},
+                         {"rerank_bytes", static_cast<double>(rr_bytes) / nq},
+                         {"rerank_doorbells", static_cast<double>(rr_doorbells) / nq},
+                         {"total_bytes", static_cast<double>(bytes + rr_bytes) / nq}}},
           {"batches", {{"count", nb}, {"queries", nq / nbd}, {"needed", static_cast<double>(needed) / nbd},
                        {"fetched", static_cast<double>(fetched) / nbd},
                        {"cache_hits", static_cast<double>(hits) / nbd},
@@ -118,7 +132,8 @@ json merge_run(uint32_t ef, const std::vector<std::string>& texts) {
                        {"version_doorbells", static_cast<double>(vdoorbells) / nbd},
                        {"refetches", static_cast<double>(refetches) / nbd}}},
           {"stages_us", {{"meta", meta * us}, {"fetch", fetch * us}, {"deserialize", deser * us},
-                         {"search", search * us}, {"sum", (meta + fetch + deser + search) * us},
+                         {"search", search * us}, {"rerank", rerank * us},
+                         {"sum", (meta + fetch + deser + search + rerank) * us},
                          {"pipelined_total", per_q_wall * us}}},
           {"per_cn", per_cn}};
 }

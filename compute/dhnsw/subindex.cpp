@@ -47,6 +47,39 @@ struct SimdFlat final : faiss::IndexFlat {
   faiss::FlatCodesDistanceComputer* get_FlatCodesDistanceComputer() const override { return new Dis(*this); }
 };
 
+/// Storage of a sub-HNSW read for a search over codes: Faiss's HNSW compares the query with
+/// codes through the index's quantizer (compute/codes.hpp). Inner product keeps Faiss's
+/// convention (the similarity). Never added to: inserts read the vectors.
+struct CodedFlat final : faiss::IndexFlatCodes {
+  std::shared_ptr<const compute::Quantizer> q;
+  CodedFlat(int dim, faiss::MetricType m, std::shared_ptr<const compute::Quantizer> qz)
+      : faiss::IndexFlatCodes(qz->code_size(), dim, m), q(std::move(qz)) {}
+  void search(idx_t, const float*, idx_t, float*, idx_t*, const faiss::SearchParameters*) const override {
+    throw std::logic_error("a coded sub-HNSW's storage is searched through its HNSW");
+  }
+  struct Dis final : faiss::FlatCodesDistanceComputer {
+    const CodedFlat& s;
+    std::unique_ptr<compute::CodeDistance> cd;
+    const bool ip;
+    explicit Dis(const CodedFlat& st)
+        : faiss::FlatCodesDistanceComputer(st.codes.data(), st.code_size), s(st), ip(st.metric_type != faiss::METRIC_L2) {}
+    void set_query(const float* x) override { cd = s.q->distance_to(x); }
+    float distance_to_code(const uint8_t* code) override {
+      const float d = (*cd)(code);
+      return ip ? 1.0f - d : d;
+    }
+    float symmetric_dis(idx_t i, idx_t j) override {
+      std::vector<float> a(static_cast<size_t>(s.d)), b(static_cast<size_t>(s.d));
+      s.q->decode(codes + i * code_size, 1, a.data());
+      s.q->decode(codes + j * code_size, 1, b.data());
+      auto c = s.q->distance_to(a.data());
+      const float d = (*c)(codes + j * code_size);
+      return ip ? 1.0f - d : d;
+    }
+  };
+  faiss::FlatCodesDistanceComputer* get_FlatCodesDistanceComputer() const override { return new Dis(*this); }
+};
+
 const faiss::IndexFlatCodes& flat_storage(const faiss::IndexHNSWFlat& idx) {
   auto* s = dynamic_cast<const faiss::IndexFlatCodes*>(idx.storage);
   if (s == nullptr) throw std::invalid_argument("sub-HNSW: the storage of the IndexHNSWFlat is not an IndexFlatCodes");
@@ -240,22 +273,27 @@ faiss::MetricType faiss_metric(uint8_t metric_code) {
   }
 }
 
-SubShape shape_of(const faiss::IndexHNSWFlat& idx) {
+SubShape shape_of(const faiss::IndexHNSWFlat& idx) { return shape_of(idx, 0); }
+
+SubShape shape_of(const faiss::IndexHNSWFlat& idx, uint32_t code_size) {
   SubShape s;
   s.count = static_cast<uint64_t>(idx.ntotal);
   s.neighbor_entries = idx.hnsw.offsets.empty() ? 0 : idx.hnsw.offsets.back();
   s.dim = static_cast<uint32_t>(idx.d);
+  s.code_size = code_size;
   return s;
 }
 
-void serialize_sub(const faiss::IndexHNSWFlat& idx, const int64_t* labels, const SubDesc& d, char* block) {
+void serialize_sub(const faiss::IndexHNSWFlat& idx, const int64_t* labels, const uint8_t* codes, uint32_t code_size,
+                   const SubDesc& d, char* block) {
   const faiss::IndexFlatCodes& storage = flat_storage(idx);
-  const SubShape s = shape_of(idx);
+  const SubShape s = shape_of(idx, code_size);
   const faiss::HNSW& g = idx.hnsw;
   if (g.levels.size() != s.count || g.offsets.size() != s.count + 1 || g.neighbors.size() < s.neighbor_entries ||
       storage.codes.size() < s.count * storage.code_size || static_cast<uint64_t>(storage.ntotal) != s.count)
     throw std::invalid_argument("serialize_sub: sub " + num(d.id) + ": the Faiss index is inconsistent");
   if (s.count > 0 && labels == nullptr) throw std::invalid_argument("serialize_sub: no labels");
+  if (s.count > 0 && code_size > 0 && codes == nullptr) throw std::invalid_argument("serialize_sub: no codes");
   uint64_t used[kNumArrays];
   array_bytes(s, used);
   for (uint32_t a = 0; a < kNumArrays; ++a) {
@@ -266,10 +304,15 @@ void serialize_sub(const faiss::IndexHNSWFlat& idx, const int64_t* labels, const
                                   num(slot.capacity) + "] does not fit the index (" + num(used[a]) +
                                   " bytes) or the block (" + num(d.block_bytes) + " bytes)");
   }
-  const void* src[kNumArrays] = {g.levels.data(), g.offsets.data(), g.neighbors.data(), storage.codes.data(),
-                                 labels};
+  const void* src[kNumArrays] = {};
+  src[kLevels] = g.levels.data();
+  src[kOffsets] = g.offsets.data();
+  src[kNeighbors] = g.neighbors.data();
+  src[kLabels] = labels;
+  src[kCodes] = codes;
+  src[kVectors] = storage.codes.data();
   // Arrays in address order, zeroing every byte between them and after the last.
-  uint32_t order[kNumArrays] = {0, 1, 2, 3, 4};
+  uint32_t order[kNumArrays] = {0, 1, 2, 3, 4, 5};
   std::sort(order, order + kNumArrays, [&](uint32_t x, uint32_t y) { return d.arrays[x].offset < d.arrays[y].offset; });
   uint64_t cursor = 0;
   for (uint32_t a : order) {
@@ -306,7 +349,7 @@ size_t SubIndex::memory_bytes() const {
     if (auto* s = dynamic_cast<const faiss::IndexFlatCodes*>(index->storage))
       b += sizeof(faiss::IndexFlatCodes) + s->codes.capacity();
   }
-  return b;
+  return b + codes.capacity() + overflow_vectors.capacity() * sizeof(float);
 }
 
 namespace {
@@ -328,9 +371,9 @@ void check_slots(const SubDesc& d, const MetaHeader& h, uint64_t base, const Bad
     if (s.offset > d.block_bytes || s.capacity > d.block_bytes - s.offset)
       throw bad(place, "[" + num(s.offset) + ", +" + num(s.capacity) + ") outside the block of " +
                            num(d.block_bytes) + " bytes");
-    if (s.used % element_bytes(a, h.dim) != 0)
+    if (s.used % element_bytes(a, h.dim, h.code_size) != 0)
       throw bad(place, "used " + num(s.used) + " bytes is not a multiple of the element size " +
-                           num(element_bytes(a, h.dim)));
+                           num(element_bytes(a, h.dim, h.code_size)));
   }
 }
 
@@ -353,9 +396,10 @@ std::vector<Record> overflow_records(const char* fetched, const SubDesc& d, cons
     if (r.bytes > room)
       throw bad(place, std::string(array_name(r.array)) + " payload of " + num(r.bytes) + " bytes, only " +
                            num(room) + " left in the overflow part");
-    if (r.bytes % element_bytes(r.array, h.dim) != 0)
+    if (r.bytes % element_bytes(r.array, h.dim, h.code_size) != 0)
       throw bad(place, std::string(array_name(r.array)) + " payload of " + num(r.bytes) +
-                           " bytes is not a multiple of the element size " + num(element_bytes(r.array, h.dim)));
+                           " bytes is not a multiple of the element size " +
+                           num(element_bytes(r.array, h.dim, h.code_size)));
     const uint64_t rec = overflow_record_bytes(r.bytes);
     if (rec > end - p)
       throw bad(place, "the record's padding to " + num(rec) + " bytes runs past the end of the overflow part");
@@ -391,7 +435,7 @@ uint64_t sanitize_links(faiss::HNSW& g, uint64_t n) {
 }  // namespace
 
 SubIndex deserialize_sub(const char* fetched, size_t len, const SubDesc& d, const MetaHeader& h,
-                         const std::string& what, bool sanitize) {
+                         const std::string& what, bool sanitize, std::shared_ptr<const compute::Quantizer> coded) {
   const std::string who = what + ": sub " + num(d.id);
   const Bad bad{who};
   // The descriptor's sizes come from remote memory: a sum that would wrap is more than any buffer.
@@ -428,7 +472,15 @@ SubIndex deserialize_sub(const char* fetched, size_t len, const SubDesc& d, cons
     return place + num(base + d.arrays[a].offset + d.arrays[a].used);
   };
   const uint64_t n = d.count;
-  const uint64_t expect[kNumArrays] = {n * 4, (n + 1) * 8, total[kNeighbors], n * h.dim * 4, n * 8};
+  if (coded && (h.code_size == 0 || coded->code_size() != h.code_size || coded->dim() != h.dim))
+    throw bad("metadata header", "a search over codes of an index with code size " + num(h.code_size));
+  uint64_t expect[kNumArrays];
+  expect[kLevels] = n * 4;
+  expect[kOffsets] = (n + 1) * 8;
+  expect[kNeighbors] = total[kNeighbors];
+  expect[kLabels] = n * 8;
+  expect[kCodes] = n * h.code_size;
+  expect[kVectors] = n * h.dim * 4;
   for (uint32_t a = 0; a < kNumArrays; ++a)
     if (total[a] != expect[a])
       throw bad(where(a, std::min(total[a], expect[a])),
@@ -442,7 +494,10 @@ SubIndex deserialize_sub(const char* fetched, size_t len, const SubDesc& d, cons
   out.index = std::make_unique<faiss::IndexHNSWFlat>(static_cast<int>(h.dim), static_cast<int>(h.m), metric);
   faiss::IndexHNSWFlat& idx = *out.index;
   delete idx.storage;  // owned (own_fields): the same flat layout, with the SIMD distance kernel
-  idx.storage = new SimdFlat(static_cast<int>(h.dim), metric);
+  if (coded)
+    idx.storage = new CodedFlat(static_cast<int>(h.dim), metric, coded);
+  else
+    idx.storage = new SimdFlat(static_cast<int>(h.dim), metric);
   auto* storage = dynamic_cast<faiss::IndexFlatCodes*>(idx.storage);
   if (storage == nullptr) throw bad("faiss", "IndexHNSWFlat without flat storage");
   faiss::HNSW& g = idx.hnsw;
@@ -458,8 +513,19 @@ SubIndex deserialize_sub(const char* fetched, size_t len, const SubDesc& d, cons
   gather(g.levels, kLevels);
   gather(g.offsets, kOffsets);
   gather(g.neighbors, kNeighbors);
-  gather(storage->codes, kVectors);
   gather(out.labels, kLabels);
+  if (coded) {  // the vectors' internal part was not fetched
+    gather(storage->codes, kCodes);
+    out.coded = true;
+    out.memnode = d.memnode;
+    out.vectors_offset = d.block_offset + d.arrays[kVectors].offset;
+    out.vectors_internal = d.arrays[kVectors].used / (uint64_t{4} * h.dim);
+    for (const Record& r : records)
+      if (r.array == kVectors) append_bytes(out.overflow_vectors, fetched + r.payload, r.bytes);
+  } else {
+    gather(storage->codes, kVectors);
+    if (h.code_size > 0) gather(out.codes, kCodes);
+  }
 
   if (sanitize && g.offsets.size() == n + 1 && g.levels.size() == n) out.sanitized += sanitize_links(g, n);
   check_graph(g, n, d.entry_point, d.max_level, [&](uint32_t a, uint64_t byte) { return who + ": " + where(a, byte); });

@@ -16,6 +16,7 @@
 #include <faiss/IndexHNSW.h>
 #include <faiss/impl/IDSelector.h>
 
+#include "compute/codes.hpp"
 #include "compute/dhnsw/layout.hpp"
 
 namespace dmhnsw::dhnsw {
@@ -23,11 +24,19 @@ namespace dmhnsw::dhnsw {
 /// The used sizes of `idx`'s arrays (count = ntotal, neighbour entries = offsets[ntotal]).
 SubShape shape_of(const faiss::IndexHNSWFlat& idx);
 
-/// Writes `idx` (with `labels`: one global id per vector, idx.ntotal of them) into `block`,
-/// which holds d.block_bytes bytes: each array at d.arrays[a].offset, its internal gap (and
-/// any byte of the block outside the arrays) zeroed. The used sizes in `d` must be those of
-/// shape_of(idx) (std::invalid_argument otherwise). Does not write overflow records.
-void serialize_sub(const faiss::IndexHNSWFlat& idx, const int64_t* labels, const SubDesc& d, char* block);
+/// The used sizes of `idx`'s arrays with codes of `code_size` bytes (0: none).
+SubShape shape_of(const faiss::IndexHNSWFlat& idx, uint32_t code_size);
+
+/// Writes `idx` (with `labels`: one global id per vector, idx.ntotal of them, and `codes`:
+/// code_size bytes per vector, null when the index has none) into `block`, which holds
+/// d.block_bytes bytes: each array at d.arrays[a].offset, its internal gap (and any byte of the
+/// block outside the arrays) zeroed. The used sizes in `d` must be those of shape_of(idx)
+/// (std::invalid_argument otherwise). Does not write overflow records.
+void serialize_sub(const faiss::IndexHNSWFlat& idx, const int64_t* labels, const uint8_t* codes, uint32_t code_size,
+                   const SubDesc& d, char* block);
+inline void serialize_sub(const faiss::IndexHNSWFlat& idx, const int64_t* labels, const SubDesc& d, char* block) {
+  serialize_sub(idx, labels, nullptr, 0, d, block);
+}
 
 /// A sub-HNSW rebuilt in local memory.
 struct SubIndex {
@@ -42,6 +51,15 @@ struct SubIndex {
   uint64_t deleted = 0;
   std::vector<uint8_t> live_bits;
   std::unique_ptr<faiss::IDSelectorBitmap> live;
+  /// The codes array (an index with codes, read whole): what a commit extends.
+  std::vector<uint8_t> codes;
+  /// Read for a search over codes: the index compares codes, and the vectors stay in the
+  /// memnode's region (those of overflow records were fetched anyway and are kept here).
+  bool coded = false;
+  uint16_t memnode = 0;
+  uint64_t vectors_offset = 0;   // region offset of the vectors array's internal part
+  uint64_t vectors_internal = 0; // vectors in it (local ids below this)
+  std::vector<float> overflow_vectors;  // of local ids vectors_internal.. (dim floats each)
   /// Sets `deleted`, `live_bits` and `live` from `labels`.
   void index_deleted();
   /// Heap bytes held (graph, vectors, labels): what a cache of SubIndexes accounts.
@@ -64,8 +82,11 @@ struct SubIndex {
 /// With `sanitize`, neighbour ids outside 0..count-1 are dropped from their lists first (the
 /// rest moved up, -1 after them): what a commit left half-written by a dead computenode looks
 /// like (lists of old nodes pointing at nodes its descriptor never published).
+/// With `coded` (the index's quantizer), `fetched` holds coded_fetch_parts(d) only: the index
+/// compares codes, SubIndex::coded is set and the vectors are located for a re-rank.
 SubIndex deserialize_sub(const char* fetched, size_t len, const SubDesc& d, const MetaHeader& h,
-                         const std::string& what, bool sanitize = false);
+                         const std::string& what, bool sanitize = false,
+                         std::shared_ptr<const compute::Quantizer> coded = nullptr);
 
 /// The meta-HNSW as a Faiss index file (faiss::write_index into memory).
 std::vector<char> serialize_meta(const faiss::IndexHNSWFlat& idx);

@@ -27,9 +27,10 @@ void SearchOptions::add_flags(CLI::App& cmd, const std::string& cache_ratio_also
       ->capture_default_str()
       ->check(CLI::Range(1, 4096));
   cmd.add_option("--rerank", rerank,
-                 "shine: with an index built with --codes, compare nodes by this computenode's copy of their "
-                 "codes (no vector READs) and re-rank the best R candidates with their full vectors (0: full "
-                 "vectors throughout)")
+                 "with an index built with --codes, compare vectors by their codes and re-rank each query's best "
+                 "R candidates with their full vectors (0: full vectors throughout). shine: by this computenode's "
+                 "copy of every node's code (no vector READs); dhnsw: sub-HNSWs fetched with codes instead of "
+                 "vectors (R at most 4096)")
       ->capture_default_str()
       ->check(CLI::Range(0, 100000));
   cmd.add_option("--routing", routing.policy,

@@ -79,7 +79,7 @@ Prepared insert_local(const LocalRegion& r, uint32_t id, size_t n, int64_t first
   const std::vector<float> x = random_vectors(n, seed);
   s.index->add(static_cast<faiss::Index::idx_t>(n), x.data());
   for (size_t i = 0; i < n; ++i) s.labels.push_back(first_id + static_cast<int64_t>(i));
-  UpdateCommit c = prepare_commit(d, segs, old_nb, s, &pd, kDim);
+  UpdateCommit c = prepare_commit(d, segs, old_nb, s, &pd, kDim, 0);
   return {std::move(s), std::move(c)};
 }
 

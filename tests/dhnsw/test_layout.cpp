@@ -67,7 +67,7 @@ void expect_refused(const MetaHeader& h, const std::vector<SubDesc>& subs, uint6
 }  // namespace
 
 TEST_CASE("layout: array capacities are used + ceil(used * gap), kAlign-aligned", "[dhnsw][layout]") {
-  SubShape s{100, 3200, 16};
+  SubShape s{100, 3200, 16, 16};
   uint64_t used[kNumArrays];
   array_bytes(s, used);
   CHECK(used[kLevels] == 400);
@@ -75,6 +75,7 @@ TEST_CASE("layout: array capacities are used + ceil(used * gap), kAlign-aligned"
   CHECK(used[kNeighbors] == 12800);
   CHECK(used[kVectors] == 6400);
   CHECK(used[kLabels] == 800);
+  CHECK(used[kCodes] == 1600);
 
   ArraySlot a[kNumArrays];
   const uint64_t block = plan_arrays(s, LayoutParams{0.10, 0.10}, a);
@@ -83,6 +84,8 @@ TEST_CASE("layout: array capacities are used + ceil(used * gap), kAlign-aligned"
   CHECK(a[kNeighbors].capacity == 14080);  // 12800 + 1280 = 14080, already aligned
   CHECK(a[kVectors].capacity == 7040);
   CHECK(a[kLabels].capacity == 896);     // 800 + 80 -> 896
+  CHECK(a[kCodes].capacity == 1792);     // 1600 + 160 -> 1792
+  CHECK(a[kVectors].offset > a[kCodes].offset);  // last: a search over codes reads the block up to it
   uint64_t at = 0;
   for (uint32_t i = 0; i < kNumArrays; ++i) {
     CHECK(a[i].offset == at);
@@ -99,9 +102,28 @@ TEST_CASE("layout: array capacities are used + ceil(used * gap), kAlign-aligned"
     CHECK(a[kVectors].capacity == 6400);
   }
   SECTION("an empty sub still gets kAlign bytes per array") {
-    CHECK(plan_arrays(SubShape{0, 0, 16}, LayoutParams{}, a) == kNumArrays * kAlign);
+    CHECK(plan_arrays(SubShape{0, 0, 16, 8}, LayoutParams{}, a) == kNumArrays * kAlign);
     for (uint32_t i = 0; i < kNumArrays; ++i) CHECK(a[i].capacity == kAlign);
     CHECK(a[kOffsets].used == 8);  // offsets[0]
+  }
+  SECTION("an index without codes has a codes array of no bytes") {
+    CHECK(plan_arrays(SubShape{0, 0, 16}, LayoutParams{}, a) == (kNumArrays - 1) * kAlign);
+    CHECK(a[kCodes].capacity == 0);
+    CHECK(a[kCodes].offset == a[kVectors].offset);
+  }
+  SECTION("coded_fetch_parts skips the vectors' internal part, not the overflow") {
+    SubDesc d{};
+    std::copy(a, a + kNumArrays, d.arrays);
+    d.block_bytes = block;
+    d.overflow_used = 128;
+    auto parts = coded_fetch_parts(d);  // slot 0: the block up to the vectors, then the rest
+    REQUIRE(parts.size() == 2);
+    CHECK(parts[0] == std::pair<uint64_t, uint64_t>{0, a[kVectors].offset});
+    CHECK(parts[1].first == a[kVectors].offset + a[kVectors].used);
+    CHECK(parts[1].first + parts[1].second == block + 128);
+    d.slot = 1;  // the overflow before the block: one part up to the vectors
+    parts = coded_fetch_parts(d);
+    CHECK(parts[0] == std::pair<uint64_t, uint64_t>{0, 128 + a[kVectors].offset});
   }
   SECTION("a large gap share") {
     plan_arrays(s, LayoutParams{1.5, 0.1}, a);
@@ -118,11 +140,12 @@ TEST_CASE("layout: overflow records and element sizes", "[dhnsw][layout]") {
   CHECK(overflow_record_bytes(0) == 64);
   CHECK(overflow_record_bytes(48) == 64);
   CHECK(overflow_record_bytes(49) == 128);
-  CHECK(element_bytes(kLevels, 16) == 4);
-  CHECK(element_bytes(kOffsets, 16) == 8);
-  CHECK(element_bytes(kNeighbors, 16) == 4);
-  CHECK(element_bytes(kVectors, 16) == 64);
-  CHECK(element_bytes(kLabels, 16) == 8);
+  CHECK(element_bytes(kLevels, 16, 0) == 4);
+  CHECK(element_bytes(kOffsets, 16, 0) == 8);
+  CHECK(element_bytes(kNeighbors, 16, 0) == 4);
+  CHECK(element_bytes(kVectors, 16, 0) == 64);
+  CHECK(element_bytes(kLabels, 16, 0) == 8);
+  CHECK(element_bytes(kCodes, 16, 12) == 12);
   CHECK(std::string(array_name(kNeighbors)) == "neighbors");
 }
 
@@ -136,7 +159,7 @@ TEST_CASE("layout: plan_region places groups, slots and gaps, round-robin over m
   REQUIRE(p.subs.size() == 5);
   CHECK(p.metadata_offset == kMetadataOffset);
   CHECK(p.metadata_bytes == metadata_block_bytes(5, 1000));
-  CHECK(p.metadata_bytes == align_up(128 + 5 * 256 + 1000, kAlign));
+  CHECK(p.metadata_bytes == align_up(sizeof(MetaHeader) + 5 * 256 + 1000, kAlign));
 
   const uint64_t first_group = align_up(kMetadataOffset + p.metadata_bytes, kAlign);
   const uint16_t expect_mem[5] = {0, 0, 1, 1, 0};

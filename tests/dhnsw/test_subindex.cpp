@@ -177,8 +177,12 @@ SubDesc move_tail_to_overflow(char* region, SubDesc d, const Source& s, uint64_t
     d.overflow_used += rb;
   }
   // The internal arrays lose their tails; the freed bytes become garbage the reader must ignore.
-  const uint64_t cut[kNumArrays] = {tail * 4, tail * 8, (g.offsets[n] - g.offsets[first]) * 4, tail * kDim * 4,
-                                    tail * 8};
+  uint64_t cut[kNumArrays] = {};
+  cut[kLevels] = tail * 4;
+  cut[kOffsets] = tail * 8;
+  cut[kNeighbors] = (g.offsets[n] - g.offsets[first]) * 4;
+  cut[kVectors] = tail * kDim * 4;
+  cut[kLabels] = tail * 8;
   for (uint32_t a = 0; a < kNumArrays; ++a) {
     d.arrays[a].used -= cut[a];
     std::memset(region + d.block_offset + d.arrays[a].offset + d.arrays[a].used, 0xAB,
