@@ -53,8 +53,9 @@ struct BatchStats {
   uint64_t version_reads = 0, version_doorbells = 0, refetches = 0;
   uint64_t buffered_scanned = 0;  // insert-buffer entries compared while a rebuild runs
   // Searches over codes: candidates re-ranked, the vector READs and bytes that took (not in
-  // reads/bytes above) and their doorbells; candidates whose vector came with the fetch.
-  uint64_t reranked = 0, rerank_reads = 0, rerank_bytes = 0, rerank_doorbells = 0, rerank_local = 0;
+  // reads/bytes above; a vector several queries of the batch re-rank is read once, one that
+  // came with the fetch in an overflow record not at all) and their doorbells.
+  uint64_t reranked = 0, rerank_reads = 0, rerank_bytes = 0, rerank_doorbells = 0;
   uint64_t epoch = 0;             // the epoch the batch was planned with
   double seconds = 0;  // from the batch's close to its last query's answer
   double meta_s = 0, fetch_s = 0, deserialize_s = 0, search_s = 0, rerank_s = 0;

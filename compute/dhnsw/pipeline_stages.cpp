@@ -14,6 +14,7 @@
 #include <span>
 #include <stdexcept>
 #include <thread>
+#include <unordered_map>
 
 #include "common/distance.hpp"
 #include "compute/dhnsw/insert_buffer.hpp"
@@ -370,18 +371,23 @@ void Engine::Impl::rerank(Job& job, const float* queries, std::vector<Answer>& a
   };
   for (uint32_t q0 = 0; q0 < job.n;) {
     std::vector<fabric::Op> ops;
-    std::vector<std::pair<uint32_t, size_t>> where;  // (query, candidate) of each op
+    std::vector<int64_t> op_id;  // the id whose vector each op reads
+    // A vector several queries of the batch re-rank is read once.
+    std::unordered_map<uint64_t, uint64_t> slot;  // RemotePtr raw -> its op
     uint64_t used = 0;
     uint32_t q1 = q0;
     for (; q1 < job.n; ++q1) {
       uint64_t need = 0;
       for (const auto& c : job.cands[q1]) need += c.local.empty() ? vb : 0;
       if (q1 > q0 && used + need > cap) break;
-      for (size_t j = 0; j < job.cands[q1].size(); ++j) {
-        const auto& c = job.cands[q1][j];
+      for (auto& c : job.cands[q1]) {
         if (!c.local.empty()) continue;
-        ops.push_back(fabric::Op::read(RemotePtr(c.memnode, c.offset), buf.data() + used, vb, ops.size()));
-        where.emplace_back(q1, j);
+        const RemotePtr at(c.memnode, c.offset);
+        const auto [it, fresh] = slot.emplace(at.raw(), ops.size());
+        c.op = it->second;
+        if (!fresh) continue;
+        ops.push_back(fabric::Op::read(at, buf.data() + used, vb, ops.size()));
+        op_id.push_back(c.id);
         used += vb;
       }
     }
@@ -394,8 +400,7 @@ void Engine::Impl::rerank(Job& job, const float* queries, std::vector<Answer>& a
         const size_t got = ep.poll(cs);
         for (size_t j = 0; j < got; ++j)
           if (cs[j].status != fabric::Status::Ok)
-            throw fabric::FabricError("re-ranking: reading the vector of id " +
-                                      std::to_string(job.cands[where[cs[j].tag].first][where[cs[j].tag].second].id) +
+            throw fabric::FabricError("re-ranking: reading the vector of id " + std::to_string(op_id.at(cs[j].tag)) +
                                       " failed: " + ep.describe(cs[j]));
         left -= got;
         if (got == 0) std::this_thread::yield();
@@ -404,13 +409,11 @@ void Engine::Impl::rerank(Job& job, const float* queries, std::vector<Answer>& a
       job.st.rerank_reads += ops.size();
       job.st.rerank_bytes += used;
     }
-    size_t op = 0;
     for (uint32_t q = q0; q < q1; ++q) {
       const float* x = queries + (job.first + q) * dim;
       Answer& a = answers[job.first + q];  // the insert buffer's matches, if any, are exact already
       for (const auto& c : job.cands[q]) {
-        const float* v = c.local.empty() ? reinterpret_cast<const float*>(buf.data() + vb * op++) : c.local.data();
-        job.st.rerank_local += c.local.empty() ? 0 : 1;
+        const float* v = c.local.empty() ? reinterpret_cast<const float*>(buf.data() + vb * c.op) : c.local.data();
         const float d = exact(x, v);
         a.emplace_back(ip ? 1.0f - d : d, c.id);
       }

@@ -28,6 +28,7 @@ struct Candidate {
   uint16_t memnode = 0;
   uint64_t offset = 0;
   std::vector<float> local;
+  uint64_t op = 0;  // the re-rank's READ of its vector
 };
 
 /// One batch on its way through the stages.

@@ -17,6 +17,10 @@ class LocalCodes {
   /// node holds (its record was reused for another vector). Throws naming --rerank when the
   /// index has no codes.
   static LocalCodes load(fabric::Endpoint& ep, const GraphParams& p);
+  /// Reads the entries the logs gained since (one READ of each memnode's count, then the new
+  /// entries): the codes of nodes other computenodes inserted meanwhile. Returns how many
+  /// entries it read. Not concurrent with find(): callers refresh between searches.
+  uint64_t refresh(fabric::Endpoint& ep, const GraphParams& p);
   size_t code_size() const { return code_size_; }
   size_t size() const { return labels_.size(); }
   uint64_t bytes() const { return codes_.size() + 16 * labels_.size(); }
@@ -33,6 +37,7 @@ class LocalCodes {
     return codes_.data() + size_t{it->second} * code_size_;
   }
   uint64_t label(RemotePtr node) const { return labels_.at(at_.at(node.raw())); }
+  uint64_t refreshed() const { return refreshed_; }  // entries read by refresh() so far
   /// Entries each memnode's log holds (as counted when loaded, at most its capacity).
   const std::vector<uint64_t>& entries() const { return entries_; }
 
@@ -42,6 +47,11 @@ class LocalCodes {
   std::vector<uint8_t> codes_;
   std::vector<uint64_t> labels_;
   std::vector<uint64_t> entries_;
+  uint64_t refreshed_ = 0;
+  /// Entries [first, count) of memnode m's log into the table; returns where the next refresh
+  /// starts (an unwritten entry among the last kRecentEntries, else count).
+  static constexpr uint64_t kRecentEntries = 4096;
+  uint64_t read_entries(fabric::Endpoint& ep, const GraphParams& p, uint16_t m, uint64_t first, uint64_t count);
 };
 
 }  // namespace dmhnsw::shine

@@ -193,6 +193,8 @@ json QuerySession::run() {
     spdlog::info("warm-up: {} queries answered here in {:.2f} s", ignored.size(), wr.seconds);
   }
   for (uint32_t ef : o_.ef_search) {
+    if (codes_)  // the codes of nodes other computenodes inserted since (else read as vectors)
+      if (const uint64_t got = codes_->refresh(*control_, p_); got > 0) spdlog::info("codes: {} new entries read", got);
     relay_->barrier();  // the measured part starts together (after everyone's warm-up)
     cache::NodeCacheStats before = ncache_ ? ncache_->stats() : cache::NodeCacheStats{};
     std::vector<PerQuery> rows;

@@ -1,14 +1,15 @@
 #!/usr/bin/python3
-"""shine with compressed vectors (issue 31) against the float index, in the same run.
+"""Compressed vectors (issue 31) against the float index, in the same run, either mode.
 
-One shine index per --codes kind is built into 2 memnodes (one computenode, T threads); every
-query run uses the same index: --rerank 0 reads full vectors throughout (the float index's
-traversal), --rerank R compares nodes by the computenode's copy of their codes and re-reads
-the best R. Each at the --ef-search values, without and with the wire model. Per run: recall@10,
-QPS, bytes / READs / doorbells per query, codes loaded. Results: OUT/results.json and
-OUT/results.md.
+One index per --codes kind is built into 2 memnodes (one computenode, T threads); every query
+run uses the same index: --rerank 0 reads full vectors throughout (the float index's search),
+--rerank R searches over codes (shine: the computenode's copy of every node's code; dhnsw:
+sub-HNSWs fetched with codes instead of vectors) and re-ranks the best R with their vectors.
+Each at the --ef-search values, without and with the wire model. Per run: recall@10, QPS,
+bytes / READs per query. Results: OUT/results.json and OUT/results.md (OUT: SET/, or SET-dhnsw/).
 
   experiments/codes/run.py --set wordnet --codes sq8,pq:48 --rerank 0,20,50
+  experiments/codes/run.py --mode dhnsw --set wordnet --codes sq8 --rerank 0,20 --wire none,rdma-56g
 """
 import argparse
 import json
@@ -22,6 +23,10 @@ import dmh  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+ap.add_argument("--mode", default="shine", choices=["shine", "dhnsw"])
+ap.add_argument("--partitions", type=int, default=16, help="dhnsw: P (default %(default)s)")
+ap.add_argument("--probe", type=int, default=4, help="dhnsw: partitions per query (default %(default)s)")
+ap.add_argument("--batch", type=int, default=1000, help="dhnsw: queries per batch (default %(default)s)")
 ap.add_argument("--set", default="wordnet", help="wordnet, bigann10k, syn100k or syn1m (default %(default)s)")
 ap.add_argument("--codes", default="sq8,pq:48", help="--codes kinds, one index each (default %(default)s)")
 ap.add_argument("--rerank", default="0,20,50", help="--rerank values; 0: full vectors (default %(default)s)")
@@ -39,34 +44,40 @@ a = ap.parse_args()
 
 work = Path(a.work or dmh.ROOT / "runs" / "codes" / a.set)
 work.mkdir(parents=True, exist_ok=True)
-out = Path(a.out or HERE / a.set)
+out = Path(a.out or HERE / (a.set if a.mode == "shine" else f"{a.set}-dhnsw"))
 out.mkdir(parents=True, exist_ok=True)
 base, wl, metric = dmh.dataset(a.set, work)
-results = {"set": a.set, "provider": a.provider, "m": a.m, "ef_construction": a.ef_construction,
+results = {"mode": a.mode, "set": a.set, "provider": a.provider, "m": a.m, "ef_construction": a.ef_construction,
            "threads": a.threads, "coroutines": a.coroutines, "command": " ".join(sys.argv), "indexes": []}
 for codes in a.codes.split(","):
     dmh.log(f"{a.set}: build with --codes {codes}")
     with dmh.Memnodes(2, a.provider, a.region, work / "mn") as mn:
-        cn = [str(dmh.BIN / "computenode"), "--provider", a.provider, "--memnodes", mn.list]
+        cn = [str(dmh.BIN / "computenode"), "--mode", a.mode, "--provider", a.provider, "--memnodes", mn.list]
         rep = work / "build.json"
+        extra = ["--partitions", a.partitions] if a.mode == "dhnsw" else []
         dmh.run(cn + ["build", "--data", base, "--m", a.m, "--ef-construction", a.ef_construction, "--metric", metric,
-                      "--threads", a.threads, "--codes", codes, "--report", rep])
+                      "--threads", a.threads, "--codes", codes, "--report", rep] + extra)
         b = json.loads(rep.read_text())
         idx = {"codes": codes, "build_seconds": b["seconds"], "code_size": b["codes"]["code_size"], "runs": []}
+        qextra = (["--probe", a.probe, "--batch", a.batch, "--search-threads", a.threads] if a.mode == "dhnsw"
+                  else ["--threads", a.threads, "--coroutines", a.coroutines])
         for wire in a.wire.split(","):
             for rerank in a.rerank.split(","):
                 q = work / "q.json"
                 dmh.run(cn + ["--wire", wire, "query", "--workload", wl, "--k", 10, "--ef-search", a.ef_search,
-                              "--threads", a.threads, "--coroutines", a.coroutines, "--rerank", rerank,
-                              "--report", q])
+                              "--rerank", rerank, "--report", q] + qextra)
                 r = json.loads(q.read_text())
                 for run in r["runs"]:
+                    pq = dict(run["per_query"])
+                    if a.mode == "dhnsw":  # sub-HNSW fetches and re-rank READs together
+                        pq["bytes"] = pq["total_bytes"]
+                        pq["reads"] = pq["reads"] + pq["rerank_reads"]
                     idx["runs"].append({"wire": wire, "rerank": int(rerank), "ef_search": run["ef_search"],
-                                        "recall": run["recall"], "qps": run["qps"], "per_query": run["per_query"],
+                                        "recall": run["recall"], "qps": run["qps"], "per_query": pq,
                                         "codes_bytes": (r["codes"] or {}).get("bytes", 0)})
                 dmh.log(f"  {codes} wire {wire} rerank {rerank}: " + ", ".join(
                     f"ef {x['ef_search']} R {x['recall']:.4f} {x['qps']:.0f} qps {x['per_query']['bytes']:.0f} B"
-                    for x in r["runs"]))
+                    for x in idx["runs"][-len(r["runs"]):]))
         results["indexes"].append(idx)
 
 rows = []
