@@ -142,8 +142,12 @@ class DhnswBackend final : public Backend {
     m_.bytes.add(a.bytes_written - before.bytes_written + a.bytes_fetched - before.bytes_fetched);
   }
 
-  void search(const float* queries, size_t n, uint32_t k, uint32_t ef, uint32_t probe, int64_t* ids,
+  void search(const float* queries, size_t n, uint32_t k, uint32_t ef, uint32_t probe, uint32_t rerank, int64_t* ids,
               float* distances) override {
+    // d-HNSW has no codes yet (its info() says "none"): this is the one place that says so.
+    if (rerank != 0)
+      throw BadRequest("rerank: " + std::to_string(rerank) + ": a dhnsw index has no codes to traverse on (only shine's "
+                       "have: `--codes` at build or import); send 0");
     if (k > eo_.k) throw BadRequest("k " + std::to_string(k) + ": this server answers at most --k " + std::to_string(eo_.k));
     if (probe != 0 && probe != eo_.probe)
       throw BadRequest("probe " + std::to_string(probe) + ": this server searches --probe " + std::to_string(eo_.probe) +
