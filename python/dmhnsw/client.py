@@ -135,7 +135,7 @@ class Client:
             rerank: an index with codes (:attr:`Info.codes`): traverse on the codes and re-read
                 the best ``rerank`` candidates exactly (at most 1024); None or 0: the server's
                 ``--rerank`` (:attr:`Info.rerank`; 0 there: full vectors throughout). The server
-                refuses it on an index without codes.
+                refuses it on an index without codes, and a dhnsw server any but its own.
             timeout: deadline of this call in seconds (default: the client's).
 
         Returns:

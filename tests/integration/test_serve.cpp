@@ -123,8 +123,8 @@ double recall_at_10(const Client& cl, const Workload& wl, uint32_t rerank = 0) {
 }
 
 /// Every malformed request is refused naming its field, and a good one is answered after it.
-/// `coded`: the index has codes (else any rerank is refused).
-void check_bad_requests(const Client& cl, const Workload& wl, uint32_t max_k, bool coded) {
+/// `rerank_ok`: a request's rerank 20 is served (else it is refused).
+void check_bad_requests(const Client& cl, const Workload& wl, uint32_t max_k, bool rerank_ok) {
   const uint32_t dim = static_cast<uint32_t>(wl.dim());
   const float* q = wl.queries.row(wl.warmup_count);
   auto refused = [&](pb::SearchRequest r, const std::string& field) {
@@ -153,7 +153,7 @@ void check_bad_requests(const Client& cl, const Workload& wl, uint32_t max_k, bo
   r.set_ef_search(1u << 30);
   refused(r, "ef_search");
   refused(request(q, 1, dim, 10, 1025), "rerank");  // above the bound
-  if (!coded) refused(request(q, 1, dim, 10, 20), "rerank");  // nothing to traverse on
+  if (!rerank_ok) refused(request(q, 1, dim, 10, 20), "rerank");
   {
     // Over the message size limit (--max-message-bytes 4MiB): refused by gRPC itself.
     const size_t rows = (4u << 20) / (4 * dim) + 1000;
@@ -304,9 +304,12 @@ void check_service(const TempDir& dir, const std::string& mode, const std::strin
     INFO("shine recall@10 with rerank 20: " << coded);
     CHECK(coded >= recall - 0.01);
   } else {
-    CHECK(info.codes() == "none");
+    // A d-HNSW index built with --codes sq8, served with --rerank 0: its batches search full
+    // vectors, and a request may not ask for another rerank.
+    CHECK(info.codes() == "sq8");
+    CHECK(info.rerank() == 0);
   }
-  check_bad_requests(cl, wl, info.max_k(), info.codes() != "none");
+  check_bad_requests(cl, wl, info.max_k(), mode == "shine");
   check_inserts(cl, wl, mode);
 
   // The cluster token: a call without it or with another is refused, and nothing is answered.
@@ -354,8 +357,8 @@ void check_service(const TempDir& dir, const std::string& mode, const std::strin
   CHECK(srv.proc->wait(seconds(20)) == 0);
 }
 
-/// Two memnodes over tcp with the token, and an index of `mode` over SmallData on them: a
-/// d-HNSW build, or hnswlib's graph imported as a shine index with SQ8 codes (serving is under test here).
+/// Two memnodes over tcp with the token, and an index of `mode` with SQ8 codes over SmallData on
+/// them: a d-HNSW build, or hnswlib's graph imported as a shine index (serving is under test here).
 struct Cluster {
   Memnode m0, m1;
   std::string mns;
@@ -367,7 +370,8 @@ struct Cluster {
       return;
     }
     auto b = run(computenode_args(mode, "tcp", mns, 0, 1,
-                                  {"build", "--data", d.base, "--ef-construction", "80", "--partitions", "8", "--m", "16"}),
+                                  {"build", "--data", d.base, "--ef-construction", "80", "--partitions", "8", "--m", "16",
+                                   "--codes", "sq8"}),
                  dir, mode + "-build", seconds(300), {kToken});
     INFO(b.output);
     REQUIRE(b.code == 0);
