@@ -41,7 +41,7 @@ int main(int argc, char** argv) {
   std::string file, data, metric = "l2", memnodes, provider = "shm", token_file, report, log_level = "info";
   uint32_t cn_id = 0;
   shine::ImportOptions io;
-  std::string chunk = "4MiB";
+  std::string chunk = "4MiB", codes = "none";
   app.add_option("--hnswlib", file, "the hnswlib index file")->required()->check(CLI::ExistingFile);
   app.add_option("--metric", metric, "the index's space, which hnswlib's file does not record: l2 or ip")
       ->capture_default_str()
@@ -60,6 +60,16 @@ int main(int argc, char** argv) {
                  "and upserts (-1: twice the elements; 0: none, new ids must then lie above every label)")
       ->capture_default_str()
       ->check(CLI::Range(int64_t{-1}, int64_t{1} << 40));
+  app.add_option("--codes", codes,
+                 "compressed vectors stored with the index, as `computenode --mode shine build --codes`: none, sq8 "
+                 "(8 bits per dimension, Faiss's ScalarQuantizer) or pq:M (M bytes, Faiss's ProductQuantizer; M divides "
+                 "the dimension), trained on up to 65,536 of the file's vectors spread over all of them; every node's "
+                 "code goes to its memnode's codes log (`query --rerank R` then traverses on them)")
+      ->capture_default_str();
+  app.add_option("--codes-capacity", io.codes_capacity,
+                 "codes log entries per memnode (0: twice the elements over the memnodes, at least 1024)")
+      ->capture_default_str()
+      ->check(CLI::Range(uint64_t{0}, uint64_t{1} << 40));
   app.add_option("--chunk", chunk, "bytes of node records per WRITE")->capture_default_str();
   app.add_option("--writes-per-doorbell", io.writes_per_doorbell, "WRITEs posted with one doorbell")
       ->capture_default_str()
@@ -73,6 +83,7 @@ int main(int argc, char** argv) {
     const auto t0 = std::chrono::steady_clock::now();
     io.metric = parse_metric(metric);
     io.chunk_bytes = parse_bytes(chunk, "--chunk");
+    io.codes = compute::parse_codes(codes);
     uint32_t data_dim = 0;
     if (!data.empty()) data_dim = static_cast<uint32_t>(probe(data).d);
     const shine::HnswlibFile f(file, data_dim);
@@ -111,6 +122,20 @@ int main(int argc, char** argv) {
                 r["write_seconds"].get<double>(),
                 static_cast<double>(r["record_bytes"].get<uint64_t>()) / (1 << 20) /
                     std::max(r["write_seconds"].get<double>(), 1e-9));
+    if (r.contains("codes")) {
+      const auto& k = r["codes"];
+      std::printf("  codes %s: %llu bytes per vector (Faiss, trained on %llu vectors in %.2f s), %llu entries in logs "
+                  "of %llu per memnode%s\n",
+                  k["kind"].get<std::string>().c_str(), static_cast<unsigned long long>(k["code_size"].get<uint64_t>()),
+                  static_cast<unsigned long long>(k["train_rows"].get<uint64_t>()), k["train_seconds"].get<double>(),
+                  static_cast<unsigned long long>(k["entries"].get<uint64_t>()),
+                  static_cast<unsigned long long>(k["log_capacity"].get<uint64_t>()),
+                  k["dropped"].get<uint64_t>() > 0 ? " (some nodes did not fit: their vectors are read)" : "");
+      if (k["dropped"].get<uint64_t>() > 0)
+        spdlog::warn("{} nodes' codes did not fit the codes logs of {} entries per memnode: searches read their vectors "
+                     "(import with a larger --codes-capacity)",
+                     k["dropped"].get<uint64_t>(), k["log_capacity"].get<uint64_t>());
+    }
     for (auto& m : r["memnode_usage"])
       std::printf("  memnode %u (%s): %llu nodes, %.1f MiB of %.0f MiB\n", m["id"].get<unsigned>(),
                   m["address"].get<std::string>().c_str(), static_cast<unsigned long long>(m["nodes"].get<uint64_t>()),

@@ -22,6 +22,8 @@ struct IndexInfo {
   uint64_t deleted = 0;     // tombstones (not in count): in the shine graph, in the d-HNSW sub-HNSWs until a rebuild
   bool ids = false;         // the index has an id index (deletes, upserts, any ids)
   uint32_t partitions = 0;  // dhnsw: sub-HNSWs (the largest probe); shine: 0
+  std::string codes = "none";  // the index's compressed vectors (compute::CodesSpec::to_string)
+  uint32_t rerank = 0;         // the server's --rerank: a search's when its request gives 0
 };
 
 /// A request field the backend refuses (the service answers INVALID_ARGUMENT with it).
@@ -34,8 +36,10 @@ class Backend {
   virtual ~Backend() = default;
   virtual IndexInfo info() = 0;
   /// n queries of info().dim floats; writes n x k ids (-1 where fewer were found) and distances.
-  virtual void search(const float* queries, size_t n, uint32_t k, uint32_t ef, uint32_t probe, int64_t* ids,
-                      float* distances) = 0;
+  /// `rerank` (0: the server's): traverse on the index's codes and re-read the best that many;
+  /// throws BadRequest naming the field when the index has no codes.
+  virtual void search(const float* queries, size_t n, uint32_t k, uint32_t ef, uint32_t probe, uint32_t rerank,
+                      int64_t* ids, float* distances) = 0;
   /// Inserts n vectors under `ids` (checked by the service: >= 0, distinct within the request);
   /// every one is in the index when this returns. Throws BadRequest for an id the mode cannot
   /// take or the index holds (naming it), before any is inserted. With `upsert`, an id the index
@@ -53,6 +57,7 @@ struct BackendMetrics {
   Counter &reads, &writes, &atomics, &doorbells, &bytes;
   Counter &queries, &inserted, &deleted, &replaced;
   Counter &cache_lookups, &cache_hits;  // shine: the node cache; dhnsw: the sub-HNSW cache
+  Counter &coded, &reranked;            // shine with codes: nodes compared by their code, vectors re-read
   Histogram& batch_queries;             // dhnsw: queries per pipeline batch
   Gauge &epoch, &vectors;
 };

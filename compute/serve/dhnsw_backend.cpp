@@ -84,6 +84,8 @@ class DhnswBackend final : public Backend {
     i.epoch = ctl.epoch;
     i.partitions = ix.header.num_subs;
     i.ids = ix.header.id_buckets > 0;
+    i.codes = ix.codes ? ix.codes->spec().to_string() : "none";
+    i.rerank = eo_.rerank;
     for (uint32_t s = 0; s < ix.header.num_subs; ++s) {
       dhnsw::SubDesc d;
       control_->read(RemotePtr(ix.subs[s].memnode, dhnsw::live_desc_offset(ix.header, s)), &d, sizeof d);
@@ -142,8 +144,17 @@ class DhnswBackend final : public Backend {
     m_.bytes.add(a.bytes_written - before.bytes_written + a.bytes_fetched - before.bytes_fetched);
   }
 
-  void search(const float* queries, size_t n, uint32_t k, uint32_t ef, uint32_t probe, int64_t* ids,
+  void search(const float* queries, size_t n, uint32_t k, uint32_t ef, uint32_t probe, uint32_t rerank, int64_t* ids,
               float* distances) override {
+    // A request's rerank, in this one place: the engine searches a batch of requests with one
+    // --rerank, so a request may only ask for that (as with probe); searches over codes per
+    // request are not served for dhnsw yet.
+    if (rerank != 0 && rerank != eo_.rerank)
+      throw BadRequest("rerank: " + std::to_string(rerank) + ": " +
+                       (eo_.rerank == 0 ? std::string("this dhnsw server searches full vectors (--rerank 0)")
+                                        : "this dhnsw server re-ranks every search's best " +
+                                              std::to_string(eo_.rerank) + " (--rerank)") +
+                       "; a dhnsw request takes no rerank of its own (0: the server's)");
     if (k > eo_.k) throw BadRequest("k " + std::to_string(k) + ": this server answers at most --k " + std::to_string(eo_.k));
     if (probe != 0 && probe != eo_.probe)
       throw BadRequest("probe " + std::to_string(probe) + ": this server searches --probe " + std::to_string(eo_.probe) +

@@ -51,6 +51,8 @@ std::optional<std::string> check_search(const v1::SearchRequest& r, const Reques
   if (l.shine && r.probe() != 0) return std::string("probe: only a dhnsw index has partitions to probe");
   if (l.partitions != 0 && r.probe() > l.partitions)
     return "probe: " + std::to_string(r.probe()) + ", the index has " + std::to_string(l.partitions) + " partitions";
+  if (r.rerank() > kMaxRerank)
+    return "rerank: " + std::to_string(r.rerank()) + ", at most " + std::to_string(kMaxRerank);
   return std::nullopt;
 }
 

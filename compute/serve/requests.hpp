@@ -20,8 +20,11 @@ struct RequestLimits {
 };
 
 inline constexpr uint32_t kMaxEfSearch = 100000;
+/// A request's rerank: vectors re-read per query at most (each is one READ of a full vector).
+inline constexpr uint32_t kMaxRerank = 1024;
 
-/// A search: n rows of finite floats, k, efSearch and probe within the limits.
+/// A search: n rows of finite floats, k, efSearch, probe and rerank within the limits (whether
+/// the index can rerank at all is its backend's to say).
 std::optional<std::string> check_search(const v1::SearchRequest& r, const RequestLimits& l, size_t& n);
 /// An insert: n rows of finite floats with n distinct ids >= 0.
 std::optional<std::string> check_insert(const v1::InsertRequest& r, const RequestLimits& l, size_t& n);

@@ -121,7 +121,7 @@ class Service final : public pb::Search::Service {
     resp->mutable_ids()->Resize(static_cast<int>(n * k), -1);
     resp->mutable_distances()->Resize(static_cast<int>(n * k), 0.0f);
     if (Status s = answered([&] {
-          b_.search(q.data(), n, k, req->ef_search(), req->probe(), resp->mutable_ids()->mutable_data(),
+          b_.search(q.data(), n, k, req->ef_search(), req->probe(), req->rerank(), resp->mutable_ids()->mutable_data(),
                     resp->mutable_distances()->mutable_data());
         });
         !s.ok())
@@ -182,6 +182,8 @@ class Service final : public pb::Search::Service {
     resp->set_computenode(i.computenode);
     resp->set_deleted(i.deleted);
     resp->set_ids(i.ids);
+    resp->set_codes(i.codes);
+    resp->set_rerank(i.rerank);
     return Status::OK;
   }
 
@@ -244,6 +246,10 @@ BackendMetrics::BackendMetrics(Registry& r, const std::string& mode)
                               {{"cache", mode == "shine" ? "node" : "sub_hnsw"}})),
       cache_hits(r.counter("dmhnsw_cache_hits_total", "lookups that found their entry",
                            {{"cache", mode == "shine" ? "node" : "sub_hnsw"}})),
+      coded(r.counter("dmhnsw_coded_nodes_total", "nodes a search compared by their code (no READ; rerank)",
+                      {{"mode", mode}})),
+      reranked(r.counter("dmhnsw_reranked_vectors_total", "vectors re-read to re-rank what codes found (rerank)",
+                         {{"mode", mode}})),
       batch_queries(r.histogram("dmhnsw_batch_queries", "queries per d-HNSW pipeline batch", size_buckets(65536))),
       epoch(r.gauge("dmhnsw_epoch", "the index's epoch (d-HNSW rebuilds)")),
       vectors(r.gauge("dmhnsw_index_vectors", "vectors in the index when last asked (Info)")) {}

@@ -80,10 +80,19 @@ class ShineBackend final : public Backend {
       spdlog::info("serve: node cache of {} entries ({} MiB), level-0 admission p={}", ncache_->capacity_entries(),
                    cache_bytes >> 20, so.admit_probability);
     }
-    if (so.rerank > 0) {  // the codes, loaded once (nodes inserted since are read as vectors)
+    // The codes, loaded once (nodes inserted since are read as vectors) whenever the index has
+    // them, so that a request's rerank can use them; searches traverse on them only when the
+    // request or --rerank asks (by default full vectors throughout, as `query` without --rerank).
+    if (p_.codes || so.rerank > 0) {  // LocalCodes::load names --rerank when there are none
       codes_.emplace(shine::LocalCodes::load(*control_, p_));
-      spdlog::info("serve: codes {} of {} nodes ({} MiB); the best {} re-ranked", p_.codes->spec().to_string(),
-                   codes_->size(), codes_->bytes() >> 20, so.rerank);
+      if (so.rerank > 0)
+        spdlog::info("serve: codes {} of {} nodes ({} MiB); searches traverse on them and re-read the best {} (a "
+                     "request's rerank overrides)",
+                     p_.codes->spec().to_string(), codes_->size(), codes_->bytes() >> 20, so.rerank);
+      else
+        spdlog::info("serve: codes {} of {} nodes ({} MiB) loaded for requests that ask for a rerank; searches "
+                     "without one read full vectors (--rerank sets a default)",
+                     p_.codes->spec().to_string(), codes_->size(), codes_->bytes() >> 20);
     }
     // The router first: if it cannot start (a peer's partitioning refused, a dead memnode), the
     // constructor throws before any worker thread exists to be left joinable.
@@ -126,17 +135,22 @@ class ShineBackend final : public Backend {
     i.deleted = deleted - std::min(deleted, reused);
     i.count = nodes - std::min(nodes, i.deleted);
     i.ids = p_.ids.buckets > 0;
+    i.codes = p_.codes ? p_.codes->spec().to_string() : "none";
+    i.rerank = o_.search.rerank;
     m_.vectors.set(static_cast<double>(i.count));
     return i;
   }
 
-  void search(const float* queries, size_t n, uint32_t k, uint32_t ef, uint32_t, int64_t* ids,
+  void search(const float* queries, size_t n, uint32_t k, uint32_t ef, uint32_t, uint32_t rerank, int64_t* ids,
               float* distances) override {
+    if (rerank != 0 && !codes_)
+      throw BadRequest("rerank: " + std::to_string(rerank) + ": this shine index has no codes to traverse on (build or "
+                       "import it with --codes sq8 or pq:M); send 0");
     RequestLatch latch(n);
     std::vector<LiveQuery> qs(n);
     for (size_t i = 0; i < n; ++i)
       qs[i] = LiveQuery{queries + i * p_.dim, k, ef == 0 ? o_.ef_search : std::max(ef, k), ids + i * k,
-                        distances + i * k, latch.callback()};
+                        distances + i * k, latch.callback(), rerank == 0 ? o_.search.rerank : rerank};
     if (router_) {
       router_->route(qs);
     } else {
@@ -256,11 +270,14 @@ class ShineBackend final : public Backend {
       }
       std::vector<char> finished(jobs.size(), 0);
       std::vector<compute::IoStats> before(jobs.size());
+      std::vector<shine::SearchStats> searched(jobs.size());
       for (size_t j = 0; j < jobs.size(); ++j) {
         before[j] = ctxs[j].io;
+        searched[j] = ctxs[j].search;
         ctxs[j].node_cache = jobs[j].kind == Job::Kind::Search ? ncache_.get() : nullptr;
         ctxs[j].codes = jobs[j].kind == Job::Kind::Search && codes_ ? &*codes_ : nullptr;
-        ctxs[j].rerank = o_.search.rerank;
+        ctxs[j].rerank = jobs[j].op.rerank;
+        if (ctxs[j].rerank == 0) ctxs[j].codes = nullptr;  // full vectors throughout
         s.spawn(one(w, jobs[j], ctxs[j], finished[j]));
       }
       try {
@@ -270,13 +287,16 @@ class ShineBackend final : public Backend {
           if (!finished[j]) jobs[j].op.done(std::current_exception());
         throw;
       }
-      count(ctxs, before, jobs.size());
+      count(ctxs, before, searched, jobs.size());
     }
   }
 
   /// Adds the round's remote operations and node-cache counts to the metrics.
-  void count(const std::vector<shine::OpContext>& ctxs, const std::vector<compute::IoStats>& before, size_t n) {
+  void count(const std::vector<shine::OpContext>& ctxs, const std::vector<compute::IoStats>& before,
+             const std::vector<shine::SearchStats>& searched, size_t n) {
     for (size_t j = 0; j < n; ++j) {
+      m_.coded.add(ctxs[j].search.coded - searched[j].coded);
+      m_.reranked.add(ctxs[j].search.reranked - searched[j].reranked);
       const compute::IoStats& a = ctxs[j].io;
       const compute::IoStats& b = before[j];
       m_.reads.add(a.reads - b.reads);

@@ -20,8 +20,9 @@ struct ServeQueryMsg {  // followed by dim floats
   uint32_t kind, dim;
   uint64_t req;  // the origin's request number
   uint32_t k, ef;
+  uint32_t rerank, reserved;  // the request's rerank as the origin resolved it (0: full vectors)
 };
-static_assert(sizeof(ServeQueryMsg) == 24);
+static_assert(sizeof(ServeQueryMsg) == 32);
 struct ServeAnswerMsg {  // followed by k int64 ids, then k float distances
   uint32_t kind, status;  // status 0: answered; else the target failed (the origin runs it itself)
   uint64_t req;
@@ -191,7 +192,7 @@ void LiveRouter::dispatch(std::vector<LiveQuery>& qs) {
       pending_.emplace(req, Pending{q, targets[x], std::chrono::steady_clock::now()});
     }
     msg.resize(bytes);
-    const ServeQueryMsg m{kServeQuery, dim_, req, q.k, q.ef};
+    const ServeQueryMsg m{kServeQuery, dim_, req, q.k, q.ef, q.rerank, 0};
     std::memcpy(msg.data(), &m, sizeof m);
     std::memcpy(msg.data() + sizeof m, q.q, 4ull * dim_);
     to_peer_.add();
@@ -224,7 +225,7 @@ void LiveRouter::deliver(uint32_t from, const char* body, size_t len) {
     r->q.assign(reinterpret_cast<const float*>(body + sizeof m), reinterpret_cast<const float*>(body + len));
     r->ids.assign(m.k, -1);
     r->dist.assign(m.k, std::numeric_limits<float>::infinity());
-    LiveQuery q{r->q.data(), m.k, m.ef, r->ids.data(), r->dist.data(), {}};
+    LiveQuery q{r->q.data(), m.k, m.ef, r->ids.data(), r->dist.data(), {}, m.rerank};
     q.done = [this, r, from, req = m.req, k = m.k](std::exception_ptr err) {
       std::vector<char> out(answer_bytes(k));
       const ServeAnswerMsg a{kServeAnswer, err ? 1u : 0u, req, k, 0};

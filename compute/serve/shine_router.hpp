@@ -41,6 +41,7 @@ struct LiveQuery {
   int64_t* ids = nullptr;  // k
   float* dist = nullptr;   // k
   std::function<void(std::exception_ptr)> done;
+  uint32_t rerank = 0;  // an index with codes: traverse on them, re-read the best this many (0: full vectors)
 };
 
 class LiveRouter {

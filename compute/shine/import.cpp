@@ -12,6 +12,7 @@
 #include "common/progress.hpp"
 #include "common/region.hpp"
 #include "compute/shine/layout.hpp"
+#include "compute/shine/engine.hpp"
 #include "compute/shine/graph.hpp"
 
 namespace dmhnsw::shine {
@@ -328,13 +329,89 @@ void fill_record(char* r, const HnswlibFile& f, const NodeLayout& L, const Place
   }
 }
 
+/// The import's compressed vectors: the quantizer (null: none), its block's bytes and the log.
+struct Codes {
+  std::shared_ptr<const compute::Quantizer> q;
+  uint64_t block_bytes = 0;
+  CodesLog log;
+  uint64_t train_rows = 0;
+  double train_seconds = 0;
+};
+
+/// Trains the quantizer on up to kCodesTrainRows of the file's elements, spread evenly over all
+/// of them (deleted ones included: they are vectors of the same data).
+Codes train_codes(const HnswlibFile& f, const ImportOptions& o, size_t memnodes) {
+  Codes k;
+  if (!o.codes.enabled()) return k;
+  const auto t0 = Clock::now();
+  const uint64_t rows = std::min<uint64_t>(f.count(), kCodesTrainRows);
+  std::vector<float> sample(rows * f.dim());
+  for (uint64_t r = 0; r < rows; ++r)  // element floor(r n / rows): spread, each at most once
+    std::memcpy(sample.data() + r * f.dim(), f.vector(r * f.count() / rows), 4ull * f.dim());
+  k.q = compute::Quantizer::train(o.codes, sample.data(), rows, f.dim(), o.metric);
+  k.block_bytes = k.q->serialize().size();
+  k.log.capacity = o.codes_capacity > 0 ? o.codes_capacity
+                                        : std::max<uint64_t>(1024, 2 * f.count() / std::max<size_t>(1, memnodes));
+  k.log.code_size = static_cast<uint32_t>(k.q->code_size());
+  k.train_rows = rows;
+  k.train_seconds = seconds_since(t0);
+  return k;
+}
+
+struct CodeWrites {
+  uint64_t entries = 0, dropped = 0, bytes = 0;
+  double seconds = 0;
+};
+
+/// Every element's code into the codes log of the memnode that holds its record, in address
+/// order (slot k: the memnode's k-th record), as the inserts of a build append them; then each
+/// memnode's count word is raised by the elements it holds (entries past the log's capacity are
+/// not written, as an insert leaves them: searches read those nodes' vectors).
+CodeWrites write_codes(fabric::Endpoint& ep, const HnswlibFile& f, const Codes& k, const CodesLog& log,
+                       const Placement& p, uint64_t chunk) {
+  CodeWrites cw;
+  if (!k.q) return cw;
+  const auto t0 = Clock::now();
+  const uint64_t eb = log.entry_bytes();
+  const uint64_t per_write = std::max<uint64_t>(1, chunk / eb);
+  Buffer b = ep.alloc(per_write * eb);
+  std::vector<float> x(per_write * f.dim());
+  std::vector<uint8_t> codes(per_write * log.code_size);
+  for (size_t j = 0; j < p.elems.size(); ++j) {
+    const auto& el = p.elems[j];
+    const uint64_t stored = std::min<uint64_t>(el.size(), log.capacity);
+    for (uint64_t first = 0; first < stored; first += per_write) {
+      const uint64_t cnt = std::min(per_write, stored - first);
+      for (uint64_t i = 0; i < cnt; ++i) std::memcpy(x.data() + i * f.dim(), f.vector(el[first + i]), 4ull * f.dim());
+      k.q->encode(x.data(), cnt, codes.data());
+      std::memset(b.data(), 0, cnt * eb);
+      for (uint64_t i = 0; i < cnt; ++i) {
+        char* e = b.data() + i * eb;
+        const uint64_t label = f.label(el[first + i]);
+        std::memcpy(e, &p.addr[el[first + i]], 8);
+        std::memcpy(e + 8, &label, 8);
+        std::memcpy(e + 16, codes.data() + i * log.code_size, log.code_size);
+      }
+      ep.write(RemotePtr(static_cast<uint16_t>(j), log.entry_offset(first)), b.data(), cnt * eb);
+      cw.bytes += cnt * eb;
+    }
+    if (!el.empty())
+      ep.fetch_add(RemotePtr(static_cast<uint16_t>(j), mode_word_offset(shine_word::kCodesLogCount)), el.size());
+    cw.entries += stored;
+    cw.dropped += el.size() - stored;
+  }
+  cw.seconds = seconds_since(t0);
+  return cw;
+}
+
 /// Formats the regions exactly as `computenode build` does, writes the id index's buckets
 /// (nothing reads them until the entry point is set), then takes every memnode's records at once
 /// with one FETCH_ADD on its bump pointer (the allocation protocol of inserts).
-void format_and_claim(fabric::Cluster& c, fabric::Endpoint& ep, const HnswlibFile& f, const ImportOptions& o,
-                      uint64_t id_capacity, const IdTable& table, const std::vector<std::vector<uint64_t>>& table_words,
-                      const Placement& p, uint64_t chunk) {
+GraphParams format_and_claim(fabric::Cluster& c, fabric::Endpoint& ep, const HnswlibFile& f, const ImportOptions& o,
+                             uint64_t id_capacity, const IndexAreas& areas, const Codes& codes,
+                             const std::vector<std::vector<uint64_t>>& table_words, const Placement& p, uint64_t chunk) {
   const size_t n = c.memnodes().size();
+  const IdTable& table = areas.ids;
   GraphParams want;
   want.dim = f.dim();
   want.m = f.m();
@@ -342,10 +419,18 @@ void format_and_claim(fabric::Cluster& c, fabric::Endpoint& ep, const HnswlibFil
   want.metric = o.metric;
   want.seed = o.seed;
   want.id_capacity = id_capacity;
+  want.codes = codes.q;
+  want.codes_capacity = codes.log.capacity;
   const GraphParams got = format_or_attach(c, ep, &want);
   if (got.ids.buckets != table.buckets || (table.buckets > 0 && got.ids.offset != table.offset))
     throw FabricError("the id index was placed at offset " + str(got.ids.offset) + " with " + str(got.ids.buckets) +
                       " buckets, the import computed offset " + str(table.offset) + " with " + str(table.buckets));
+  if (codes.q && (got.codes_block != areas.codes_block || got.codes_log.offset != areas.codes_log.offset ||
+                  got.codes_log.capacity != areas.codes_log.capacity || got.records != areas.records))
+    throw FabricError("the codes were placed at offset " + str(got.codes_block) + " (log at " + str(got.codes_log.offset) +
+                      ", " + str(got.codes_log.capacity) + " entries, records from " + str(got.records) +
+                      "), the import computed " + str(areas.codes_block) + " (" + str(areas.codes_log.offset) + ", " +
+                      str(areas.codes_log.capacity) + ", " + str(areas.records) + ")");
   for (size_t j = 0; j < table_words.size(); ++j) {
     const auto& words = table_words[j];
     const uint64_t bytes = 8 * words.size();
@@ -361,6 +446,7 @@ void format_and_claim(fabric::Cluster& c, fabric::Endpoint& ep, const HnswlibFil
       throw FabricError(memnode_name(c.memnodes()[j]) + ": another computenode allocated nodes during the import (bump "
                         "pointer at " + str(at) + ", expected " + str(p.start[j]) + "); the index there is not usable");
   }
+  return got;
 }
 
 struct RecordWrites {
@@ -453,10 +539,11 @@ json import_hnswlib(fabric::Cluster& c, const HnswlibFile& f, const ImportOption
                                                  : static_cast<uint64_t>(o.id_capacity);
   uint64_t first = 0;
   for (const auto& h : hs) first = std::max(first, round64(h.data_offset));
-  const IndexAreas areas = plan_areas(id_capacity, static_cast<uint16_t>(n), first);
+  const Codes codes = train_codes(f, o, n);
+  const IndexAreas areas = plan_areas(id_capacity, static_cast<uint16_t>(n), first, codes.block_bytes, codes.log);
   const IdTable& table = areas.ids;  // the free stacks and the reuse log start empty (zeroed)
   first = areas.records;
-  if (id_capacity == 0) {
+  if (id_capacity == 0 && !codes.q) {
     for (const auto& h : hs)
       if (round64(h.data_offset) != first)
         throw FabricError("the memnodes' data areas start at different offsets; import with an id index");
@@ -464,8 +551,9 @@ json import_hnswlib(fabric::Cluster& c, const HnswlibFile& f, const ImportOption
   const Placement p = place(c, hs, f, L, first);
   const auto table_words = id_capacity > 0 ? fill_id_table(table, f, p) : std::vector<std::vector<uint64_t>>{};
 
-  format_and_claim(c, *ep, f, o, id_capacity, table, table_words, p, chunk);
+  const GraphParams got = format_and_claim(c, *ep, f, o, id_capacity, areas, codes, table_words, p, chunk);
   const RecordWrites rw = write_records(*ep, f, L, p, chunk, per_bell, o.progress);
+  const CodeWrites cw = write_codes(*ep, f, codes, got.codes_log, p, chunk);
   publish_entry(*ep, f, p);
 
   json mems = json::array();
@@ -473,7 +561,7 @@ json import_hnswlib(fabric::Cluster& c, const HnswlibFile& f, const ImportOption
     mems.push_back({{"id", j}, {"address", c.memnodes()[j].address}, {"nodes", p.elems[j].size()},
                     {"bytes_used", p.used[j]}, {"region_bytes", hs[j].region_size}});
   const auto& k = ep->counters();
-  return {{"mode", "shine"},
+  json r = {{"mode", "shine"},
           {"kind", "import"},
           {"source", f.path()},
           {"source_format", "hnswlib-0.6"},
@@ -494,6 +582,12 @@ json import_hnswlib(fabric::Cluster& c, const HnswlibFile& f, const ImportOption
           {"ops", k.total_ops()},
           {"doorbells", k.doorbells},
           {"memnode_usage", mems}};
+  if (codes.q)  // build's fields, and what the import wrote
+    r["codes"] = {{"kind", codes.q->spec().to_string()}, {"code_size", codes.q->code_size()},
+                  {"log_capacity", got.codes_log.capacity}, {"block_bytes", got.codes_block_bytes},
+                  {"train_rows", codes.train_rows}, {"train_seconds", codes.train_seconds},
+                  {"entries", cw.entries}, {"dropped", cw.dropped}, {"write_seconds", cw.seconds}};
+  return r;
 }
 
 }  // namespace dmhnsw::shine

@@ -18,6 +18,7 @@
 #include "common/dataset.hpp"
 #include "common/distance.hpp"
 #include "common/fabric/transport.hpp"
+#include "compute/codes.hpp"
 
 namespace dmhnsw::shine {
 
@@ -77,6 +78,14 @@ struct ImportOptions {
   /// An id index for this many ids (labels), so that the index takes any ids, deletes and
   /// upserts; -1: twice the elements (at least 1,024); 0: none.
   int64_t id_capacity = -1;
+  /// Compressed vectors stored with the index, as `computenode build --codes` stores them:
+  /// the quantizer is trained on up to kCodesTrainRows of the file's vectors (spread over all
+  /// of them), and every element's code (deleted ones too: they guide searches, as a build's
+  /// deleted nodes keep the code their insert appended) goes to the codes log of the memnode
+  /// that holds its record.
+  compute::CodesSpec codes;
+  /// Codes log entries per memnode (0: twice the elements over the memnodes, at least 1,024).
+  uint64_t codes_capacity = 0;
   uint64_t chunk_bytes = 4u << 20;  // one WRITE: consecutive node records of one memnode
   uint32_t writes_per_doorbell = 8;
   bool progress = true;

@@ -63,6 +63,11 @@ class Info:
     yet, dhnsw tombstones until the next rebuild."""
     ids: bool = False
     """The index has an id index (any ids, :meth:`Client.delete`, upserts)."""
+    codes: str = "none"
+    """The index's compressed vectors: ``"none"``, ``"sq8"`` or ``"pq:M"`` (M bytes per vector).
+    With codes, :meth:`Client.search` takes a ``rerank``."""
+    rerank: int = 0
+    """The server's ``--rerank``: what a search without ``rerank`` uses (0: full vectors)."""
 
     @classmethod
     def from_proto(cls, message: Any) -> "Info":
@@ -114,6 +119,7 @@ class Client:
         k: int,
         ef: Optional[int] = None,
         probe: Optional[int] = None,
+        rerank: Optional[int] = None,
         *,
         timeout: Optional[float] = None,
     ) -> Tuple[np.ndarray, np.ndarray]:
@@ -126,6 +132,10 @@ class Client:
             ef: the search's candidate list size (ef_search); None or 0: the server's
                 ``--ef-search``.
             probe: dhnsw: partitions searched per query; None or 0: the server's ``--probe``.
+            rerank: an index with codes (:attr:`Info.codes`): traverse on the codes and re-read
+                the best ``rerank`` candidates exactly (at most 1024); None or 0: the server's
+                ``--rerank`` (:attr:`Info.rerank`; 0 there: full vectors throughout). The server
+                refuses it on an index without codes, and a dhnsw server any but its own.
             timeout: deadline of this call in seconds (default: the client's).
 
         Returns:
@@ -138,7 +148,7 @@ class Client:
             InvalidArgument: a malformed request (checked here or by the server).
             Unauthenticated, Unavailable, DmhnswError: see :mod:`dmhnsw.errors`.
         """
-        request, n, k = self._search_request(queries, k, ef, probe)
+        request, n, k = self._search_request(queries, k, ef, probe, rerank)
         if n == 0:
             return np.empty((0, k), dtype=np.int64), np.empty((0, k), dtype=np.float32)
         response = self._call(self._stub.Search, request, timeout)
@@ -275,15 +285,25 @@ class Client:
 
     @staticmethod
     def _search_request(
-        queries: npt.ArrayLike, k: int, ef: Optional[int], probe: Optional[int]
+        queries: npt.ArrayLike,
+        k: int,
+        ef: Optional[int],
+        probe: Optional[int],
+        rerank: Optional[int] = None,
     ) -> Tuple[Any, int, int]:
         """``(SearchRequest, n, k)`` for the arguments of :meth:`search`, checked."""
         k = _convert.uint32_arg(k, "k", 1)
         ef_search = 0 if ef is None else _convert.uint32_arg(ef, "ef", 0)
         probe_n = 0 if probe is None else _convert.uint32_arg(probe, "probe", 0)
+        rerank_n = 0 if rerank is None else _convert.uint32_arg(rerank, "rerank", 0)
         matrix, n, dim = _convert.as_matrix(queries, "queries")
         request = dmhnsw_pb2.SearchRequest(
-            vectors=matrix.tobytes(), dim=dim, k=k, ef_search=ef_search, probe=probe_n
+            vectors=matrix.tobytes(),
+            dim=dim,
+            k=k,
+            ef_search=ef_search,
+            probe=probe_n,
+            rerank=rerank_n,
         )
         return request, n, k
 

@@ -177,11 +177,14 @@ class RequestTest(unittest.TestCase):
         self.assertEqual(request.k, 5)
         self.assertEqual(request.ef_search, 0)
         self.assertEqual(request.probe, 0)
+        self.assertEqual(request.rerank, 0)
         self.assertEqual(len(request.vectors), 2 * 4 * 4)
         self.assertEqual(request.vectors, struct.pack("<8f", *range(8)))
         request, _, _ = Client._search_request(queries[0], np.int64(3), 64, 2)
         self.assertEqual((request.dim, request.k, request.ef_search, request.probe), (4, 3, 64, 2))
         self.assertEqual(len(request.vectors), 16)
+        request, _, _ = Client._search_request(queries, 3, None, None, 40)
+        self.assertEqual((request.ef_search, request.probe, request.rerank), (0, 0, 40))
 
     def test_search_request_round_trips_through_the_wire_format(self) -> None:
         request, _, _ = Client._search_request(np.ones((3, 2)), 1, 10, None)
@@ -196,6 +199,10 @@ class RequestTest(unittest.TestCase):
             with self.subTest(k=k, ef=ef, probe=probe):
                 with self.assertRaises(dmhnsw.InvalidArgument):
                     Client._search_request(queries, k, ef, probe)
+        for rerank in (-1, 2**32, 2.5, True, "20"):
+            with self.subTest(rerank=rerank):
+                with self.assertRaisesRegex(dmhnsw.InvalidArgument, "^rerank"):
+                    Client._search_request(queries, 1, None, None, rerank)
 
     def test_insert_request_fields(self) -> None:
         vectors = np.arange(6, dtype=np.float64).reshape(3, 2)
@@ -367,9 +374,10 @@ class InfoTest(unittest.TestCase):
     def test_from_proto_copies_every_field(self) -> None:
         message = dmhnsw_pb2.InfoResponse(
             mode="dhnsw", dim=128, metric="l2", count=10**6, memnodes=2, epoch=3,
-            provider="shm", max_k=100, max_batch=1024, computenode=0,
+            provider="shm", max_k=100, max_batch=1024, computenode=0, codes="sq8", rerank=20,
         )
         info = dmhnsw.Info.from_proto(message)
+        self.assertEqual((info.codes, info.rerank), ("sq8", 20))
         self.assertEqual(info.mode, "dhnsw")
         self.assertEqual(info.count, 10**6)
         self.assertEqual(info.max_batch, 1024)

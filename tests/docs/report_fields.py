@@ -404,10 +404,10 @@ def make_reports(r: Runner) -> list[str]:
                                "--ef-construction", "40", "--memnodes", "2", "--out", "dhnsw.img", "--json",
                                "dhnsw-build-tool.json"])
 
-    # ---- shine-import, into 1 fresh memnode
+    # ---- shine-import (with SQ8 codes), into 1 fresh memnode
     mn, single = r.memnodes("import", 1)
     r.run("shine-import", ["shine-import", "--hnswlib", "hnswlib.bin", "--metric", "l2", "--data", "base.fvecs",
-                           "--provider", "shm", "--memnodes", mn, "--report", "shine-import.json"])
+                           "--codes", "sq8", "--provider", "shm", "--memnodes", mn, "--report", "shine-import.json"])
     # the imported index has an id index: upsert and delete by label (two ids it never held)
     (w / "ids.txt").write_text("".join(f"{i}\n" for i in list(range(0, 200, 2)) + [7_000_000, 2**62]))
     r.run("shine-upsert", ["computenode", "--mode", "shine", "--provider", "shm", "--memnodes", mn, "upsert", "--data",

@@ -277,14 +277,17 @@ inline std::string self_workload(const SmallData& d, const TempDir& dir, int beg
 /// shine-import (about a second), for tests that serve or query an index rather than build one:
 /// a shine build of the same 3,000 vectors over tcp takes ~14 s of remote operations.
 inline void import_shine_index(const TempDir& dir, const std::string& provider, const std::string& mns,
-                               const SmallData& d, const std::vector<std::string>& env = {}) {
+                               const SmallData& d, const std::vector<std::string>& env = {},
+                               const std::vector<std::string>& import_flags = {}) {
   const std::string idx = dir.file("import.hnsw");
   auto h = run({bin("hnswlib-bench"), "--base", d.base, "--workload", d.wl, "--ef-search", "32", "--m", "16",
                 "--ef-construction", "80", "--threads", "1", "--save", idx},
                dir, "hnswlib-build", std::chrono::seconds(120), env);
   if (h.code != 0) throw std::runtime_error("hnswlib-bench failed:\n" + h.output);
-  auto i = run({bin("shine-import"), "--hnswlib", idx, "--data", d.base, "--provider", provider, "--memnodes", mns},
-               dir, "shine-import", std::chrono::seconds(120), env);
+  std::vector<std::string> args{bin("shine-import"), "--hnswlib", idx, "--data", d.base, "--provider", provider,
+                                "--memnodes", mns};
+  args.insert(args.end(), import_flags.begin(), import_flags.end());
+  auto i = run(args, dir, "shine-import", std::chrono::seconds(120), env);
   if (i.code != 0) throw std::runtime_error("shine-import failed:\n" + i.output);
 }
 

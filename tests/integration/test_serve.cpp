@@ -85,23 +85,25 @@ struct Client {
   }
 };
 
-pb::SearchRequest request(const float* q, size_t n, uint32_t dim, uint32_t k) {
+pb::SearchRequest request(const float* q, size_t n, uint32_t dim, uint32_t k, uint32_t rerank = 0) {
   pb::SearchRequest r;
   r.set_vectors(std::string(reinterpret_cast<const char*>(q), n * dim * sizeof(float)));
   r.set_dim(dim);
   r.set_k(k);
+  r.set_rerank(rerank);
   return r;
 }
 
-/// recall@10 of the workload's measured queries asked in requests of 37 (not a batch size).
-double recall_at_10(const Client& cl, const Workload& wl) {
+/// recall@10 of the workload's measured queries asked in requests of 37 (not a batch size),
+/// with the request's `rerank`.
+double recall_at_10(const Client& cl, const Workload& wl, uint32_t rerank = 0) {
   const uint32_t dim = static_cast<uint32_t>(wl.dim());
   double hits = 0;
   uint64_t asked = 0;
   for (uint64_t i = wl.warmup_count; i < wl.total(); i += 37) {
     const size_t n = std::min<uint64_t>(37, wl.total() - i);
     pb::SearchResponse resp;
-    auto s = cl.search(request(wl.queries.row(i), n, dim, 10), resp);
+    auto s = cl.search(request(wl.queries.row(i), n, dim, 10, rerank), resp);
     REQUIRE(s.error_message() == "");
     REQUIRE(s.ok());
     REQUIRE(resp.n() == n);
@@ -121,7 +123,8 @@ double recall_at_10(const Client& cl, const Workload& wl) {
 }
 
 /// Every malformed request is refused naming its field, and a good one is answered after it.
-void check_bad_requests(const Client& cl, const Workload& wl, uint32_t max_k) {
+/// `rerank_ok`: a request's rerank 20 is served (else it is refused).
+void check_bad_requests(const Client& cl, const Workload& wl, uint32_t max_k, bool rerank_ok) {
   const uint32_t dim = static_cast<uint32_t>(wl.dim());
   const float* q = wl.queries.row(wl.warmup_count);
   auto refused = [&](pb::SearchRequest r, const std::string& field) {
@@ -149,6 +152,8 @@ void check_bad_requests(const Client& cl, const Workload& wl, uint32_t max_k) {
   r = request(q, 1, dim, 10);
   r.set_ef_search(1u << 30);
   refused(r, "ef_search");
+  refused(request(q, 1, dim, 10, 1025), "rerank");  // above the bound
+  if (!rerank_ok) refused(request(q, 1, dim, 10, 20), "rerank");
   {
     // Over the message size limit (--max-message-bytes 4MiB): refused by gRPC itself.
     const size_t rows = (4u << 20) / (4 * dim) + 1000;
@@ -268,6 +273,9 @@ void check_metrics(int port, const std::string& mode) {
     CHECK(value("dmhnsw_cache_lookups_total{cache=\"sub_hnsw\"}") > 0);
   } else {
     CHECK(value("dmhnsw_cache_lookups_total{cache=\"node\"}") > 0);
+    // the searches with rerank 20 (and only they) traversed on codes
+    CHECK(value("dmhnsw_coded_nodes_total{mode=\"shine\"}") > 0);
+    CHECK(value("dmhnsw_reranked_vectors_total{mode=\"shine\"}") >= 350 * 10);
   }
 }
 
@@ -287,7 +295,21 @@ void check_service(const TempDir& dir, const std::string& mode, const std::strin
   const double recall = recall_at_10(cl, wl);
   INFO(mode << " recall@10 " << recall);
   CHECK(recall >= min_recall);
-  check_bad_requests(cl, wl, info.max_k());
+  if (mode == "shine") {
+    // An index imported with --codes sq8, served with the default --rerank 0: full vectors
+    // unless a request asks; with rerank 20 the recall of the full vectors' search.
+    CHECK(info.codes() == "sq8");
+    CHECK(info.rerank() == 0);
+    const double coded = recall_at_10(cl, wl, 20);
+    INFO("shine recall@10 with rerank 20: " << coded);
+    CHECK(coded >= recall - 0.01);
+  } else {
+    // A d-HNSW index built with --codes sq8, served with --rerank 0: its batches search full
+    // vectors, and a request may not ask for another rerank.
+    CHECK(info.codes() == "sq8");
+    CHECK(info.rerank() == 0);
+  }
+  check_bad_requests(cl, wl, info.max_k(), mode == "shine");
   check_inserts(cl, wl, mode);
 
   // The cluster token: a call without it or with another is refused, and nothing is answered.
@@ -335,20 +357,21 @@ void check_service(const TempDir& dir, const std::string& mode, const std::strin
   CHECK(srv.proc->wait(seconds(20)) == 0);
 }
 
-/// Two memnodes over tcp with the token, and an index of `mode` over SmallData on them: a
-/// d-HNSW build, or hnswlib's graph imported as a shine index (serving is under test here).
+/// Two memnodes over tcp with the token, and an index of `mode` with SQ8 codes over SmallData on
+/// them: a d-HNSW build, or hnswlib's graph imported as a shine index (serving is under test here).
 struct Cluster {
   Memnode m0, m1;
   std::string mns;
   Cluster(const TempDir& dir, const std::string& mode, const SmallData& d)
       : m0(dir, 0, "tcp", "127.0.0.1:0", {}, {}, {kToken}), m1(dir, 1, "tcp", "127.0.0.1:0", {}, {}, {kToken}),
         mns(m0.address + "," + m1.address) {
-    if (mode == "shine") {
-      import_shine_index(dir, "tcp", mns, d, {kToken});
+    if (mode == "shine") {  // with codes: a request may ask for a rerank
+      import_shine_index(dir, "tcp", mns, d, {kToken}, {"--codes", "sq8"});
       return;
     }
     auto b = run(computenode_args(mode, "tcp", mns, 0, 1,
-                                  {"build", "--data", d.base, "--ef-construction", "80", "--partitions", "8", "--m", "16"}),
+                                  {"build", "--data", d.base, "--ef-construction", "80", "--partitions", "8", "--m", "16",
+                                   "--codes", "sq8"}),
                  dir, mode + "-build", seconds(300), {kToken});
     INFO(b.output);
     REQUIRE(b.code == 0);
@@ -400,6 +423,15 @@ TEST_CASE("serve: shine routes live queries to the serving computenode whose par
   CHECK(to_self > 50);
   CHECK(series(t1, "dmhnsw_routed_in_total") == to_peer);
   CHECK(series(t0, "dmhnsw_route_fallbacks_total{why=\"timeout\"}") <= 0);
+  // A request's rerank travels with the queries routed to the peer (the index has codes): the
+  // peer traverses them on its codes, with the recall of the full vectors.
+  CHECK(series(t1, "dmhnsw_coded_nodes_total{mode=\"shine\"}") == 0);
+  const double coded = recall_at_10(c0, wl, 20);
+  INFO("recall@10 through routing with rerank 20 " << coded);
+  CHECK(coded >= recall - 0.01);
+  const std::string t1c = scrape(s1.metrics_port);
+  CHECK(series(t1c, "dmhnsw_routed_in_total") > to_peer + 50);
+  CHECK(series(t1c, "dmhnsw_coded_nodes_total{mode=\"shine\"}") > 0);
 
   // Computenode 1 dies: computenode 0 answers everything itself within seconds.
   s1.proc->signal(SIGKILL);
@@ -411,8 +443,8 @@ TEST_CASE("serve: shine routes live queries to the serving computenode whose par
   const std::string t2 = scrape(s0.metrics_port);
   INFO(t2);
   // Nothing was lost: every query was answered here or by the peer (before it died).
-  CHECK(series(t2, "dmhnsw_queries_total{mode=\"shine\"}") + series(t1, "dmhnsw_queries_total{mode=\"shine\"}") >=
-        2 * 400);
+  CHECK(series(t2, "dmhnsw_queries_total{mode=\"shine\"}") + series(t1c, "dmhnsw_queries_total{mode=\"shine\"}") >=
+        3 * 400);
   s0.proc->signal(SIGTERM);
   CHECK(s0.proc->wait(seconds(20)) == 0);
 }
@@ -469,6 +501,14 @@ void churn_through_service(const std::string& mode, const std::string& provider)
       REQUIRE(cl.info(info).ok());
       CHECK(info.ids());
       CHECK(info.count() == n);
+      CHECK(info.codes() == "none");
+      {  // built without --codes: a request's rerank is refused naming the field (dhnsw: no codes at all)
+        pb::SearchResponse resp;
+        auto s = cl.search(request(base.row(0), 1, static_cast<uint32_t>(dim), 10, 20), resp);
+        INFO(s.error_message());
+        CHECK(s.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
+        CHECK(s.error_message().rfind("rerank", 0) == 0);
+      }
 
       // The vector each row's id has now (upserts change it), and when each change returned.
       std::vector<std::vector<float>> now(n);

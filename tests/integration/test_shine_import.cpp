@@ -1,6 +1,7 @@
 // shine-import across real processes: an hnswlib index saved by hnswlib-bench --save, imported
 // into 2 memnodes (shm, cxl), queried by `computenode --mode shine query` with hnswlib's recall
 // and, query by query, hnswlib's answers; then `computenode --mode shine insert` adds to it.
+// Over cxl it is imported with --codes sq8, and `query --rerank` on the codes keeps the recall.
 //
 // <hnswlib/hnswlib.h> defines non-inline functions: this is the only translation unit of
 // this test binary that includes it (to compare answers query by query).
@@ -15,6 +16,7 @@
 #include "common/region.hpp"
 #include "common/units.hpp"
 #include "common/workload.hpp"
+#include "compute/shine/codes_log.hpp"
 #include "compute/shine/graph.hpp"
 #include "proc.hpp"
 
@@ -81,13 +83,23 @@ TEST_CASE("shine-import: an hnswlib index served by 2 memnodes answers as hnswli
       Memnode m0(dir, 0, provider), m1(dir, 1, provider);
       const std::string mns = m0.address + "," + m1.address;
       const std::string irep = dir.file("import.json");
-      auto im = run({bin("shine-import"), "--hnswlib", idx, "--data", d.base, "--memnodes", mns, "--provider", provider,
-                     "--chunk", "256KiB", "--report", irep},
-                    dir, "import", seconds(120));
+      // Over cxl with SQ8 codes (one provider is enough: the codes are written as the records are).
+      const bool coded = provider == "cxl";
+      std::vector<std::string> import_args{bin("shine-import"), "--hnswlib", idx, "--data", d.base, "--memnodes", mns,
+                                           "--provider", provider, "--chunk", "256KiB", "--report", irep};
+      if (coded) import_args.insert(import_args.end(), {"--codes", "sq8"});
+      auto im = run(import_args, dir, "import", seconds(120));
       INFO(im.output);
       REQUIRE(im.code == 0);
       CHECK_THAT(im.output, Contains("3000 nodes") && Contains("doorbells"));
       auto ir = load_json(irep);
+      CHECK(ir.contains("codes") == coded);
+      if (coded) {
+        CHECK_THAT(im.output, Contains("codes sq8: 24 bytes per vector"));
+        CHECK(ir["codes"]["entries"] == 3000);
+        CHECK(ir["codes"]["dropped"] == 0);
+        CHECK(ir["codes"]["train_rows"] == 3000);
+      }
       CHECK(ir["nodes"] == 3000);
       CHECK(ir["m"] == 12);
       CHECK(ir["ef_construction"] == 80);
@@ -109,6 +121,24 @@ TEST_CASE("shine-import: an hnswlib index served by 2 memnodes answers as hnswli
       const double shine_recall = load_json(qrep)["runs"][0]["recall"].get<double>();
       INFO("hnswlib recall " << hnswlib_recall << ", shine recall " << shine_recall);
       CHECK(std::abs(shine_recall - hnswlib_recall) <= 0.002);
+      if (coded) {  // traversal on the imported codes, the best 20 re-read: the float traversal's recall
+        const std::string crep = dir.file("query-rerank.json");
+        auto cq = run(computenode_args("shine", provider, mns, 0, 1,
+                                       {"query", "--workload", d.wl, "--k", std::to_string(k), "--ef-search",
+                                        std::to_string(ef), "--threads", "1", "--coroutines", "2", "--rerank", "20",
+                                        "--report", crep}),
+                      dir, "query-rerank", seconds(300));
+        INFO(cq.output);
+        REQUIRE(cq.code == 0);
+        const auto cr = load_json(crep);
+        const double coded_recall = cr["runs"][0]["recall"].get<double>();
+        INFO("recall with --rerank 20 " << coded_recall);
+        CHECK(std::abs(coded_recall - shine_recall) <= 0.01);
+        CHECK(cr["codes"]["kind"] == "sq8");
+        CHECK(cr["codes"]["nodes"] == 3000);
+        CHECK(cr["runs"][0]["per_query"]["bytes"].get<double>() <
+              0.5 * load_json(qrep)["runs"][0]["per_query"]["bytes"].get<double>());
+      }
 
       // Query by query: shine's search (the query path's Worker::search) against hnswlib's.
       {
@@ -153,6 +183,7 @@ TEST_CASE("shine-import: an hnswlib index served by 2 memnodes answers as hnswli
         uint64_t count = 0;
         ep->read(RemotePtr(0, mode_word_offset(shine_word::kNodeCount)), &count, 8);
         CHECK(count == 3020);
+        if (coded) CHECK(shine::LocalCodes::load(*ep, p).size() == 3020);  // the inserts appended theirs
         FloatMatrix all = load_vectors_as_float(ext);
         for (uint32_t i = 3000; i < 3020; ++i) {
           auto res = compute::run_sync(s, w.search(all.row(i), 1, 64, ctx));
@@ -177,4 +208,15 @@ TEST_CASE("shine-import: a corrupted hnswlib file is refused naming the file and
   auto r = run({bin("shine-import"), "--hnswlib", bad, "--memnodes", m0.address}, dir, "bad", seconds(60));
   CHECK(r.code == 1);
   CHECK_THAT(r.output, Contains(bad + ": byte offset "));
+  // Bad flag values are refused naming the flag, before the file is read.
+  for (const std::string v : {"sq4", "pq:", "pq:0", "pq:x"}) {
+    auto f = run({bin("shine-import"), "--hnswlib", bad, "--memnodes", m0.address, "--codes", v}, dir, "bad-codes",
+                 seconds(60));
+    CHECK(f.code != 0);
+    CHECK_THAT(f.output, Contains("--codes '" + v + "'"));
+  }
+  auto cap = run({bin("shine-import"), "--hnswlib", bad, "--memnodes", m0.address, "--codes-capacity", "-3"}, dir,
+                 "bad-capacity", seconds(60));
+  CHECK(cap.code != 0);
+  CHECK_THAT(cap.output, Contains("--codes-capacity"));
 }

@@ -211,6 +211,9 @@ def run_endpoint(mode: str, target: str, token: str, queries: np.ndarray, gt: np
         expect_invalid("a float64 value beyond float32's range", "vectors", lambda: client.search(big, k=K))
         # what the client passes on unchecked (it does not know the server's limits)
         expect_invalid("ef=100001", "ef_search", lambda: client.search(q, k=K, ef=100001))
+        check(info.codes == "none" and info.rerank == 0, f"{mode}: codes {info.codes!r}, rerank {info.rerank}")
+        expect_invalid("rerank=20 (an index without codes)", "rerank", lambda: client.search(q, k=K, rerank=20))
+        expect_invalid("rerank=1025 (beyond 1024)", "rerank", lambda: client.search(q, k=K, rerank=1025))
         expect_invalid(f"max_batch+1 ({info.max_batch + 1}) queries", "vectors",
                        lambda: client.search(np.zeros((info.max_batch + 1, info.dim), dtype=np.float32), k=K))
         if mode == "shine":

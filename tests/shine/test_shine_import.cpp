@@ -1,6 +1,7 @@
 // shine-import's hnswlib reader and writer: a file saved by hnswlib 0.6.2 parses; truncated or
 // inconsistent files are refused naming the file and an offset; the imported graph, searched
-// by shine's Worker on LocalFabric, returns hnswlib's own answers; inserts into it work.
+// by shine's Worker on LocalFabric, returns hnswlib's own answers; inserts into it work; with
+// --codes every node's code is in its memnode's log and searches on them keep the recall.
 //
 // <hnswlib/hnswlib.h> defines non-inline functions: this is the only translation unit of
 // this test binary that includes it.
@@ -17,6 +18,7 @@
 #include "common/fabric/local/local_fabric.hpp"
 #include "common/region.hpp"
 #include "gaussian.hpp"
+#include "compute/shine/codes_log.hpp"
 #include "compute/shine/graph.hpp"
 #include "compute/shine/import.hpp"
 
@@ -300,4 +302,130 @@ TEST_CASE("hnswlib import: labels go into an id index, hnswlib's deleted element
   import_hnswlib(*plain, f, o);
   auto ep2 = plain->make_endpoint(1u << 20);
   CHECK(format_or_attach(*plain, *ep2, nullptr).ids.buckets == 0);
+}
+
+namespace {
+
+/// Recall@k of `got` against the exact k nearest live elements of `base` (l2).
+double recall_at(const std::vector<float>& base, size_t n, size_t d, const std::vector<bool>& dead, const float* q,
+                 const std::vector<Neighbor>& got, size_t k) {
+  std::vector<std::pair<float, uint64_t>> all;
+  for (size_t i = 0; i < n; ++i) {
+    if (dead[i]) continue;
+    float s = 0;
+    for (size_t j = 0; j < d; ++j) s += (base[i * d + j] - q[j]) * (base[i * d + j] - q[j]);
+    all.emplace_back(s, i);
+  }
+  std::partial_sort(all.begin(), all.begin() + static_cast<std::ptrdiff_t>(k), all.end());
+  std::set<uint64_t> truth;
+  for (size_t i = 0; i < k; ++i) truth.insert(all[i].second);
+  size_t hit = 0;
+  for (const auto& x : got) hit += truth.count(x.label);
+  return static_cast<double>(hit) / static_cast<double>(k);
+}
+
+}  // namespace
+
+TEST_CASE("hnswlib import --codes: every element's code, deleted ones too, in its record's memnode's log",
+          "[shine][import][codes]") {
+  Fixture fx(1200, 16);
+  std::vector<bool> dead(fx.n);
+  for (size_t i = 0; i < fx.n; i += 9) fx.index->markDelete(i), dead[i] = true;
+  fx.index->saveIndex(fx.good);
+  HnswlibFile f(fx.good);
+  ImportOptions o;
+  o.progress = false;
+  o.chunk_bytes = 16u << 10;  // several WRITEs of log entries per memnode
+
+  // A spec the dimension does not take is refused naming the flag, before anything is formatted.
+  auto refused = make_cluster(2, 8u << 20);
+  o.codes = compute::parse_codes("pq:5");
+  CHECK_THROWS_WITH(import_hnswlib(*refused, f, o), Contains("--codes pq:5") && Contains("dimension 16"));
+  RegionHeader h;
+  std::memcpy(&h, refused->region(0), sizeof h);
+  CHECK(h.mode == static_cast<uint8_t>(fabric::Mode::None));
+
+  auto c = make_cluster(2, 8u << 20);
+  o.codes = compute::parse_codes("sq8");
+  auto r = import_hnswlib(*c, f, o);
+  REQUIRE(r.contains("codes"));
+  CHECK(r["codes"]["kind"] == "sq8");
+  CHECK(r["codes"]["code_size"] == fx.d);
+  CHECK(r["codes"]["train_rows"] == fx.n);
+  CHECK(r["codes"]["log_capacity"] == 1200);  // twice the elements over the memnodes
+  CHECK(r["codes"]["entries"] == fx.n);
+  CHECK(r["codes"]["dropped"] == 0);
+
+  auto ep = c->make_endpoint(16u << 20);
+  const GraphParams p = format_or_attach(*c, *ep, nullptr);
+  REQUIRE(p.codes);
+  CHECK(p.codes->spec().to_string() == "sq8");
+  const LocalCodes codes = LocalCodes::load(*ep, p);
+  CHECK(codes.size() == fx.n);
+  for (uint16_t m = 0; m < 2; ++m) CHECK(codes.entries()[m] == r["memnode_usage"][m]["nodes"].get<uint64_t>());
+  // Each entry names a record of its own memnode holding its label, and decodes near its vector.
+  size_t checked = 0, deleted = 0;
+  std::vector<char> e(p.codes_log.entry_bytes());
+  for (uint16_t m = 0; m < 2; ++m) {
+    for (uint64_t i = 0; i < codes.entries()[m]; ++i) {
+      ep->read(RemotePtr(m, p.codes_log.entry_offset(i)), e.data(), e.size());
+      uint64_t raw, label;
+      std::memcpy(&raw, e.data(), 8);
+      std::memcpy(&label, e.data() + 8, 8);
+      REQUIRE(label < fx.n);
+      const RemotePtr node = RemotePtr::from_raw(raw);
+      CHECK(node.node() == m);
+      NodeFront front{};
+      ep->read(node, &front, sizeof front);
+      CHECK(front.label == label);
+      deleted += NodeHeader::deleted(front.header);
+      std::vector<float> back(fx.d);
+      p.codes->decode(codes.find(node), 1, back.data());
+      double err = 0;
+      for (size_t j = 0; j < fx.d; ++j)
+        err = std::max(err, static_cast<double>(std::fabs(back[j] - fx.base[label * fx.d + j])));
+      CHECK(err < 0.05);
+      ++checked;
+    }
+  }
+  CHECK(checked == fx.n);
+  CHECK(deleted == f.deleted_count());
+
+  // Searches on the codes, the best 20 re-read: the recall of the full vectors' search.
+  Graph g(*c, p);
+  compute::Scheduler s(*ep);
+  Worker w(g, s, 5);
+  OpContext full, coded;
+  coded.codes = &codes;
+  coded.rerank = 20;
+  const auto queries = gaussian(200, fx.d, 14);
+  double rf = 0, rc = 0;
+  for (size_t q = 0; q < 200; ++q) {
+    const float* v = &queries[q * fx.d];
+    rf += recall_at(fx.base, fx.n, fx.d, dead, v, compute::run_sync(s, w.search(v, 10, 40, full)), 10);
+    rc += recall_at(fx.base, fx.n, fx.d, dead, v, compute::run_sync(s, w.search(v, 10, 40, coded)), 10);
+  }
+  INFO("recall full " << rf / 200 << ", codes " << rc / 200);
+  CHECK(rc / 200 >= rf / 200 - 0.01);
+  CHECK(coded.search.coded > 0);
+  CHECK(coded.search.reranked > 0);
+
+  // PQ, with logs too small for every node: the entries past the capacity are left out (their
+  // nodes' vectors are read), the count words still say how many were appended.
+  auto small = make_cluster(2, 8u << 20);
+  o.codes = compute::parse_codes("pq:4");
+  o.codes_capacity = 100;
+  auto rs = import_hnswlib(*small, f, o);
+  CHECK(rs["codes"]["kind"] == "pq:4");
+  CHECK(rs["codes"]["code_size"] == 4);
+  CHECK(rs["codes"]["entries"] == 200);
+  CHECK(rs["codes"]["dropped"] == fx.n - 200);
+  auto ep2 = small->make_endpoint(16u << 20);
+  const GraphParams ps = format_or_attach(*small, *ep2, nullptr);
+  REQUIRE(ps.codes);
+  CHECK(ps.codes_log.capacity == 100);
+  CHECK(LocalCodes::load(*ep2, ps).size() == 200);
+  uint64_t appended = 0;
+  ep2->read(RemotePtr(1, mode_word_offset(shine_word::kCodesLogCount)), &appended, 8);
+  CHECK(appended == rs["memnode_usage"][1]["nodes"].get<uint64_t>());
 }
