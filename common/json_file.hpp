@@ -1,15 +1,30 @@
 #pragma once
 // JSON reports written whole or not at all: to a temporary name of this process, then renamed,
-// so a reader never sees half a file and two writers never interleave in one.
+// so a reader never sees half a file and two writers never interleave in one; and the check, before
+// a long run, that the file can be created at all.
 #include <unistd.h>
 
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <stdexcept>
 #include <string>
 
 namespace dmhnsw {
+
+/// Fails early (before a long build) when `path` cannot be created: its directory is missing or
+/// not writable. Errors name `flag` and the path; an empty path (no output asked for) passes.
+inline void check_writable(const std::string& flag, const std::string& path) {
+  if (path.empty()) return;
+  std::filesystem::path dir = std::filesystem::path(path).parent_path();
+  if (dir.empty()) dir = ".";
+  std::error_code ec;
+  if (!std::filesystem::is_directory(dir, ec))
+    throw std::invalid_argument(flag + " " + path + ": directory " + dir.string() + " does not exist");
+  if (::access(dir.c_str(), W_OK) != 0)
+    throw std::invalid_argument(flag + " " + path + ": directory " + dir.string() + " is not writable");
+}
 
 /// Writes `j` (indented) to `path` via `path.tmp.<pid>`; errors name `flag` and the file.
 inline void write_json_file(const std::string& path, const nlohmann::json& j, const std::string& flag) {

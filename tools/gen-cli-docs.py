@@ -49,6 +49,8 @@ SUMMARIES: dict[str, str] = {
     "fabric-bench": "Latency and throughput of one-sided operations against a live memnode",
     "cache-bench": "Microbenchmark of the SHINE node cache (hit/miss cost, admission, threads)",
     "hnswlib-bench": "Single-machine hnswlib 0.6.2 reference: recall@k, QPS and latency per efSearch",
+    "faiss-bench": "Single-machine Faiss HNSW reference (flat, SQ8, PQ, re-ranked): recall@k, QPS, latency and "
+                   "index bytes per efSearch",
     "serve-bench": "Load generator for `computenode serve`: QPS, latency percentiles, recall@k",
     "shine-route-sim": "CHR, CHR_max and CSP of simulated computenode caches under each routing, "
                        "over a stored shine index",

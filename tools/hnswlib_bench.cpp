@@ -43,7 +43,6 @@
 #include <filesystem>
 #include <fstream>
 #include <mutex>
-#include <optional>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -55,6 +54,7 @@
 #include "tools/hnswlib_space.hpp"
 #include "common/json_file.hpp"
 #include "common/progress.hpp"
+#include "common/query_set.hpp"
 #include "common/workload.hpp"
 #include "hnswlib_churn.hpp"
 
@@ -62,71 +62,10 @@ namespace {
 
 using dmhnsw::Clock;
 using dmhnsw::DispatchedSpace;
+using dmhnsw::QuerySet;
 using dmhnsw::percentile;
 using dmhnsw::seconds_since;
 
-
-/// The queries to run: pointers to their vectors and their ground-truth rows.
-struct QuerySet {
-  std::string source;                 // file the queries come from
-  std::string groundtruth_source;     // file the ground truth comes from
-  std::vector<const float*> vectors;  // each points at dim floats
-  std::vector<const std::int32_t*> truth;  // each points at truth_k ids
-  std::size_t dim = 0;
-  std::size_t truth_k = 0;
-  // keep the storage the pointers point into
-  std::optional<dmhnsw::Workload> workload;
-  dmhnsw::FloatMatrix queries;
-  dmhnsw::IdMatrix groundtruth;
-};
-
-QuerySet load_queries(const std::string& workload_path, const std::string& query_path,
-                      const std::string& truth_path) {
-  QuerySet qs;
-  if (!workload_path.empty()) {
-    qs.workload = dmhnsw::read_workload(workload_path);
-    const dmhnsw::Workload& w = *qs.workload;
-    qs.source = qs.groundtruth_source = workload_path;
-    qs.dim = w.dim();
-    qs.truth_k = w.k();
-    for (std::uint64_t i = 0; i < w.total(); ++i) {
-      if (w.is_warmup(i)) continue;
-      qs.vectors.push_back(w.queries.row(i));
-      qs.truth.push_back(w.groundtruth.row(i));
-    }
-  } else {
-    qs.queries = dmhnsw::load_vectors_as_float(query_path);
-    qs.groundtruth = dmhnsw::load_ids(truth_path);
-    if (qs.groundtruth.n() != qs.queries.n())
-      throw std::invalid_argument(truth_path + " has " + std::to_string(qs.groundtruth.n()) +
-                                  " rows but " + query_path + " has " +
-                                  std::to_string(qs.queries.n()) + " queries");
-    qs.source = query_path;
-    qs.groundtruth_source = truth_path;
-    qs.dim = qs.queries.d();
-    qs.truth_k = qs.groundtruth.d();
-    for (std::size_t i = 0; i < qs.queries.n(); ++i) {
-      qs.vectors.push_back(qs.queries.row(i));
-      qs.truth.push_back(qs.groundtruth.row(i));
-    }
-  }
-  if (qs.vectors.empty()) throw std::invalid_argument(qs.source + ": no queries to measure");
-  return qs;
-}
-
-/// Fails early (before a long build) when the output file cannot be created.
-void check_writable(const std::string& flag, const std::string& path) {
-  if (path.empty()) return;
-  std::filesystem::path dir = std::filesystem::path(path).parent_path();
-  if (dir.empty()) dir = ".";
-  std::error_code ec;
-  if (!std::filesystem::is_directory(dir, ec))
-    throw std::invalid_argument(flag + " " + path + ": directory " + dir.string() +
-                                " does not exist");
-  if (::access(dir.c_str(), W_OK) != 0)
-    throw std::invalid_argument(flag + " " + path + ": directory " + dir.string() +
-                                " is not writable");
-}
 
 /// Runs body(i) for every i in [begin, end) on `threads` threads pulling ids from an atomic
 /// counter; rethrows the first exception after all threads stop.
@@ -317,29 +256,6 @@ struct Flags {
   }
 };
 
-/// The queries' ground truth against the indexed base: enough ids, each a row that is indexed.
-void check_inputs(const Flags& f, const QuerySet& qs, std::size_t n, std::size_t dim) {
-  if (qs.dim != dim)
-    throw std::invalid_argument("dimension mismatch: " + f.base_path + " has d=" + std::to_string(dim) + ", " +
-                                qs.source + " has d=" + std::to_string(qs.dim));
-  if (f.k > n)
-    throw std::invalid_argument("--k " + std::to_string(f.k) + " exceeds the " + std::to_string(n) +
-                                " base vectors indexed from " + f.base_path);
-  if (qs.truth_k < f.k)
-    throw std::invalid_argument("--k " + std::to_string(f.k) + ": " + qs.groundtruth_source + " has only " +
-                                std::to_string(qs.truth_k) + " ground-truth ids per query");
-  if (!f.ids_path.empty() || !f.steps.empty()) return;  // labels: checked when the queries run
-  for (std::size_t q = 0; q < qs.vectors.size(); ++q)
-    for (std::size_t j = 0; j < f.k; ++j)
-      if (static_cast<std::size_t>(qs.truth[q][j]) >= n)
-        throw std::invalid_argument(
-            qs.groundtruth_source + ": query " + std::to_string(q) + " has neighbour id " +
-            std::to_string(qs.truth[q][j]) + " but only " + std::to_string(n) + " base rows are indexed" +
-            (f.max_elements > 0 ? " (--max-elements " + std::to_string(f.max_elements) +
-                                      "; use a ground truth computed over those rows)"
-                                : " (ground truth of another base?)"));
-}
-
 /// Inserts every row with `threads` threads; returns the seconds it took.
 double build(hnswlib::HierarchicalNSW<float>& index, const dmhnsw::FloatMatrix& base,
              const std::vector<std::uint64_t>& labels, unsigned threads) {
@@ -500,15 +416,16 @@ int main(int argc, char** argv) {
     }
     if (f.ef_search.empty()) throw std::invalid_argument("--ef-search: no values given");
     if (f.threads == 0) f.threads = std::max(1u, std::thread::hardware_concurrency());
-    check_writable("--json", f.json_path);
-    check_writable("--save", f.save_path);
+    dmhnsw::check_writable("--json", f.json_path);
+    dmhnsw::check_writable("--save", f.save_path);
 
     dmhnsw::LoadOptions base_options;
     if (f.max_elements > 0) base_options.max_rows = f.max_elements;
     const dmhnsw::FloatMatrix base = dmhnsw::load_vectors_as_float(f.base_path, base_options);
-    const QuerySet qs = load_queries(f.workload_path, f.query_path, f.truth_path);
+    const QuerySet qs = dmhnsw::load_queries(f.workload_path, f.query_path, f.truth_path);
     const std::size_t n = base.n(), dim = base.d(), nq = qs.vectors.size();
-    check_inputs(f, qs, n, dim);
+    // labels (--ids, --step): the ground truth is checked against the live labels when the queries run
+    dmhnsw::check_queries(qs, f.base_path, n, dim, f.k, f.ids_path.empty() && f.steps.empty(), f.max_elements);
     std::vector<std::uint64_t> labels;
     if (!f.ids_path.empty()) {
       labels = dmhnsw::load_id_list(f.ids_path);

@@ -24,7 +24,7 @@ With --bin DIR the reports are made first, in a scratch directory, by the binari
 `--provider shm` on 127.0.0.1 only: 2 memnodes; a shine index built by 2 computenodes,
 inserted into, queried by 1 and by 2 computenodes (node caches, adaptive routing, traces),
 csp-report, shine-route-sim, fabric-bench, `computenode serve` with serve-bench (closed and
-open loop), hnswlib-bench; then 2 fresh memnodes with a d-HNSW index built online, queried by 2
+open loop), hnswlib-bench, faiss-bench; then 2 fresh memnodes with a d-HNSW index built online, queried by 2
 and by 1 computenodes, inserted into, upserted into and deleted from by id, queried with --mix,
 rebuilt; dhnsw-build; and
 shine-import into a fresh memnode, upserted into and deleted from by id. Every process it starts is stopped (SIGTERM, then SIGKILL)
@@ -150,6 +150,7 @@ def classify(r: dict) -> str | None:
         "computenode dhnsw rebuild": "dhnsw-rebuild-file",
         "serve-bench": "serve-bench",
         "computenode rejoin": "rejoin",
+        "faiss-bench": "faiss-bench",
     }
     if tool in by_tool:
         return by_tool[tool]
@@ -371,6 +372,10 @@ def make_reports(r: Runner) -> list[str]:
     r.run("hnswlib-bench", ["hnswlib-bench", "--base", "base.fvecs", "--workload", "w.wl", "--m", "8",
                             "--ef-construction", "40", "--ef-search", "16", "--threads", "2", "--json",
                             "hnswlib-bench.json", "--save", "hnswlib.bin"])
+    # PQ re-ranked: every field (train rows, quantizer and re-rank bytes) is set
+    r.run("faiss-bench", ["faiss-bench", "--base", "base.fvecs", "--workload", "w.wl", "--index", "hnsw-pq:4",
+                          "--rerank", "0,20", "--m", "8", "--ef-construction", "40", "--ef-search", "16",
+                          "--threads", "2", "--json", "faiss-bench.json"])
 
     # ---- d-HNSW, on 2 fresh memnodes
     mn, pair = r.memnodes("dhnsw", 2)
@@ -439,7 +444,7 @@ def make_reports(r: Runner) -> list[str]:
 
     want = ["shine-build.json", "shine-build.json.cn1", "shine-insert.json", "shine-query.json",
             "shine-query-routed.json", "shine-query-routed.json.cn1", "csp-report.json", "shine-route-sim.json",
-            "fabric-bench.json", "serve-bench.json", "serve-bench-open.json", "hnswlib-bench.json",
+            "fabric-bench.json", "serve-bench.json", "serve-bench-open.json", "hnswlib-bench.json", "faiss-bench.json",
             "dhnsw-build.json", "dhnsw-build-skipped.json.cn1", "dhnsw-query2.json", "dhnsw-query2.json.cn1",
             "dhnsw-insert.json", "dhnsw-upsert.json", "dhnsw-delete.json", "dhnsw-query.json", "dhnsw-mixed.json", "dhnsw-rebuild.json",
             "dhnsw-build-tool.json", "shine-import.json", "shine-upsert.json", "shine-delete.json", "shine-consolidate.json",
