@@ -113,6 +113,14 @@ std::unique_ptr<CodeDistance> Quantizer::distance_to(const float* q) const {
   return std::make_unique<CodeDistance>(std::move(dc), metric_ == Metric::IP);
 }
 
+std::shared_ptr<const Quantizer> Quantizer::train_spread(const CodesSpec& spec, size_t n, uint32_t dim, Metric metric,
+                                                         const std::function<const float*(size_t)>& row) {
+  const size_t rows = std::min(n, kCodesTrainRows);
+  std::vector<float> sample(rows * dim);
+  for (size_t j = 0; j < rows; ++j) std::memcpy(sample.data() + j * dim, row(j * n / rows), sizeof(float) * dim);
+  return train(spec, sample.data(), rows, dim, metric);
+}
+
 std::shared_ptr<const Quantizer> Quantizer::train(const CodesSpec& spec, const float* x, size_t n, uint32_t dim,
                                                   Metric metric) {
   if (!spec.enabled()) throw std::invalid_argument("--codes none: nothing to train");

@@ -11,6 +11,7 @@
 // it and each other before Faiss reads a byte.
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <type_traits>
@@ -75,8 +76,16 @@ class CodeDistance {
   float k_ = 0;
 };
 
+/// Rows a quantizer is trained on at most: a sample is enough, and both modes' builds and the
+/// import train on the same number.
+inline constexpr size_t kCodesTrainRows = 65536;
+
 class Quantizer {
  public:
+  /// Trains on up to kCodesTrainRows of n rows, spread evenly over them (row floor(j n / rows)
+  /// for j < rows); `row(i)` gives row i's dim floats.
+  static std::shared_ptr<const Quantizer> train_spread(const CodesSpec& spec, size_t n, uint32_t dim, Metric metric,
+                                                       const std::function<const float*(size_t)>& row);
   /// Trains on n x dim vectors (a sample is enough: SQ8 learns each dimension's range, PQ runs
   /// k-means with 256 centroids per sub-space). Throws std::invalid_argument on a bad spec.
   static std::shared_ptr<const Quantizer> train(const CodesSpec& spec, const float* x, size_t n, uint32_t dim,

@@ -267,7 +267,7 @@ def _computenodes(mn, provider, num_cns, sub, args, report, logdir, timeout, fai
 
 
 def dataset_files(name, work):
-    """(base, queries, groundtruth, metric) of bigann10k, wordnet, syn100k or syn1m; generates the
+    """(base, queries, groundtruth, metric) of bigann10k, wordnet, syn100k, syn1m or syn768; generates the
     synthetic sets into WORK when missing."""
     work = Path(work)
     work.mkdir(parents=True, exist_ok=True)
@@ -295,6 +295,17 @@ def dataset_files(name, work):
                 if not gt.exists():
                     run([BIN / "datagen", "--n", 1000000, "--d", 128, "--clusters", 1000, "--spread", 0.6,
                          "--seed", 21, "--queries", 10000, "--out-base", base, "--out-queries", q])
+                    tmp = gt.with_name(gt.stem + ".tmp" + gt.suffix)
+                    run([BIN / "groundtruth", "--base", base, "--queries", q, "--k", 100, "--metric", "l2",
+                         "--out", tmp])
+                    os.replace(tmp, gt)
+    elif name == "syn768":  # embedding-sized vectors: 100,000 x 768, 100 Gaussian clusters, 1,000 queries
+        base, q, gt, metric = work / "syn768_base.fvecs", work / "syn768_query.fvecs", work / "syn768_gt.ivecs", "l2"
+        if not gt.exists():
+            with file_lock(work / ".syn768.lock"):
+                if not gt.exists():
+                    run([BIN / "datagen", "--n", 100000, "--d", 768, "--clusters", 100, "--spread", 0.6,
+                         "--seed", 31, "--queries", 1000, "--out-base", base, "--out-queries", q])
                     tmp = gt.with_name(gt.stem + ".tmp" + gt.suffix)
                     run([BIN / "groundtruth", "--base", base, "--queries", q, "--k", 100, "--metric", "l2",
                          "--out", tmp])

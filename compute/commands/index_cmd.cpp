@@ -68,7 +68,8 @@ void IndexCommands::add(CLI::App& app) {
       ->capture_default_str();
   build_->add_option("--codes-capacity", bo_.params.codes_capacity,
                      "shine: codes log entries per memnode (0: twice the rows over the memnodes, at least 1024)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(CLI::Range(uint64_t{0}, uint64_t{1} << 40));
   build_->add_option("--store-index", store_dir_, "after the build, every memnode writes its region to DIR/memnode-<id>.img");
   // d-HNSW build (as tools/dhnsw-build) and insert options
   build_->add_option("--partitions", dbo_.build.partitions, "dhnsw: partitions / sub-HNSWs (0: round(sqrt(n)))")

@@ -315,11 +315,8 @@ BuiltIndex build_index(const float* data, size_t n, uint32_t dim, Metric metric,
   t0 = Clock::now();
   out.quantizer = opts.quantizer;
   if (!out.quantizer && opts.codes.enabled()) {  // trained on rows spread over the data
-    const size_t rows = std::min(n, kCodesTrainRows);
-    std::vector<float> sample(rows * dim);
-    for (size_t i = 0; i < rows; ++i)
-      std::memcpy(sample.data() + i * dim, data + (i * n / rows) * dim, sizeof(float) * dim);
-    out.quantizer = compute::Quantizer::train(opts.codes, sample.data(), rows, dim, metric);
+    out.quantizer = compute::Quantizer::train_spread(opts.codes, n, dim, metric,
+                                                     [&](size_t i) { return data + i * dim; });
   }
   if (out.quantizer && (out.quantizer->dim() != dim || out.quantizer->metric() != metric))
     throw std::invalid_argument("build: the quantizer is for dimension " + std::to_string(out.quantizer->dim()) +

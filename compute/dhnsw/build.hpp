@@ -54,7 +54,7 @@ struct BuildOptions {
   /// checks by id; sized for twice the vectors.
   bool id_index = true;
   /// Codes of the vectors (compute/codes.hpp) beside them in each sub-HNSW, for searches over
-  /// codes (`--rerank`): the quantizer is trained on up to kCodesTrainRows rows spread over the
+  /// codes (`--rerank`): the quantizer is trained on up to compute::kCodesTrainRows rows spread over the
   /// data, or `quantizer` is used as it is (a rebuild keeps the live epoch's).
   compute::CodesSpec codes;
   std::shared_ptr<const compute::Quantizer> quantizer;
@@ -62,9 +62,6 @@ struct BuildOptions {
   /// rebuilds a serving computenode runs in the background.
   bool progress = false;
 };
-
-/// Rows a quantizer is trained on at most.
-inline constexpr size_t kCodesTrainRows = 65536;
 
 /// The partitions resolved from BuildOptions::partitions for n vectors.
 uint32_t resolve_partitions(uint32_t partitions, size_t n);

@@ -60,6 +60,7 @@ struct BackendMetrics {
   Counter &coded, &reranked;            // shine with codes: nodes compared by their code, vectors re-read
   Histogram& batch_queries;             // dhnsw: queries per pipeline batch
   Gauge &epoch, &vectors;
+  Gauge &codes_nodes, &codes_bytes;     // shine with codes: what this computenode holds of them
 };
 
 struct ShineServeOptions {

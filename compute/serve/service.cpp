@@ -252,7 +252,9 @@ BackendMetrics::BackendMetrics(Registry& r, const std::string& mode)
                          {{"mode", mode}})),
       batch_queries(r.histogram("dmhnsw_batch_queries", "queries per d-HNSW pipeline batch", size_buckets(65536))),
       epoch(r.gauge("dmhnsw_epoch", "the index's epoch (d-HNSW rebuilds)")),
-      vectors(r.gauge("dmhnsw_index_vectors", "vectors in the index when last asked (Info)")) {}
+      vectors(r.gauge("dmhnsw_index_vectors", "vectors in the index when last asked (Info)")),
+      codes_nodes(r.gauge("dmhnsw_codes_nodes", "nodes whose code this computenode holds (shine, an index with codes)")),
+      codes_bytes(r.gauge("dmhnsw_codes_bytes", "memory of those codes and their table entries")) {}
 
 int run_serve(const compute::RunContext& rc, const ServeOptions& o) {
   const std::string host = split_listen("--listen", o.listen).first;

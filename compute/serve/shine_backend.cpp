@@ -14,10 +14,12 @@
 #include <functional>
 #include <mutex>
 #include <optional>
+#include <shared_mutex>
 #include <thread>
 #include <vector>
 
 #include "cache/node_cache.hpp"
+#include "common/timing.hpp"
 #include "common/region.hpp"
 #include "compute/coro.hpp"
 #include "compute/serve/backend.hpp"
@@ -80,11 +82,13 @@ class ShineBackend final : public Backend {
       spdlog::info("serve: node cache of {} entries ({} MiB), level-0 admission p={}", ncache_->capacity_entries(),
                    cache_bytes >> 20, so.admit_probability);
     }
-    // The codes, loaded once (nodes inserted since are read as vectors) whenever the index has
-    // them, so that a request's rerank can use them; searches traverse on them only when the
+    // The codes, loaded at start and refreshed between rounds (refresh_codes) whenever the index
+    // has them, so that a request's rerank can use them; searches traverse on them only when the
     // request or --rerank asks (by default full vectors throughout, as `query` without --rerank).
     if (p_.codes || so.rerank > 0) {  // LocalCodes::load names --rerank when there are none
       codes_.emplace(shine::LocalCodes::load(*control_, p_));
+      m_.codes_nodes.set(static_cast<double>(codes_->size()));
+      m_.codes_bytes.set(static_cast<double>(codes_->bytes()));
       if (so.rerank > 0)
         spdlog::info("serve: codes {} of {} nodes ({} MiB); searches traverse on them and re-read the best {} (a "
                      "request's rerank overrides)",
@@ -268,6 +272,8 @@ class ShineBackend final : public Backend {
           queue_.pop_front();
         }
       }
+      refresh_codes(*ep);
+      std::shared_lock codes_held(codes_mu_);  // no refresh while this round reads the codes
       std::vector<char> finished(jobs.size(), 0);
       std::vector<compute::IoStats> before(jobs.size());
       std::vector<shine::SearchStats> searched(jobs.size());
@@ -289,6 +295,20 @@ class ShineBackend final : public Backend {
       }
       count(ctxs, before, searched, jobs.size());
     }
+  }
+
+  /// The codes of nodes other computenodes inserted since the last refresh, at most every
+  /// kCodesRefresh (one READ per memnode when nothing is new); a round that started before waits.
+  void refresh_codes(fabric::Endpoint& ep) {
+    if (!codes_) return;
+    const int64_t now = Clock::now().time_since_epoch().count();
+    if (now - codes_refreshed_.load() < std::chrono::duration_cast<Clock::duration>(kCodesRefresh).count()) return;
+    std::unique_lock g(codes_mu_);
+    if (now - codes_refreshed_.load() < std::chrono::duration_cast<Clock::duration>(kCodesRefresh).count()) return;
+    codes_refreshed_.store(now);
+    if (const uint64_t got = codes_->refresh(ep, p_); got > 0) spdlog::debug("serve: {} new codes read", got);
+    m_.codes_nodes.set(static_cast<double>(codes_->size()));
+    m_.codes_bytes.set(static_cast<double>(codes_->bytes()));
   }
 
   /// Adds the round's remote operations and node-cache counts to the metrics.
@@ -350,6 +370,9 @@ class ShineBackend final : public Backend {
   BackendMetrics& m_;
   std::unique_ptr<cache::NodeCache> ncache_;
   std::optional<shine::LocalCodes> codes_;
+  static constexpr std::chrono::milliseconds kCodesRefresh{100};
+  std::shared_mutex codes_mu_;             // rounds read the codes shared, a refresh writes them
+  std::atomic<int64_t> codes_refreshed_{0};  // Clock ticks of the last refresh
   std::mutex cache_mu_;
   cache::NodeCacheStats cache_seen_;
   std::unique_ptr<fabric::Endpoint> control_;

@@ -178,10 +178,8 @@ json run_build(const RunContext& rc, const BuildOptions& o) {
   GraphParams want = o.params;
   want.dim = static_cast<uint32_t>(data.d());
   if (o.format && o.codes.enabled()) {  // rows evenly spread over the data
-    const size_t step = std::max<size_t>(1, data.n() / kCodesTrainRows);
-    std::vector<float> sample;
-    for (size_t i = 0; i < data.n(); i += step) sample.insert(sample.end(), data.row(i), data.row(i) + data.d());
-    want.codes = compute::Quantizer::train(o.codes, sample.data(), sample.size() / data.d(), want.dim, want.metric);
+    want.codes = compute::Quantizer::train_spread(o.codes, data.n(), want.dim, want.metric,
+                                                  [&](size_t i) { return data.row(i); });
   }
   auto control = c.make_endpoint(16u << 20);
   GraphParams p = format_or_attach(c, *control, o.format ? &want : nullptr, rc.cn_id);

@@ -30,11 +30,10 @@ struct BuildOptions {
   /// The rows' ids (row i gets ids[i]; needs an id index); empty: a row's id is its number.
   std::vector<uint64_t> ids;
   bool upsert = false;  // an id the index holds gets the row's vector (its old node is deleted)
-  /// Formatting: compressed vectors to train (on up to kCodesTrainRows of this computenode's
+  /// Formatting: compressed vectors to train (on up to compute::kCodesTrainRows of this computenode's
   /// rows) and store with the index.
   compute::CodesSpec codes;
 };
-inline constexpr size_t kCodesTrainRows = 65536;
 
 struct DeleteOptions {
   std::vector<uint64_t> ids;  // computenode i of K deletes ids[j] for j % K == i

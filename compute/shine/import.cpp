@@ -338,17 +338,14 @@ struct Codes {
   double train_seconds = 0;
 };
 
-/// Trains the quantizer on up to kCodesTrainRows of the file's elements, spread evenly over all
+/// Trains the quantizer on up to compute::kCodesTrainRows of the file's elements, spread evenly over all
 /// of them (deleted ones included: they are vectors of the same data).
 Codes train_codes(const HnswlibFile& f, const ImportOptions& o, size_t memnodes) {
   Codes k;
   if (!o.codes.enabled()) return k;
   const auto t0 = Clock::now();
-  const uint64_t rows = std::min<uint64_t>(f.count(), kCodesTrainRows);
-  std::vector<float> sample(rows * f.dim());
-  for (uint64_t r = 0; r < rows; ++r)  // element floor(r n / rows): spread, each at most once
-    std::memcpy(sample.data() + r * f.dim(), f.vector(r * f.count() / rows), 4ull * f.dim());
-  k.q = compute::Quantizer::train(o.codes, sample.data(), rows, f.dim(), o.metric);
+  const uint64_t rows = std::min<uint64_t>(f.count(), compute::kCodesTrainRows);
+  k.q = compute::Quantizer::train_spread(o.codes, f.count(), f.dim(), o.metric, [&](size_t i) { return f.vector(i); });
   k.block_bytes = k.q->serialize().size();
   k.log.capacity = o.codes_capacity > 0 ? o.codes_capacity
                                         : std::max<uint64_t>(1024, 2 * f.count() / std::max<size_t>(1, memnodes));

@@ -79,7 +79,7 @@ struct ImportOptions {
   /// upserts; -1: twice the elements (at least 1,024); 0: none.
   int64_t id_capacity = -1;
   /// Compressed vectors stored with the index, as `computenode build --codes` stores them:
-  /// the quantizer is trained on up to kCodesTrainRows of the file's vectors (spread over all
+  /// the quantizer is trained on up to compute::kCodesTrainRows of the file's vectors (spread over all
   /// of them), and every element's code (deleted ones too: they guide searches, as a build's
   /// deleted nodes keep the code their insert appended) goes to the codes log of the memnode
   /// that holds its record.

@@ -27,7 +27,7 @@ void SearchOptions::add_flags(CLI::App& cmd, const std::string& cache_ratio_also
       ->capture_default_str()
       ->check(CLI::Range(1, 4096));
   cmd.add_option("--rerank", rerank,
-                 "with an index built with --codes, compare vectors by their codes and re-rank each query's best "
+                 "with an index built or imported with --codes, compare vectors by their codes and re-rank each query's best "
                  "R candidates with their full vectors (0: full vectors throughout). shine: by this computenode's "
                  "copy of every node's code (no vector READs); dhnsw: sub-HNSWs fetched with codes instead of "
                  "vectors (R at most 4096)")
