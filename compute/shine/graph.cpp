@@ -143,16 +143,28 @@ Task<std::vector<Neighbor>> Worker::read_vectors(const std::vector<RemotePtr>& a
   thread_local std::vector<RemotePtr> uncoded;
   if (ctx.code_dist != nullptr) {
     uncoded.clear();
+    // Every code is looked up and requested before the first distance, so that their cache
+    // misses overlap (as hnswlib prefetches the next vectors).
+    struct Coded {
+      const uint8_t* code;
+      RemotePtr p;
+      uint64_t label;
+    };
+    thread_local std::vector<Coded> coded;
+    coded.clear();
+    const size_t cs = ctx.codes->code_size();
     for (RemotePtr p : all) {
       uint64_t label = 0;
       if (const uint8_t* code = ctx.codes->find(p, &label)) {
-        ++ctx.search.visited;
-        ++ctx.search.coded;
-        out.push_back({(*ctx.code_dist)(code), p, label, false, true});
+        for (size_t off = 0; off < cs; off += 64) __builtin_prefetch(code + off);
+        coded.push_back({code, p, label});
       } else {
         uncoded.push_back(p);
       }
     }
+    for (const Coded& c : coded) out.push_back({(*ctx.code_dist)(c.code), c.p, c.label, false, true});
+    ctx.search.visited += coded.size();
+    ctx.search.coded += coded.size();
   }
   const std::vector<RemotePtr>& nodes = ctx.code_dist != nullptr ? uncoded : all;
   if (nodes.empty()) co_return out;
