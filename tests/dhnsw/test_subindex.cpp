@@ -21,6 +21,7 @@
 #include "../common/test_util.hpp"
 #include "common/fabric/local/local_fabric.hpp"
 #include "common/region.hpp"
+#include "compute/codes.hpp"
 #include "compute/dhnsw/build.hpp"
 #include "compute/dhnsw/subindex.hpp"
 #include "memory/image.hpp"
@@ -551,4 +552,75 @@ TEST_CASE("build: bad options are refused naming the option", "[dhnsw][build]") 
   CHECK(resolve_partitions(0, 10000) == 100);
   CHECK(resolve_partitions(0, 1) == 1);
   CHECK(resolve_partitions(7, 10000) == 7);
+}
+
+TEST_CASE("subindex: a sub with codes read without its vectors searches on its codes and locates its vectors "
+          "(both slots)",
+          "[dhnsw][subindex][codes]") {
+  Source a = make_source(2000, 16, 1, 1000000), b = make_source(1500, 16, 2, 5000000);
+  const auto q = compute::Quantizer::train(compute::parse_codes("sq8"), a.data.data(), 2000, kDim, Metric::L2);
+  const uint32_t cs = static_cast<uint32_t>(q->code_size());
+  std::vector<uint8_t> ca(2000 * cs), cb(1500 * cs);
+  q->encode(a.data.data(), 2000, ca.data());
+  q->encode(b.data.data(), 1500, cb.data());
+  RegionPlan plan = plan_region(std::vector<SubShape>{shape_of(*a.index, cs), shape_of(*b.index, cs)}, 1, 0, LayoutParams{});
+  for (int i = 0; i < 2; ++i) {
+    const faiss::IndexHNSWFlat& x = *(i == 0 ? a : b).index;
+    plan.subs[static_cast<size_t>(i)].entry_point = x.hnsw.entry_point;
+    plan.subs[static_cast<size_t>(i)].max_level = x.hnsw.max_level;
+  }
+  MetaHeader h = header_for(plan, 16, 0);
+  h.code_size = cs;
+  auto cluster = fabric::LocalCluster::create(1, plan.data_end[0]);
+  auto ep = cluster->make_endpoint(8u << 20);
+  char* region = cluster->region(0);
+  serialize_sub(*a.index, a.labels.data(), ca.data(), cs, plan.subs[0], region + plan.subs[0].block_offset);
+  serialize_sub(*b.index, b.labels.data(), cb.data(), cs, plan.subs[1], region + plan.subs[1].block_offset);
+  const std::vector<float> queries = random_vectors(50, kDim, 4242);
+  for (int slot = 0; slot < 2; ++slot) {
+    DYNAMIC_SECTION("slot " << slot) {
+      const SubDesc& d = plan.subs[static_cast<size_t>(slot)];
+      const Source& src = slot == 0 ? a : b;
+      const std::vector<uint8_t>& codes = slot == 0 ? ca : cb;
+      const uint64_t n = src.labels.size();
+      // Read whole (inserts): the codes array comes back for the commit to extend.
+      const std::vector<char> whole = fetch(*ep, d);
+      const SubIndex full = deserialize_sub(whole.data(), whole.size(), d, h, "whole");
+      CHECK(full.codes == codes);
+      CHECK_FALSE(full.coded);
+      // Read for a search over codes: the vectors' part is never read (garbage here).
+      const auto [off, len] = fetch_range(d);
+      std::vector<char> buf(len, static_cast<char>(0xAB));
+      uint64_t read = 0;
+      for (const auto& [at, plen] : coded_fetch_parts(d)) {
+        ep->read(RemotePtr(d.memnode, off + at), buf.data() + at, plen);
+        read += plen;
+      }
+      CHECK(read == len - n * kDim * 4);
+      const SubIndex s = deserialize_sub(buf.data(), len, d, h, "coded", false, q);
+      REQUIRE(s.coded);
+      CHECK(s.vectors_internal == n);
+      CHECK(s.overflow_vectors.empty());
+      for (uint64_t i : {uint64_t{0}, n / 2, n - 1}) {  // the vectors are where it says
+        std::vector<float> v(kDim);
+        ep->read(RemotePtr(s.memnode, s.vectors_offset + i * kDim * 4), v.data(), kDim * 4);
+        CHECK(std::equal(v.begin(), v.end(), src.data.begin() + static_cast<std::ptrdiff_t>(i * kDim)));
+      }
+      // Searching the codes finds what searching the vectors finds (top 10 of 30 candidates).
+      s.index->hnsw.efSearch = 64;
+      full.index->hnsw.efSearch = 64;
+      std::vector<float> dc(50 * 30), df(50 * 10);
+      std::vector<idx_t> ic(50 * 30), jf(50 * 10);
+      s.index->search(50, queries.data(), 30, dc.data(), ic.data());
+      full.index->search(50, queries.data(), 10, df.data(), jf.data());
+      size_t found = 0;
+      for (size_t qi = 0; qi < 50; ++qi)
+        for (size_t j = 0; j < 10; ++j)
+          found += std::count(ic.begin() + static_cast<std::ptrdiff_t>(qi * 30),
+                              ic.begin() + static_cast<std::ptrdiff_t>(qi * 30 + 30), jf[qi * 10 + j]);
+      INFO(found << " of 500 exact top-10 among the codes' top 30");
+      CHECK(found >= 490);
+      CHECK(std::fabs(dc[0] - df[0]) < 0.1f * std::max(1.0f, df[0]));  // an approximate distance of the same scale
+    }
+  }
 }
