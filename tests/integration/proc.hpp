@@ -258,6 +258,62 @@ inline void copy_rows(const std::string& from, const std::string& to, int begin,
   if (!in || !out) throw std::runtime_error("copy_rows " + from + " -> " + to + " failed");
 }
 
+/// The first `n` rows of a real data set in ../shared/data as .fvecs (bigann10k: 128-d SIFT
+/// bytes, l2; wordnet: 384-d sentence embeddings, ip), up to 300 of its queries (bigann10k has
+/// 100) with their exact top-10 over those rows (groundtruth), and a workload drawn from them
+/// (50 warm-up, 300 measured).
+struct RealSubset {
+  TempDir dir;
+  std::string base, queries, gt, wl, metric;
+  int dim = 0;
+  RealSubset(const std::string& set, int n) {
+    const std::string root = std::string(DMHNSW_SHARED_DATA) + "/";
+    std::string from_base, from_queries;
+    bool bytes = false;
+    if (set == "bigann10k") {
+      from_base = root + "bigann10k/bigann10k_base.bvecs", from_queries = root + "bigann10k/bigann10k_query.fvecs";
+      metric = "l2", bytes = true;
+    } else {
+      from_base = root + "wordnet-minilm-384/base.fvecs", from_queries = root + "wordnet-minilm-384/query.fvecs";
+      metric = "ip";
+    }
+    base = dir.file("base.fvecs"), queries = dir.file("queries.fvecs"), gt = dir.file("gt.ivecs"), wl = dir.file("q.wl");
+    // .bvecs or .fvecs rows [0, rows) of `from` into .fvecs `to`
+    // (at most: a query file may hold fewer; the workload draws its 300 from them)
+    auto rows_to_fvecs = [&](const std::string& from, const std::string& to, int rows, bool u8) {
+      std::ifstream in(from, std::ios::binary);
+      std::ofstream out(to, std::ios::binary);
+      for (int i = 0; i < rows; ++i) {
+        int32_t d = 0;
+        in.read(reinterpret_cast<char*>(&d), 4);
+        if (!in && i > 0 && in.eof()) return;
+        if (!in || d <= 0 || d > 4096) throw std::runtime_error("RealSubset: " + from + ": bad row " + std::to_string(i));
+        dim = d;
+        std::vector<float> v(static_cast<size_t>(d));
+        if (u8) {
+          std::vector<unsigned char> b(static_cast<size_t>(d));
+          in.read(reinterpret_cast<char*>(b.data()), d);
+          for (int j = 0; j < d; ++j) v[static_cast<size_t>(j)] = b[static_cast<size_t>(j)];
+        } else {
+          in.read(reinterpret_cast<char*>(v.data()), 4 * static_cast<std::streamsize>(d));
+        }
+        out.write(reinterpret_cast<const char*>(&d), 4);
+        out.write(reinterpret_cast<const char*>(v.data()), 4 * static_cast<std::streamsize>(d));
+      }
+      if (!in || !out) throw std::runtime_error("RealSubset: " + from + " -> " + to + " failed");
+    };
+    rows_to_fvecs(from_base, base, n, bytes);
+    rows_to_fvecs(from_queries, queries, 300, false);
+    for (auto argv : std::vector<std::vector<std::string>>{
+             {bin("groundtruth"), "--base", base, "--queries", queries, "--k", "10", "--metric", metric, "--out", gt},
+             {bin("workload"), "--queries", queries, "--groundtruth", gt, "--dist", "uniform", "--count", "300",
+              "--warmup", "50", "--seed", "1", "--out", wl}}) {
+      auto r = run(argv, dir, "real-subset", std::chrono::seconds(120));
+      if (r.code != 0) throw std::runtime_error("RealSubset " + set + ": " + r.output);
+    }
+  }
+};
+
 /// A workload whose queries are rows [begin, end) of the base and whose ground truth is over
 /// the whole base: each query's nearest neighbour is itself.
 inline std::string self_workload(const SmallData& d, const TempDir& dir, int begin, int end) {

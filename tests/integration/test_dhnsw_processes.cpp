@@ -190,11 +190,12 @@ TEST_CASE("dhnsw: a wire model changes when operations complete, never the answe
 }
 
 TEST_CASE("dhnsw: an index built with --codes answers with --rerank as with its vectors, also after another "
-          "computenode's inserts (shm, cxl)",
+          "computenode's inserts (bigann10k over shm, wordnet over cxl)",
           "[integration][dhnsw][codes]") {
-  SmallData d;  // 3,000 rows of 24 dimensions: 2,000 built with codes, 1,000 inserted in place (and by rebuilds)
-  for (std::string provider : {"shm", "cxl"}) {
-    DYNAMIC_SECTION(provider) {
+  // 3,000 rows of each: 2,000 built with codes, 1,000 inserted in place (and by rebuilds).
+  for (auto [set, provider] : {std::pair<std::string, std::string>{"bigann10k", "shm"}, {"wordnet", "cxl"}}) {
+    DYNAMIC_SECTION(set << " over " << provider) {
+      RealSubset d(set, 3000);
       TempDir dir;
       Memnode m0(dir, 0, provider), m1(dir, 1, provider);
       std::string mns = m0.address + "," + m1.address;
@@ -204,15 +205,18 @@ TEST_CASE("dhnsw: an index built with --codes answers with --rerank as with its 
         REQUIRE(r.code == 0);
       };
       step("build", {"build", "--data", d.base, "--max-elements", "2000", "--partitions", "8", "--m", "16",
-                     "--ef-construction", "80", "--codes", "sq8", "--report", dir.file("build.json")});
+                     "--ef-construction", "80", "--metric", d.metric, "--codes", "sq8", "--report",
+                     dir.file("build.json")});
       const auto built = load_json(dir.file("build.json"));
       CHECK(built["codes"]["kind"] == "sq8");
-      CHECK(built["codes"]["code_size"] == 24);
-      // Another computenode inserts: it encodes with the stored quantizer (and a rebuild keeps it).
+      CHECK(built["codes"]["code_size"] == d.dim);
+      // Another computenode inserts: it encodes with the stored quantizer, and the rebuild after
+      // them keeps it.
       step("insert", {"insert", "--data", d.base, "--begin", "2000"});
+      step("rebuild", {"rebuild"});
       auto query = [&](const std::string& rerank) {
         const std::string rep = dir.file("q" + rerank + ".json");
-        step("q" + rerank, {"query", "--workload", d.wl, "--k", "10", "--batch", "100", "--probe", "3", "--ef-search",
+        step("q" + rerank, {"query", "--workload", d.wl, "--k", "10", "--batch", "100", "--probe", "4", "--ef-search",
                             "48", "--rerank", rerank, "--report", rep});
         return load_json(rep);
       };
@@ -221,25 +225,30 @@ TEST_CASE("dhnsw: an index built with --codes answers with --rerank as with its 
       const auto& c = coded["runs"][0];
       INFO("recall vectors " << f["recall"] << ", codes " << c["recall"] << "; bytes per query " << f["per_query"]
                              << " -> " << c["per_query"]);
+      WARN(set << ": recall@10 " << f["recall"] << " -> " << c["recall"] << " on codes, sub-HNSW bytes per query "
+                << f["per_query"]["bytes"] << " -> " << c["per_query"]["bytes"] << " + re-rank "
+                << c["per_query"]["rerank_bytes"]);
       CHECK(coded["codes"]["rerank"] == 30);
-      CHECK(f["recall"].get<double>() >= 0.9);  // the inserted rows are found (the ground truth holds all 3,000)
+      CHECK(f["recall"].get<double>() >= 0.85);  // the inserted rows are found (the ground truth holds all 3,000)
       CHECK(c["recall"].get<double>() >= f["recall"].get<double>() - 0.01);
       CHECK(c["per_query"]["reranked"].get<double>() == Approx(30.0));
       CHECK(c["per_query"]["rerank_reads"].get<double>() > 0);
       CHECK(f["per_query"]["reranked"].get<double>() == 0);
-      // A sub-HNSW fetch without its vectors: lists, labels and 24-byte codes instead of 96-byte vectors.
-      CHECK(c["per_query"]["bytes"].get<double>() < 0.75 * f["per_query"]["bytes"].get<double>());
+      // A sub-HNSW fetch without its vectors: lists, labels and codes of a quarter of their size.
+      CHECK(c["per_query"]["bytes"].get<double>() < 0.5 * f["per_query"]["bytes"].get<double>());
     }
   }
-  // --rerank on an index without codes is refused naming the flag.
-  TempDir dir;
-  Memnode m0(dir, 0, "shm");
-  REQUIRE(run(computenode_args("dhnsw", "shm", m0.address, 0, 1, {"build", "--data", d.base, "--max-elements", "300",
-                                                                   "--partitions", "2"}),
-              dir, "plain", seconds(120))
-              .code == 0);
-  auto q = run(computenode_args("dhnsw", "shm", m0.address, 0, 1, {"query", "--workload", d.wl, "--rerank", "10"}), dir,
-               "refused", seconds(60));
-  CHECK(q.code != 0);
-  CHECK_THAT(q.output, Contains("--rerank") && Contains("no codes"));
+  SECTION("--rerank on an index without codes is refused naming the flag") {
+    SmallData d;
+    TempDir dir;
+    Memnode m0(dir, 0, "shm");
+    REQUIRE(run(computenode_args("dhnsw", "shm", m0.address, 0, 1, {"build", "--data", d.base, "--max-elements", "300",
+                                                                     "--partitions", "2"}),
+                dir, "plain", seconds(120))
+                .code == 0);
+    auto q = run(computenode_args("dhnsw", "shm", m0.address, 0, 1, {"query", "--workload", d.wl, "--rerank", "10"}),
+                 dir, "refused", seconds(60));
+    CHECK(q.code != 0);
+    CHECK_THAT(q.output, Contains("--rerank") && Contains("no codes"));
+  }
 }
