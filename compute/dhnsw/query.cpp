@@ -124,6 +124,8 @@ json merge_run(uint32_t ef, const std::vector<std::string>& texts) {
                          {"rerank_bytes", static_cast<double>(rr_bytes) / nq},
                          {"rerank_doorbells", static_cast<double>(rr_doorbells) / nq},
                          {"total_bytes", static_cast<double>(bytes + rr_bytes) / nq}}},
+          {"network_bound_qps", {{"56Gbps", 56e9 / 8 / std::max(static_cast<double>(bytes + rr_bytes) / nq, 1.0)},
+                                 {"100Gbps", 100e9 / 8 / std::max(static_cast<double>(bytes + rr_bytes) / nq, 1.0)}}},
           {"batches", {{"count", nb}, {"queries", nq / nbd}, {"needed", static_cast<double>(needed) / nbd},
                        {"fetched", static_cast<double>(fetched) / nbd},
                        {"cache_hits", static_cast<double>(hits) / nbd},

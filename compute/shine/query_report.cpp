@@ -133,7 +133,8 @@ json QuerySession::merge_run(uint32_t ef, const std::vector<std::string>& texts)
             {"coded", static_cast<double>(coded) / nq},
             {"reranked", static_cast<double>(reranked) / nq},
             {"vector_bytes", static_cast<double>(visited - coded) / nq *
-                                 static_cast<double>(g_->layout().vector_read_bytes())}}},
+                                 static_cast<double>(g_->layout().vector_read_bytes())},
+            {"rerank_bytes", static_cast<double>(reranked) / nq * static_cast<double>(g_->layout().vector_read_bytes())}}},
           {"network_bound_qps", {{"56Gbps", 56e9 / 8 / std::max(bytes_per_q, 1.0)}, {"100Gbps", 100e9 / 8 / std::max(bytes_per_q, 1.0)}}},
           {"cache_hit_rate", lookups ? static_cast<double>(chits) / static_cast<double>(lookups) : 0.0},
           {"invalid_pointers_skipped", skipped},
