@@ -266,6 +266,12 @@ def _computenodes(mn, provider, num_cns, sub, args, report, logdir, timeout, fai
     return json.loads(Path(report).read_text()), outs[0]
 
 
+# The synthetic sets (datagen, Gaussian clusters of spread 0.6): rows, dimension, clusters, seed,
+# queries. syn1m is experiments/scale_1m's data; syn768 has an embedding's dimension.
+SYNTHETIC = {"syn100k": (100000, 128, 100, 11, 1000), "syn1m": (1000000, 128, 1000, 21, 10000),
+             "syn768": (100000, 768, 100, 31, 1000)}
+
+
 def dataset_files(name, work):
     """(base, queries, groundtruth, metric) of bigann10k, wordnet, syn100k, syn1m or syn768; generates the
     synthetic sets into WORK when missing."""
@@ -277,36 +283,15 @@ def dataset_files(name, work):
     elif name == "wordnet":
         d = DATA / "wordnet-minilm-384"
         base, q, gt, metric = d / "base.fvecs", d / "query.fvecs", d / "groundtruth.ivecs", "ip"
-    elif name == "syn100k":
-        base, q, gt, metric = work / "syn100k_base.fvecs", work / "syn100k_query.fvecs", work / "syn100k_gt.ivecs", "l2"
+    elif name in SYNTHETIC:
+        n, d, clusters, seed, queries = SYNTHETIC[name]
+        base, q, gt, metric = work / f"{name}_base.fvecs", work / f"{name}_query.fvecs", work / f"{name}_gt.ivecs", "l2"
         if not gt.exists():
-            with file_lock(work / ".syn100k.lock"):
+            with file_lock(work / f".{name}.lock"):
                 if not gt.exists():
-                    run([BIN / "datagen", "--n", 100000, "--d", 128, "--clusters", 100, "--spread", 0.6, "--seed", 11,
-                         "--queries", 1000, "--out-base", base, "--out-queries", q])
+                    run([BIN / "datagen", "--n", n, "--d", d, "--clusters", clusters, "--spread", 0.6, "--seed", seed,
+                         "--queries", queries, "--out-base", base, "--out-queries", q])
                     tmp = gt.with_name(gt.stem + ".tmp" + gt.suffix)  # the suffix names the format
-                    run([BIN / "groundtruth", "--base", base, "--queries", q, "--k", 100, "--metric", "l2",
-                         "--out", tmp])
-                    os.replace(tmp, gt)
-    elif name == "syn1m":  # experiments/scale_1m's data: 1M x 128, 1,000 Gaussian clusters, 10,000 queries
-        base, q, gt, metric = work / "syn1m_base.fvecs", work / "syn1m_query.fvecs", work / "syn1m_gt.ivecs", "l2"
-        if not gt.exists():
-            with file_lock(work / ".syn1m.lock"):
-                if not gt.exists():
-                    run([BIN / "datagen", "--n", 1000000, "--d", 128, "--clusters", 1000, "--spread", 0.6,
-                         "--seed", 21, "--queries", 10000, "--out-base", base, "--out-queries", q])
-                    tmp = gt.with_name(gt.stem + ".tmp" + gt.suffix)
-                    run([BIN / "groundtruth", "--base", base, "--queries", q, "--k", 100, "--metric", "l2",
-                         "--out", tmp])
-                    os.replace(tmp, gt)
-    elif name == "syn768":  # embedding-sized vectors: 100,000 x 768, 100 Gaussian clusters, 1,000 queries
-        base, q, gt, metric = work / "syn768_base.fvecs", work / "syn768_query.fvecs", work / "syn768_gt.ivecs", "l2"
-        if not gt.exists():
-            with file_lock(work / ".syn768.lock"):
-                if not gt.exists():
-                    run([BIN / "datagen", "--n", 100000, "--d", 768, "--clusters", 100, "--spread", 0.6,
-                         "--seed", 31, "--queries", 1000, "--out-base", base, "--out-queries", q])
-                    tmp = gt.with_name(gt.stem + ".tmp" + gt.suffix)
                     run([BIN / "groundtruth", "--base", base, "--queries", q, "--k", 100, "--metric", "l2",
                          "--out", tmp])
                     os.replace(tmp, gt)

@@ -57,6 +57,7 @@
 #include "common/query_set.hpp"
 #include "common/workload.hpp"
 #include "hnswlib_churn.hpp"
+#include "tools/bench_flags.hpp"
 
 namespace {
 
@@ -187,60 +188,17 @@ extern "C" __attribute__((no_sanitize("thread"), visibility("default"), used)) c
 
 namespace {
 
-struct Flags {
-  std::string base_path, workload_path, query_path, truth_path, metric_text = "l2";
-  std::string json_path, save_path, ids_path;
+struct Flags : dmhnsw::bench::BenchFlags {
+  std::string save_path, ids_path;
   std::vector<std::string> steps;
   bool replace_deleted = true;
-  std::size_t m = 16, ef_construction = 200, k = 10, max_elements = 0, seed = 100;
-  std::vector<std::size_t> ef_search = {10, 20, 40, 80, 160};
-  unsigned threads = 0;
 
+  Flags() { seed = 100; }
   void add(CLI::App& app) {
-    // CLI11 2.1 would wrap "-1" into a huge unsigned value.
-    const CLI::Validator non_negative(
-        [](std::string& text) {
-          return text.find('-') == std::string::npos ? std::string() : "must be >= 0, got " + text;
-        },
-        "", "non-negative");
-    app.add_option("--base", base_path,
-                   "base vectors, label = row id (.fvecs .bvecs .fbin .u8bin .i8bin)")
-        ->required();
-    auto* workload_opt = app.add_option(
-        "--workload", workload_path,
-        "dmhnsw workload file: its measured queries and their ground truth (warm-up part skipped)");
-    auto* query_opt = app.add_option("--queries", query_path,
-                                     "query vectors (same formats as --base); needs --groundtruth");
-    auto* truth_opt = app.add_option(
-        "--groundtruth", truth_path,
-        "exact neighbour ids of each query (.ivecs .ibin), at least --k per row; needs --queries");
-    workload_opt->excludes(query_opt)->excludes(truth_opt);
-    query_opt->needs(truth_opt);
-    truth_opt->needs(query_opt);
-    app.add_option("--metric", metric_text,
-                   "distance: l2 (squared Euclidean) or ip (inner product, hnswlib's 1 - <a,b>)")
-        ->capture_default_str();
-    app.add_option("--m", m, "HNSW M: links per node on upper layers (2*M on layer 0)")
-        ->capture_default_str()->check(CLI::Range(std::size_t{2}, std::size_t{10000}));
-    app.add_option("--ef-construction", ef_construction, "candidate list size while building")
-        ->capture_default_str()->check(CLI::Range(std::size_t{1}, std::size_t{1} << 20));
-    app.add_option("--ef-search", ef_search,
-                   "comma-separated candidate list sizes to search with, one run each "
-                   "(hnswlib uses max(ef, k))")
-        ->delimiter(',')->capture_default_str()
-        ->check(CLI::Range(std::size_t{1}, std::size_t{1} << 20));
-    app.add_option("--k", k, "neighbours returned per query; recall@k is measured")
-        ->capture_default_str()->check(CLI::Range(std::size_t{1}, dmhnsw::kMaxDim));
-    app.add_option("--threads", threads,
-                   "threads for building and for searching (0: all hardware threads)")
-        ->capture_default_str()->check(CLI::Range(0u, 1024u));
-    app.add_option("--seed", seed, "hnswlib's random_seed for the level draws")
-        ->capture_default_str()->check(non_negative);
-    app.add_option("--max-elements", max_elements,
-                   "index only the first N base rows (0: all); the ground truth must refer to "
-                   "those rows only")
-        ->capture_default_str()->check(non_negative);
-    app.add_option("--json", json_path, "write the parameters and results to this JSON file");
+    add_common(app, {"distance: l2 (squared Euclidean) or ip (inner product, hnswlib's 1 - <a,b>)",
+                     "comma-separated candidate list sizes to search with, one run each (hnswlib uses max(ef, k))",
+                     "threads for building and for searching (0: all hardware threads)",
+                     "hnswlib's random_seed for the level draws"});
     app.add_option("--ids", ids_path,
                    "labels of the base rows, one decimal id per line (default: the row numbers); "
                    "the ground truth then holds labels");
@@ -399,21 +357,10 @@ int main(int argc, char** argv) {
       "QPS and latency per efSearch (the reference for dmhnsw's shine mode)"};
   Flags f;
   f.add(app);
-  try {
-    app.parse(argc, argv);
-    if (f.workload_path.empty() && f.query_path.empty())
-      throw CLI::RequiredError("--workload or --queries with --groundtruth");
-  } catch (const CLI::ParseError& e) {
-    return app.exit(e);
-  }
+  if (const auto code = f.parse(app, argc, argv)) return *code;
 
   try {
-    dmhnsw::Metric metric;
-    try {
-      metric = dmhnsw::parse_metric(f.metric_text);
-    } catch (const std::invalid_argument& e) {
-      throw std::invalid_argument(std::string("--metric: ") + e.what());
-    }
+    const dmhnsw::Metric metric = f.metric();
     if (f.ef_search.empty()) throw std::invalid_argument("--ef-search: no values given");
     if (f.threads == 0) f.threads = std::max(1u, std::thread::hardware_concurrency());
     dmhnsw::check_writable("--json", f.json_path);
