@@ -13,7 +13,8 @@ void add_engine_flags(CLI::App& cmd, EngineOptions& o) {
       ->check(CLI::PositiveNumber);
   cmd.add_option("--meta-ef-search", o.meta_ef_search, "dhnsw: efSearch in the meta-HNSW")->capture_default_str();
   cmd.add_option("--cache-subs", o.cache_subs,
-                 "dhnsw: c, deserialized sub-HNSWs kept across batches (-1: --cache-ratio of them, 10 % by default)")
+                 "dhnsw: c, deserialized sub-HNSWs kept across batches (-1: --cache-ratio of them, 10 % by default; "
+                 "with --rerank, of the index's memory, a sub-HNSW counted without its vectors)")
       ->capture_default_str();
   cmd.add_option("--doorbell-subs", o.doorbell_subs, "dhnsw: sub-HNSW fetches posted with one doorbell")
       ->capture_default_str()

@@ -29,8 +29,20 @@ Engine::Engine(fabric::Cluster& c, const Index& index, EngineOptions o) : o_(o) 
   if (o_.rerank > kMaxRerank)
     throw std::invalid_argument("--rerank " + std::to_string(o_.rerank) + " is above " + std::to_string(kMaxRerank));
   const uint32_t P = index.header.num_subs;
-  size_t cap = o_.cache_subs >= 0 ? static_cast<size_t>(o_.cache_subs)
-                                  : static_cast<size_t>(std::llround(o_.cache_ratio * static_cast<double>(P)));
+  // --cache-ratio is a share of the index's memory: over codes a sub-HNSW is held without its
+  // vectors, so the same memory keeps more of them.
+  double per_sub = 1.0;
+  if (o_.rerank > 0) {
+    double whole = 0, coded = 0;
+    for (const SubDesc& d : index.subs) {
+      whole += static_cast<double>(d.block_bytes);
+      coded += static_cast<double>(d.block_bytes - d.arrays[kVectors].capacity);
+    }
+    if (coded > 0) per_sub = whole / coded;
+  }
+  size_t cap = o_.cache_subs >= 0
+                   ? static_cast<size_t>(o_.cache_subs)
+                   : std::min<size_t>(P, static_cast<size_t>(std::llround(o_.cache_ratio * per_sub * static_cast<double>(P))));
   if (!o_.regroup) cap = 0;
   impl_ = std::make_unique<Impl>(c, index, o_, cap);
 }
