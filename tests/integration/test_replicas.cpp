@@ -171,7 +171,7 @@ TEST_CASE("replica sets: a copy SIGKILLed during a shine build and another durin
       // Every vector the build acknowledged is in the graph on the surviving copies: each is
       // its own nearest neighbour (2,000 draws of the 2,000 rows).
       auto self = run(cn({"query", "--workload", self_workload(d, dir, 0, 2000), "--k", "1", "--ef-search", "400",
-                          "--threads", "2", "--coroutines", "8", "--report", dir.file("self.json")}),
+                          "--threads", "2", "--coroutines", "32", "--report", dir.file("self.json")}),
                       dir, "q-self", seconds(180));
       INFO(self.output);
       REQUIRE(self.code == 0);
