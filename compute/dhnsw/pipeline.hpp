@@ -19,7 +19,7 @@
 
 namespace dmhnsw::dhnsw {
 
-inline constexpr uint32_t kMaxRerank = 4096;  // --rerank's bound: candidates per query
+inline constexpr uint32_t kMaxRerank = 256;  // --rerank's bound: a query's candidates fit one doorbell
 
 struct EngineOptions {
   uint32_t k = 10;
@@ -41,7 +41,7 @@ struct EngineOptions {
   int64_t ack_slot = -1;            // computenode id: acknowledge epochs in the control block (-1: no)
   /// > 0: search over the sub-HNSWs' codes (an index built with --codes): fetches skip the
   /// vectors, and each query's best `rerank` candidates are compared again with their vectors,
-  /// READ in one doorbell per batch share.
+  /// READ in doorbells of up to 256 READs.
   uint32_t rerank = 0;
 };
 

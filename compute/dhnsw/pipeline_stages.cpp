@@ -354,6 +354,10 @@ bool Engine::Impl::search(Item& it, const float* queries, std::vector<Answer>& a
   return --job.remaining == 0;
 }
 
+namespace {
+constexpr size_t kRerankOpsPerDoorbell = kMaxRerank;  // under any send queue's depth (verbs: 1024)
+}  // namespace
+
 void Engine::Impl::rerank(Job& job, const float* queries, std::vector<Answer>& answers, fabric::Endpoint& ep) {
   auto t0 = Clock::now();
   const Index& index = *job.index;
@@ -371,7 +375,6 @@ void Engine::Impl::rerank(Job& job, const float* queries, std::vector<Answer>& a
   };
   for (uint32_t q0 = 0; q0 < job.n;) {
     std::vector<fabric::Op> ops;
-    std::vector<int64_t> op_id;  // the id whose vector each op reads
     // A vector several queries of the batch re-rank is read once.
     std::unordered_map<uint64_t, uint64_t> slot;  // RemotePtr raw -> its op
     uint64_t used = 0;
@@ -379,7 +382,8 @@ void Engine::Impl::rerank(Job& job, const float* queries, std::vector<Answer>& a
     for (; q1 < job.n; ++q1) {
       uint64_t need = 0;
       for (const auto& c : job.cands[q1]) need += c.local.empty() ? vb : 0;
-      if (q1 > q0 && used + need > cap) break;
+      // A doorbell stays within a buffer and within a send queue (verbs: at most its depth).
+      if (q1 > q0 && (used + need > cap || ops.size() + need / vb > kRerankOpsPerDoorbell)) break;
       for (auto& c : job.cands[q1]) {
         if (!c.local.empty()) continue;
         const RemotePtr at(c.memnode, c.offset);
@@ -387,23 +391,17 @@ void Engine::Impl::rerank(Job& job, const float* queries, std::vector<Answer>& a
         c.op = it->second;
         if (!fresh) continue;
         ops.push_back(fabric::Op::read(at, buf.data() + used, vb, ops.size()));
-        op_id.push_back(c.id);
         used += vb;
       }
     }
     if (!ops.empty()) {
-      if (fabric::Status st = ep.post(ops); st != fabric::Status::Ok)
-        throw fabric::FabricError("re-ranking: reading candidate vectors from memnode " +
-                                  std::to_string(ops.front().remote.node()) + " failed: " + fabric::status_name(st));
-      fabric::Completion cs[16];
-      for (size_t left = ops.size(); left > 0;) {
-        const size_t got = ep.poll(cs);
-        for (size_t j = 0; j < got; ++j)
-          if (cs[j].status != fabric::Status::Ok)
-            throw fabric::FabricError("re-ranking: reading the vector of id " + std::to_string(op_id.at(cs[j].tag)) +
-                                      " failed: " + ep.describe(cs[j]));
-        left -= got;
-        if (got == 0) std::this_thread::yield();
+      try {
+        if (fabric::Status st = ep.post(ops); st != fabric::Status::Ok)
+          throw fabric::FabricError(std::string("posting ") + std::to_string(ops.size()) + " READs failed: " +
+                                    fabric::status_name(st));
+        ep.wait_all(ops.size());
+      } catch (const fabric::FabricError& e) {
+        throw fabric::FabricError(std::string("re-ranking: reading the candidates' vectors: ") + e.what());
       }
       ++job.st.rerank_doorbells;
       job.st.rerank_reads += ops.size();

@@ -30,7 +30,7 @@ void SearchOptions::add_flags(CLI::App& cmd, const std::string& cache_ratio_also
                  "with an index built or imported with --codes, compare vectors by their codes and re-rank each query's best "
                  "R candidates with their full vectors (0: full vectors throughout). shine: by this computenode's "
                  "copy of every node's code (no vector READs); dhnsw: sub-HNSWs fetched with codes instead of "
-                 "vectors (R at most 4096)")
+                 "vectors (R at most 256)")
       ->capture_default_str()
       ->check(CLI::Range(0, 100000));
   cmd.add_option("--routing", routing.policy,
