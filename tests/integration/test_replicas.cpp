@@ -124,9 +124,9 @@ TEST_CASE("replica sets: a copy SIGKILLed during a shine build and another durin
       // Queries routed between 2 computenodes (adaptive routing through the memnodes' relays),
       // no node cache (every vector read remotely): memnode 1's second copy dies while they
       // run, with the relay in it and whatever messages it held. Both cycle through the
-      // workload for at least 4 s: one pass over tcp can be shorter than the second before
-      // the kill on an idle host.
-      const std::string repeat = "4";
+      // workload for at least 2 s: one pass over tcp can be shorter than the second before
+      // the kill on an idle host (the routers then drain what they queued ahead).
+      const std::string repeat = "2";
       std::vector<std::unique_ptr<Proc>> q;
       for (int i = 0; i < 2; ++i)
         q.push_back(std::make_unique<Proc>(
@@ -169,9 +169,12 @@ TEST_CASE("replica sets: a copy SIGKILLed during a shine build and another durin
       CHECK(after >= 0.9);
       CHECK(during == Approx(after).margin(0.01));
       // Every vector the build acknowledged is in the graph on the surviving copies: each is
-      // its own nearest neighbour (2,000 draws of the 2,000 rows).
+      // its own nearest neighbour (2,000 draws of the 2,000 rows). A node cache of the whole
+      // index: each vector is read once from the surviving copies, the lists on every hop (over
+      // tcp half the READs and time of no cache).
       auto self = run(cn({"query", "--workload", self_workload(d, dir, 0, 2000), "--k", "1", "--ef-search", "400",
-                          "--threads", "2", "--coroutines", "32", "--report", dir.file("self.json")}),
+                          "--threads", "2", "--coroutines", "32", "--cache-ratio", "1", "--report",
+                          dir.file("self.json")}),
                       dir, "q-self", seconds(180));
       INFO(self.output);
       REQUIRE(self.code == 0);
@@ -356,7 +359,9 @@ TEST_CASE("replica sets: a new memnode rejoins twice while d-HNSW inserts go on,
       TempDir dir;
       Sets s(dir, 2, 2, provider);
       DhnswLoad load{d, dir, s, provider, {}, {}};
-      load.querier_qps = 20;  // ~22 s: it must see the replacement join and become a full copy
+      // ~11 s: it must see the replacement join and become a full copy (about 4 s after it
+      // starts on an idle host).
+      load.querier_qps = 40;
       load.start();
       // Memnode 0's second copy dies as the inserts begin; a new memnode takes its address.
       s.kill_when(0, 1, *load.inserters[0], "starting an online rebuild");
@@ -432,7 +437,7 @@ TEST_CASE("replica sets: a copy stopped and resumed stays out, also for a comput
               dir, "self-wl")
               .code == 0);
   auto self = run(cn({"query", "--workload", dir.file("self.wl"), "--k", "1", "--ef-search", "100", "--threads", "2",
-                      "--coroutines", "8", "--report", dir.file("self.json")}),
+                      "--coroutines", "8", "--cache-ratio", "1", "--report", dir.file("self.json")}),
                   dir, "q-self", seconds(180));
   INFO(self.output);
   REQUIRE(self.code == 0);
