@@ -558,6 +558,22 @@ bool NodeCache::lookup(RemotePtr key, float* vec, uint64_t* label, unsigned* lev
   return true;
 }
 
+bool NodeCache::lookup_at(RemotePtr key, float* vec, uint32_t generation) {
+  Impl& im = *impl_;
+  Stripe& s = im.stripe();
+  uint64_t label = 0, m = 0;
+  uint32_t gen = 0;
+  const uint64_t h = mix64(key.raw());
+  const uint32_t idx = im.cap == 0 ? kNone : im.find<true>(key.raw(), h, vec, &label, &m, nullptr, &gen);
+  if (idx == kNone || gen != generation) {
+    bump(s.misses);
+    return false;
+  }
+  bump(s.hits);
+  if (meta_state(m) == kCooling && im.rewarm(idx, h, meta_tag(m))) bump(s.cooling_hits);
+  return true;
+}
+
 bool NodeCache::admit(RemotePtr key, unsigned level, const float* vec, uint64_t label, uint32_t generation) {
   Impl& im = *impl_;
   if (im.cap == 0) return false;

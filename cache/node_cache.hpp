@@ -1,6 +1,8 @@
 #pragma once
 // SHINE node cache (paper section 5): a concurrent hash table from RemotePtr to a node's
-// vector and label. Neighbour lists are never cached (they change; vectors never do).
+// vector and label. Its entries are `dim` floats of any content: a computenode that searches
+// over codes keeps neighbour lists in it instead, each at the version it was read at
+// (lookup_at), since lists change and vectors never do.
 //  - Lookups take no lock: chains of entries linked by tagged pointers; an entry's tag is
 //    bumped when it is unlinked, so a reader that followed a stale pointer (or whose entry
 //    was recycled while it read the vector) notices the mismatch and restarts.
@@ -53,6 +55,9 @@ class NodeCache {
   /// `label` and (when not null) the node's level to `level` and the record's generation to
   /// `generation`, and returns true. Never returns another key's vector.
   bool lookup(RemotePtr key, float* vec, uint64_t* label, unsigned* level = nullptr, uint32_t* generation = nullptr);
+  /// A lookup that hits only an entry admitted with `generation` (an entry of another one counts
+  /// as a miss and stays until admit() replaces it or it is evicted).
+  bool lookup_at(RemotePtr key, float* vec, uint32_t generation);
 
   /// Offers a node just read from remote memory. Level > 0: always admitted; level 0: with
   /// probability admit_probability. Evicts through the cooling table when full. Returns

@@ -81,6 +81,11 @@ inline constexpr size_t kReuseLog = 16, kReuseLogCap = 17;
 /// entries, the same on every memnode; compute/shine/layout.hpp CodesLog), written once when
 /// formatting; kCodesLogCount: every memnode's appended entries (FETCH_ADD per insert).
 inline constexpr size_t kCodes = 18, kCodesBytes = 19, kCodesLog = 20, kCodesLogCap = 21, kCodesLogCount = 22;
+/// Memnode 0: neighbour-list changes other than new records, raised by FETCH_ADD once their list
+/// writes are done (an insert into a reused record, each computenode's consolidation). With
+/// kNodeCount (raised last by every insert of a new record) it tells a computenode that caches
+/// neighbour lists when a list it holds may have changed.
+inline constexpr size_t kListChanges = 23;
 /// kFormat values: the region is being formatted by one computenode, then ready. While
 /// formatting, the high 32 bits hold the formatter's computenode id + 1 (0: not said), so a
 /// waiter can tell from memnode 0's presence table that the formatter left.

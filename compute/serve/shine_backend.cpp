@@ -74,13 +74,15 @@ class ShineBackend final : public Backend {
     const uint64_t cache_bytes = so.cache_capacity(so.cache_ratio > 0 ? shine::index_bytes(g_, *control_) : 0);
     if (cache_bytes > 0) {
       cache::NodeCacheConfig cc;
-      cc.dim = p_.dim;
+      // Neighbour lists (an entry the size of level 0's) or vectors: --cache-holds, by --rerank.
+      cache_lists_ = so.cache_lists(so.rerank);
+      cc.dim = cache_lists_ ? static_cast<uint32_t>((g_.layout().list_bytes(0) + 3) / 4) : p_.dim;
       cc.capacity_bytes = cache_bytes;
       cc.admit_probability = so.admit_probability;
       cc.seed = p_.seed * 1000;
       ncache_ = std::make_unique<cache::NodeCache>(cc);
-      spdlog::info("serve: node cache of {} entries ({} MiB), level-0 admission p={}", ncache_->capacity_entries(),
-                   cache_bytes >> 20, so.admit_probability);
+      spdlog::info("serve: node cache of {} {} ({} MiB), level-0 admission p={}", ncache_->capacity_entries(),
+                   cache_lists_ ? "neighbour lists" : "vectors", cache_bytes >> 20, so.admit_probability);
     }
     // The codes, loaded at start and refreshed between rounds (refresh_codes) whenever the index
     // has them, so that a request's rerank can use them; searches traverse on them only when the
@@ -280,7 +282,8 @@ class ShineBackend final : public Backend {
       for (size_t j = 0; j < jobs.size(); ++j) {
         before[j] = ctxs[j].io;
         searched[j] = ctxs[j].search;
-        ctxs[j].node_cache = jobs[j].kind == Job::Kind::Search ? ncache_.get() : nullptr;
+        ctxs[j].node_cache = jobs[j].kind == Job::Kind::Search && !cache_lists_ ? ncache_.get() : nullptr;
+        ctxs[j].list_cache = jobs[j].kind == Job::Kind::Search && cache_lists_ ? ncache_.get() : nullptr;
         ctxs[j].codes = jobs[j].kind == Job::Kind::Search && codes_ ? &*codes_ : nullptr;
         ctxs[j].rerank = jobs[j].op.rerank;
         if (ctxs[j].rerank == 0) ctxs[j].codes = nullptr;  // full vectors throughout
@@ -369,6 +372,7 @@ class ShineBackend final : public Backend {
   ShineServeOptions o_;
   BackendMetrics& m_;
   std::unique_ptr<cache::NodeCache> ncache_;
+  bool cache_lists_ = false;  // ncache_ holds neighbour lists, else vectors
   std::optional<shine::LocalCodes> codes_;
   static constexpr std::chrono::milliseconds kCodesRefresh{100};
   std::shared_mutex codes_mu_;             // rounds read the codes shared, a refresh writes them

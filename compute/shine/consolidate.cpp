@@ -201,6 +201,9 @@ json run_consolidate(const RunContext& rc, const ConsolidateOptions& o) {
     ss.visited += x.search.visited;
   }
   done.finish();
+  // This computenode's lists are rewritten: a list cache drops what it read before.
+  const RemotePtr list_changes(0, mode_word_offset(shine_word::kListChanges));
+  control->fetch_add(list_changes, 1);
   const uint64_t gen = board.barrier();
   // Every computenode is done: computenode 0 empties the lists of the records deleted before.
   if (!before.empty())
@@ -210,6 +213,7 @@ json run_consolidate(const RunContext& rc, const ConsolidateOptions& o) {
                if (co_await w.orphan(before[i].first, before[i].second, ctx)) ++orphaned;
              }))
       io += x.io;
+  if (!before.empty()) control->fetch_add(list_changes, 1);
   bool entry_moved = false;
   if (rc.cn_id == 0 && NodeHeader::valid(old_entry.second) && NodeHeader::deleted(old_entry.second)) {
     compute::Scheduler s(*control);

@@ -363,9 +363,10 @@ void print_query(const json& r) {
               r["provider"].get<std::string>().c_str());
   const bool cached = r.contains("cache") && r["cache"]["enabled"].get<bool>();
   if (cached)
-    std::printf("  node cache %.1f MiB per computenode (%llu entries), routing %s\n",
+    std::printf("  node cache %.1f MiB per computenode (%llu %s), routing %s\n",
                 static_cast<double>(r["cache"]["capacity_bytes"].get<uint64_t>()) / (1 << 20),
                 static_cast<unsigned long long>(r["cache"]["capacity_entries"].get<uint64_t>()),
+                r["cache"].value("holds", std::string("vectors")) == "lists" ? "neighbour lists" : "vectors",
                 r.value("routing", std::string("none")).c_str());
   else
     std::printf("  no node cache, routing %s\n", r.value("routing", std::string("none")).c_str());

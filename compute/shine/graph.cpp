@@ -110,10 +110,12 @@ Task<void> Worker::write(RemotePtr dst, const void* src, size_t len, OpContext& 
 }
 
 Task<Worker::Entry> Worker::read_entry(OpContext& ctx) {
-  // The entry point, its level, the deletes and the reuses in one READ (words 1 .. 15).
-  static_assert(shine_word::kMaxLevel == shine_word::kEntryPoint + 1 && shine_word::kDeleted > shine_word::kMaxLevel &&
-                shine_word::kReused > shine_word::kDeleted);
-  constexpr size_t kWords = shine_word::kReused - shine_word::kEntryPoint + 1;
+  // The entry point, its level, the node count, the deletes, the reuses and the list changes in
+  // one READ (words 1 .. 23).
+  static_assert(shine_word::kMaxLevel == shine_word::kEntryPoint + 1 && shine_word::kNodeCount > shine_word::kMaxLevel &&
+                shine_word::kDeleted > shine_word::kNodeCount && shine_word::kReused > shine_word::kDeleted &&
+                shine_word::kListChanges > shine_word::kReused);
+  constexpr size_t kWords = shine_word::kListChanges - shine_word::kEntryPoint + 1;
   Buffer b = s_.endpoint().alloc(8 * kWords);
   Op op = Op::read(word_ptr(shine_word::kEntryPoint), b.data(), 8 * kWords);
   fail(co_await s_.io(std::span<Op>(&op, 1), true, &ctx.io));
@@ -128,7 +130,8 @@ Task<Worker::Entry> Worker::read_entry(OpContext& ctx) {
                       std::to_string(ep.node()) + " offset " + std::to_string(ep.offset()) + " level " +
                       std::to_string(w[1]) + ": not a node of this index (a corrupted region header?)");
   co_return Entry{ep, static_cast<unsigned>(w[1]), w[shine_word::kDeleted - shine_word::kEntryPoint],
-                  w[shine_word::kReused - shine_word::kEntryPoint]};
+                  w[shine_word::kReused - shine_word::kEntryPoint],
+                  w[shine_word::kNodeCount - shine_word::kEntryPoint] + w[shine_word::kListChanges - shine_word::kEntryPoint]};
 }
 
 Task<std::vector<Neighbor>> Worker::read_vectors(const std::vector<RemotePtr>& all, const float* q,
@@ -191,7 +194,7 @@ Task<std::vector<Neighbor>> Worker::read_vectors(const std::vector<RemotePtr>& a
       out.push_back({g_.distance()(q, known[i].first.v), known[i].second, known[i].first.label, false, true});
     }
   } else if (ctx.node_cache != nullptr) {
-    // Queries: the node cache (vectors only; lists are always read).
+    // Queries: the node cache of vectors.
     thread_local std::vector<float> tmp;
     tmp.resize(L.dim());
     for (RemotePtr p : nodes) {
@@ -240,18 +243,36 @@ Task<std::vector<Neighbor>> Worker::read_vectors(const std::vector<RemotePtr>& a
 
 Task<std::vector<RemotePtr>> Worker::read_list(RemotePtr node, unsigned level, OpContext& ctx) {
   const auto& L = g_.layout();
-  Buffer b = s_.endpoint().alloc(L.list_bytes(level));
-  Op op = Op::read(node + L.list_offset(level), b.data(), L.list_bytes(level));
-  fail(co_await s_.io(std::span<Op>(&op, 1), true, &ctx.io));
+  const RemotePtr at = node + L.list_offset(level);  // the list's own address: one key per node and level
   ++ctx.search.hops;
+  // A cached list is used only at the version it was read at (lists_version: a later insert or
+  // consolidation may have changed it).
+  thread_local std::vector<float> held;
+  const char* bytes = nullptr;
+  Buffer b;
+  if (ctx.list_cache != nullptr) {
+    held.resize(ctx.list_cache->dim());
+    if (ctx.list_cache->lookup_at(at, held.data(), ctx.lists_version)) {
+      bytes = reinterpret_cast<const char*>(held.data());
+      ++ctx.search.cached_lists;
+    }
+  }
+  if (bytes == nullptr) {
+    b = s_.endpoint().alloc(L.list_bytes(0));
+    Op op = Op::read(at, b.data(), L.list_bytes(level));
+    fail(co_await s_.io(std::span<Op>(&op, 1), true, &ctx.io));
+    ctx.search.list_bytes += L.list_bytes(level);
+    bytes = b.data();
+    if (ctx.list_cache != nullptr) ctx.list_cache->admit(at, level, reinterpret_cast<const float*>(b.data()), 0, ctx.lists_version);
+  }
   ListFront f;
-  std::memcpy(&f, b.data(), sizeof f);
+  std::memcpy(&f, bytes, sizeof f);
   uint32_t count = std::min(f.count, L.capacity(level));  // a torn read never overruns the list
   std::vector<RemotePtr> out;
   out.reserve(count);
   for (uint32_t i = 0; i < count; ++i) {
     uint64_t raw;
-    std::memcpy(&raw, b.data() + sizeof f + 8 * i, 8);
+    std::memcpy(&raw, bytes + sizeof f + 8 * i, 8);
     RemotePtr p = RemotePtr::from_raw(raw);
     if (g_.plausible(p))
       out.push_back(p);
@@ -462,6 +483,13 @@ Task<std::vector<Neighbor>> Worker::search(const float* q, uint32_t k, uint32_t 
   if (ep.is_null()) co_return std::vector<Neighbor>{};
   if (ctx.node_cache != nullptr && entry.reused > ctx.node_cache->applied())
     co_await apply_reuse_log(entry.reused, ctx);
+  if (ctx.list_cache != nullptr) {
+    ctx.lists_version = static_cast<uint32_t>(entry.lists);
+    if (entry.lists > ctx.list_cache->applied()) {  // every list it holds is of an older version
+      ctx.list_cache->set_applied(entry.lists);
+      ctx.list_cache->clear();
+    }
+  }
   std::vector<Neighbor> eps;
   if (upper_ef <= 1) {
     eps.push_back(co_await descend(q, ep, max_level, 0, ctx, nullptr));

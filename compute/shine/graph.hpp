@@ -94,7 +94,9 @@ struct SearchStats {
   uint64_t visited = 0;   // distinct nodes whose vector was read (or whose code was compared)
   uint64_t coded = 0;     // of them, compared by their code (no READ)
   uint64_t reranked = 0;  // vectors read to re-rank the best candidates found by codes
-  uint64_t hops = 0;      // candidates expanded (neighbour lists read)
+  uint64_t hops = 0;      // candidates expanded (neighbour lists read or found in the list cache)
+  uint64_t cached_lists = 0;  // of them, lists the node cache held (no READ)
+  uint64_t list_bytes = 0;    // bytes of the lists read
   uint64_t skipped = 0;   // invalid pointers or headers met (concurrent writers)
   uint64_t stale = 0;     // results a cache held that the index had deleted meanwhile (dropped)
   uint64_t reused = 0;    // inserts into a deleted node's record
@@ -170,7 +172,12 @@ struct OpContext {
   const LocalCodes* codes = nullptr;
   uint32_t rerank = 0;
   const compute::CodeDistance* code_dist = nullptr;  // set by Worker::search for one query
-  cache::NodeCache* node_cache = nullptr;  // queries: the computenode's node cache (optional)
+  cache::NodeCache* node_cache = nullptr;  // queries: the computenode's node cache of vectors (optional)
+  // Queries: the node cache holding neighbour lists instead (--cache-holds), each entry the list
+  // as read at the index's lists version (Worker::Entry::lists, low 32 bits), its key the list's
+  // address. Never both caches.
+  cache::NodeCache* list_cache = nullptr;
+  uint32_t lists_version = 0;  // set by Worker::search for one query
   cache::TraceWriter* trace = nullptr;     // queries: records every node-cache access (optional)
   std::vector<cache::TraceRecord>* accesses = nullptr;  // queries: the same records kept in memory (optional)
   bool measured = true;                    // trace flag: outside the warm-up
@@ -252,6 +259,7 @@ class Worker {
     unsigned level = 0;
     uint64_t deleted = 0;  // shine_word::kDeleted
     uint64_t reused = 0;   // shine_word::kReused
+    uint64_t lists = 0;    // shine_word::kNodeCount + kListChanges: the version of every neighbour list
   };
   Task<Entry> read_entry(OpContext& ctx);
   /// The header words of `nodes`, 256 per doorbell.

@@ -155,7 +155,8 @@ Task<bool> Worker::insert(const float* v, uint64_t label, OpContext& ctx, bool u
     was_replaced = co_await tombstone(replaced, ctx);
     if (was_replaced) co_await keep_for_reuse(replaced, ctx);
   }
-  if (!reused) co_await atomic(Op::fetch_add(word_ptr(shine_word::kNodeCount), 1, nullptr), ctx);
+  // Last, after every list write: list caches (search's version) see the change only now.
+  co_await atomic(Op::fetch_add(word_ptr(reused ? shine_word::kListChanges : shine_word::kNodeCount), 1, nullptr), ctx);
   co_return was_replaced;
 }
 

@@ -15,9 +15,15 @@ void SearchOptions::add_flags(CLI::App& cmd, const std::string& cache_ratio_also
       ->capture_default_str()
       ->check(CLI::Range(0.0, 1.0));
   cmd.add_option("--cache-bytes", cache_bytes,
-                 "shine: node cache per computenode in bytes, e.g. 64MiB (overrides --cache-ratio; it holds "
-                 "vectors, which never change, and reads neighbour lists afresh)")
+                 "shine: node cache per computenode in bytes, e.g. 64MiB (overrides --cache-ratio; what it holds: "
+                 "--cache-holds)")
       ->transform(CLI::AsSizeValue(false));
+  cmd.add_option("--cache-holds", cache_holds,
+                 "shine: what the node cache holds: vectors, neighbour lists (each dropped once an insert may have "
+                 "changed it: for read-mostly indexes), or auto: lists when searching over codes (--rerank), where a "
+                 "hop reads a list and no vector, else vectors")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"auto", "vectors", "lists"}));
   cmd.add_option("--admit-probability", admit_probability, "shine: level-0 nodes enter the cache with this probability")
       ->capture_default_str()
       ->check(CLI::Range(0.0, 1.0));

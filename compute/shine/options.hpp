@@ -27,6 +27,10 @@ struct SearchOptions {
   double cache_ratio = 0;      // node cache as a share of the index size (0 and cache_bytes 0: none)
   uint64_t cache_bytes = 0;    // node cache in bytes (overrides cache_ratio)
   double admit_probability = 0.01;  // level-0 nodes enter the cache with this probability
+  // What the node cache holds: vectors (they never change), neighbour lists (read afresh after
+  // any insert; what a search over codes reads on every hop), or auto: lists when the search
+  // runs over codes (rerank > 0), vectors otherwise.
+  std::string cache_holds = "auto";
   // ef of the search at each level above 0 (1: the greedy descent of HNSW). A wider descent
   // reaches level 0 with that many starting points: it keeps recall on a graph worn by
   // steady churn (experiments/churn), at a few more READs per query.
@@ -36,11 +40,15 @@ struct SearchOptions {
   uint32_t rerank = 0;
   RoutingOptions routing;
 
+  /// Whether the node cache holds neighbour lists (else vectors) for searches with `rerank`.
+  bool cache_lists(uint32_t with_rerank) const {
+    return cache_holds == "lists" || (cache_holds == "auto" && with_rerank > 0);
+  }
   /// The node cache's capacity for an index of `index_bytes`.
   uint64_t cache_capacity(uint64_t index_bytes) const {
     return cache_bytes > 0 ? cache_bytes : static_cast<uint64_t>(cache_ratio * static_cast<double>(index_bytes));
   }
-  /// Registers --threads, --coroutines, --cache-ratio, --cache-bytes, --admit-probability, --upper-ef, --rerank,
+  /// Registers --threads, --coroutines, --cache-ratio, --cache-bytes, --cache-holds, --admit-probability, --upper-ef, --rerank,
   /// --routing, --route-batch, --route-threshold, --kmeans-seed, --oracle and --adaptive-quota on
   /// `cmd`. `cache_ratio_also` ends --cache-ratio's help (another mode may read it too).
   void add_flags(CLI::App& cmd, const std::string& cache_ratio_also = "");

@@ -47,14 +47,17 @@ QuerySession::QuerySession(const RunContext& rc, const QueryOptions& o)
 
 void QuerySession::make_node_cache() {
   idx_bytes_ = index_bytes(*g_, *control_);
-  cc_.dim = p_.dim;
+  cache_lists_ = o_.search.cache_lists(o_.search.rerank);
+  // An entry is a vector, or the largest list (level 0's) as read.
+  cc_.dim = cache_lists_ ? static_cast<uint32_t>((g_->layout().list_bytes(0) + 3) / 4) : p_.dim;
   cc_.admit_probability = o_.search.admit_probability;
   cc_.seed = p_.seed * 1000;  // the same policy on every computenode (csp-report replays it)
   cc_.capacity_bytes = o_.search.cache_capacity(idx_bytes_);
   if (cc_.capacity_bytes > 0) {
     ncache_ = std::make_unique<cache::NodeCache>(cc_);
-    spdlog::info("node cache: {} entries ({} MiB; index {} MiB), level-0 admission p={}", ncache_->capacity_entries(),
-                 cc_.capacity_bytes >> 20, idx_bytes_ >> 20, o_.search.admit_probability);
+    spdlog::info("node cache: {} {} ({} MiB; index {} MiB), level-0 admission p={}", ncache_->capacity_entries(),
+                 cache_lists_ ? "neighbour lists" : "vectors", cc_.capacity_bytes >> 20, idx_bytes_ >> 20,
+                 o_.search.admit_probability);
   }
 }
 
@@ -155,6 +158,9 @@ void QuerySession::open_traces() {
   if (o_.trace_dir.empty()) return;
   if (!ncache_)
     throw std::invalid_argument("--trace " + o_.trace_dir + ": needs a node cache (--cache-ratio or --cache-bytes)");
+  if (cache_lists_)
+    throw std::invalid_argument("--trace " + o_.trace_dir +
+                                ": traces a node cache of vectors; this one holds neighbour lists (--cache-holds vectors)");
   std::filesystem::create_directories(o_.trace_dir);
   cache::TraceMeta meta;
   meta.cn_id = self_;

@@ -234,7 +234,8 @@ void QuerySession::answer(PhaseRun& run, std::vector<PerQuery>& out) {
     std::vector<OpContext> ctxs(o_.search.coroutines);
     for (auto& x : ctxs) {
       x.mode = o_.mode;
-      x.node_cache = ncache_.get();
+      x.node_cache = cache_lists_ ? nullptr : ncache_.get();
+      x.list_cache = cache_lists_ ? ncache_.get() : nullptr;
       x.codes = codes_ ? &*codes_ : nullptr;
       x.rerank = o_.search.rerank;
       x.trace = traces_[t].get();

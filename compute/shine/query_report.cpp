@@ -34,7 +34,8 @@ json QuerySession::report_header() const {
           {"memnodes", c_.memnodes().size()}, {"routing", router::policy_name(policy_)},
           {"route_batch", o_.search.routing.batch}, {"route_threshold", o_.search.routing.threshold},
           {"adaptive_quota", o_.search.routing.quota},
-          {"cache", {{"enabled", ncache_ != nullptr}, {"capacity_bytes", cc_.capacity_bytes},
+          {"cache", {{"enabled", ncache_ != nullptr}, {"holds", cache_lists_ ? "lists" : "vectors"},
+                     {"capacity_bytes", cc_.capacity_bytes},
                      {"capacity_entries", ncache_ ? ncache_->capacity_entries() : 0},
                      {"index_bytes", idx_bytes_}, {"admit_probability", o_.search.admit_probability}}},
           {"partition", partition_},
@@ -64,6 +65,8 @@ json QuerySession::my_share(const std::vector<PerQuery>& rows, const PhaseResult
     ss.stale += r.ss.stale;
     ss.coded += r.ss.coded;
     ss.reranked += r.ss.reranked;
+    ss.cached_lists += r.ss.cached_lists;
+    ss.list_bytes += r.ss.list_bytes;
   }
   if (lat.size() > 8192) {  // at most 8192 latencies per computenode travel (an even subsample)
     std::vector<float> sub;
@@ -72,7 +75,8 @@ json QuerySession::my_share(const std::vector<PerQuery>& rows, const PhaseResult
   }
   return {{"cn_id", self_}, {"queries", rows.size()}, {"seconds", pr.seconds}, {"recall_sum", recall},
           {"io", io_json(io)}, {"visited", ss.visited}, {"hops", ss.hops}, {"skipped", ss.skipped},
-          {"stale", ss.stale}, {"coded", ss.coded}, {"reranked", ss.reranked}, {"input", pr.input}, {"routed_away", pr.routed_away}, {"received", pr.received},
+          {"stale", ss.stale}, {"coded", ss.coded}, {"reranked", ss.reranked},
+          {"cached_lists", ss.cached_lists}, {"list_bytes", ss.list_bytes}, {"input", pr.input}, {"routed_away", pr.routed_away}, {"received", pr.received},
           {"bounced", pr.bounced}, {"syncs", pr.syncs}, {"routed_to", pr.routed_to}, {"cache", cache_json(cs)},
           {"cpu_seconds", cpu_secs},
           {"latencies_us", lat}};
@@ -82,7 +86,8 @@ json QuerySession::my_share(const std::vector<PerQuery>& rows, const PhaseResult
 json QuerySession::merge_run(uint32_t ef, const std::vector<std::string>& texts) {
   std::vector<float> all_lat;
   double max_secs = 0, recall_sum = 0;
-  uint64_t queries = 0, visited = 0, hops = 0, skipped = 0, stale = 0, lookups = 0, chits = 0, coded = 0, reranked = 0;
+  uint64_t queries = 0, visited = 0, hops = 0, skipped = 0, stale = 0, lookups = 0, chits = 0, coded = 0, reranked = 0,
+           cached_lists = 0, list_bytes = 0;
   compute::IoStats all_io;
   json per_cn = json::array();
   for (uint32_t cn = 0; cn < texts.size(); ++cn) {
@@ -99,6 +104,8 @@ json QuerySession::merge_run(uint32_t ef, const std::vector<std::string>& texts)
     stale += j["stale"].get<uint64_t>();
     coded += j["coded"].get<uint64_t>();
     reranked += j["reranked"].get<uint64_t>();
+    cached_lists += j["cached_lists"].get<uint64_t>();
+    list_bytes += j["list_bytes"].get<uint64_t>();
     lookups += j["cache"]["lookups"].get<uint64_t>();
     chits += j["cache"]["hits"].get<uint64_t>();
     all_io.reads += j["io"]["reads"].get<uint64_t>();
@@ -127,6 +134,8 @@ json QuerySession::merge_run(uint32_t ef, const std::vector<std::string>& texts)
           {"per_query",
            {{"visited", static_cast<double>(visited) / nq},
             {"hops", static_cast<double>(hops) / nq},
+            {"cached_lists", static_cast<double>(cached_lists) / nq},
+            {"list_bytes", static_cast<double>(list_bytes) / nq},
             {"reads", static_cast<double>(all_io.reads) / nq},
             {"bytes", bytes_per_q},
             {"doorbells", static_cast<double>(all_io.doorbells) / nq},

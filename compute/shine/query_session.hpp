@@ -117,6 +117,7 @@ class QuerySession {
   uint32_t K_, self_;
   // the node cache
   std::unique_ptr<cache::NodeCache> ncache_;
+  bool cache_lists_ = false;  // ncache_ holds neighbour lists (SearchOptions::cache_lists), else vectors
   // the codes (--rerank): every node's code, loaded once
   std::optional<LocalCodes> codes_;
   double codes_load_s_ = 0;

@@ -10,6 +10,11 @@ bytes / READs per query. Results: OUT/results.json and OUT/results.md (OUT: SET/
 
   experiments/codes/run.py --set wordnet --codes sq8,pq:48 --rerank 0,20,50
   experiments/codes/run.py --mode dhnsw --set wordnet --codes sq8 --rerank 0,20 --wire none,rdma-56g
+  experiments/codes/run.py --set wordnet --codes sq8 --rerank 0,20 --cache none,vectors:0.1,lists:0.1
+
+shine's --cache: node caches to compare, each HOLDS:RATIO[:P] (--cache-holds, --cache-ratio,
+--admit-probability) or none;
+every rerank runs with each. The "vs float" columns compare with the float search without a cache.
 """
 import argparse
 import json
@@ -37,6 +42,7 @@ ap.add_argument("--threads", type=int, default=2)
 ap.add_argument("--coroutines", type=int, default=4)
 ap.add_argument("--provider", default="cxl")
 ap.add_argument("--wire", default="none,rdma-100g", help="wire models of the query runs (default %(default)s)")
+ap.add_argument("--cache", default="none", help="shine: node caches, none or HOLDS:RATIO[:P] each (default %(default)s)")
 ap.add_argument("--region", default="1GiB")
 ap.add_argument("--work", default=None, help="data and logs (default runs/codes/SET)")
 ap.add_argument("--out", default=None, help="results folder (default this folder's SET/)")
@@ -61,37 +67,45 @@ for codes in a.codes.split(","):
         idx = {"codes": codes, "build_seconds": b["seconds"], "code_size": b["codes"]["code_size"], "runs": []}
         qextra = (["--probe", a.probe, "--batch", a.batch, "--search-threads", a.threads] if a.mode == "dhnsw"
                   else ["--threads", a.threads, "--coroutines", a.coroutines])
-        for wire in a.wire.split(","):
-            for rerank in a.rerank.split(","):
+        for wire, rerank, cache in [(w, r, c) for w in a.wire.split(",") for r in a.rerank.split(",")
+                                    for c in a.cache.split(",")]:
                 q = work / "q.json"
+                cx = cache.split(":")
+                cextra = [] if cache == "none" else (["--cache-holds", cx[0], "--cache-ratio", cx[1]]
+                                                     + (["--admit-probability", cx[2]] if len(cx) > 2 else []))
                 dmh.run(cn + ["--wire", wire, "query", "--workload", wl, "--k", 10, "--ef-search", a.ef_search,
-                              "--rerank", rerank, "--report", q] + qextra)
+                              "--rerank", rerank, "--report", q] + qextra + cextra)
                 r = json.loads(q.read_text())
                 for run in r["runs"]:
                     pq = dict(run["per_query"])
                     if a.mode == "dhnsw":  # sub-HNSW fetches and re-rank READs together
                         pq["bytes"] = pq["total_bytes"]
                         pq["reads"] = pq["reads"] + pq["rerank_reads"]
-                    idx["runs"].append({"wire": wire, "rerank": int(rerank), "ef_search": run["ef_search"],
+                    idx["runs"].append({"wire": wire, "rerank": int(rerank), "cache": cache,
+                                        "cache_hit_rate": run.get("cache_hit_rate", 0), "ef_search": run["ef_search"],
                                         "recall": run["recall"], "qps": run["qps"], "per_query": pq,
                                         "codes_bytes": (r["codes"] or {}).get("bytes", 0)})
-                dmh.log(f"  {codes} wire {wire} rerank {rerank}: " + ", ".join(
+                dmh.log(f"  {codes} wire {wire} rerank {rerank} cache {cache}: " + ", ".join(
                     f"ef {x['ef_search']} R {x['recall']:.4f} {x['qps']:.0f} qps {x['per_query']['bytes']:.0f} B"
                     for x in idx["runs"][-len(r["runs"]):]))
         results["indexes"].append(idx)
 
 rows = []
 for idx in results["indexes"]:
-    full = {(x["wire"], x["ef_search"]): x for x in idx["runs"] if x["rerank"] == 0}
+    full = {(x["wire"], x["ef_search"]): x for x in idx["runs"] if x["rerank"] == 0 and x.get("cache", "none") == "none"}
+    caches = len({x.get("cache", "none") for x in idx["runs"]}) > 1
     for x in idx["runs"]:
         f = full.get((x["wire"], x["ef_search"]))
-        rows.append([idx["codes"], x["wire"], x["ef_search"], x["rerank"] or "float", f"{x['recall']:.4f}",
+        rows.append([idx["codes"], x["wire"], x["ef_search"], x["rerank"] or "float"]
+                    + ([x.get("cache", "none"), f"{x.get('cache_hit_rate', 0):.2f}"] if caches else [])
+                    + [f"{x['recall']:.4f}",
                      f"{x['qps']:.0f}", f"{x['per_query']['bytes']:.0f}",
                      f"{f['per_query']['bytes'] / x['per_query']['bytes']:.1f}x" if f else "",
                      f"{x['qps'] / f['qps']:.2f}x" if f else "", f"{x['per_query']['reads']:.0f}",
                      f"{x['codes_bytes'] / 2**20:.1f}"])
-md = dmh.md_table(["codes", "wire", "efSearch", "rerank", "recall@10", "QPS", "bytes/query", "fewer bytes",
-                   "QPS vs float", "READs/query", "codes MiB"], rows)
+caches = any(len({x.get("cache", "none") for x in i["runs"]}) > 1 for i in results["indexes"])
+md = dmh.md_table(["codes", "wire", "efSearch", "rerank"] + (["cache", "hit rate"] if caches else [])
+                  + ["recall@10", "QPS", "bytes/query", "fewer bytes", "QPS vs float", "READs/query", "codes MiB"], rows)
 (out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
 (out / "results.md").write_text(f"`{results['command']}`\n\n{md}\n")
 print(md)

@@ -238,3 +238,24 @@ TEST_CASE("NodeCache: a hit also returns the node's level", "[cache]") {
     CHECK(got == level);
   }
 }
+
+TEST_CASE("NodeCache: lookup_at hits only the generation an entry was admitted with", "[cache]") {
+  // A computenode caching neighbour lists admits each at the index's lists version and looks
+  // it up at the version of its query: a list of an older version is a miss, then replaced.
+  NodeCache c(config_for(10, 66));
+  const auto v5 = key_vector(3, 66), v6 = key_vector(4, 66);
+  REQUIRE(c.admit(key_ptr(3), 0, v5.data(), 0, 5));
+  std::vector<float> out(66);
+  REQUIRE(c.lookup_at(key_ptr(3), out.data(), 5));
+  CHECK(out == v5);
+  CHECK_FALSE(c.lookup_at(key_ptr(3), out.data(), 6));
+  CHECK_FALSE(c.lookup_at(key_ptr(8), out.data(), 5));
+  REQUIRE(c.admit(key_ptr(3), 0, v6.data(), 0, 6));  // the list read again at version 6
+  REQUIRE(c.lookup_at(key_ptr(3), out.data(), 6));
+  CHECK(out == v6);
+  CHECK_FALSE(c.lookup_at(key_ptr(3), out.data(), 5));
+  const NodeCacheStats s = c.stats();
+  CHECK(s.hits == 2);
+  CHECK(s.lookups == 5);
+  CHECK(s.entries == 1);
+}

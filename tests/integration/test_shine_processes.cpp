@@ -295,16 +295,24 @@ TEST_CASE("shine: an index built with --codes answers with --rerank as with full
       auto ins = run(cn(provider, mns, 0, 1, {"insert", "--data", d.base, "--begin", "2000"}), dir, "insert", seconds(300));
       INFO(ins.output);
       REQUIRE(ins.code == 0);
-      auto query = [&](const std::string& rerank) {
-        const std::string rep = dir.file("q" + rerank + ".json");
-        auto q = run(cn(provider, mns, 0, 1, {"query", "--workload", d.wl, "--ef-search", "48", "--rerank", rerank,
-                                              "--report", rep}),
-                     dir, "q" + rerank, seconds(300));
+      auto query = [&](const std::string& rerank, std::vector<std::string> more = {}) {
+        const std::string rep = dir.file("q" + rerank + std::to_string(more.size()) + ".json");
+        std::vector<std::string> args{"query", "--workload", d.wl, "--ef-search", "48", "--rerank", rerank, "--report", rep};
+        args.insert(args.end(), more.begin(), more.end());
+        auto q = run(cn(provider, mns, 0, 1, args), dir, "q" + rerank, seconds(300));
         INFO(q.output);
         REQUIRE(q.code == 0);
         return load_json(rep);
       };
       const auto full = query("0"), coded = query("30");
+      // A node cache over codes holds neighbour lists (--cache-holds auto): the same searches,
+      // fewer READs.
+      const auto listed = query("30", {"--cache-ratio", "0.2", "--admit-probability", "1"});
+      const auto& l = listed["runs"][0];
+      CHECK(listed["cache"]["holds"] == "lists");
+      CHECK(l["recall"].get<double>() == Approx(coded["runs"][0]["recall"].get<double>()).margin(1e-9));
+      CHECK(l["per_query"]["cached_lists"].get<double>() > 0.5 * l["per_query"]["hops"].get<double>());
+      CHECK(l["per_query"]["reads"].get<double>() < 0.7 * coded["runs"][0]["per_query"]["reads"].get<double>());
       const auto& f = full["runs"][0];
       const auto& c = coded["runs"][0];
       INFO("recall full " << f["recall"] << ", codes " << c["recall"] << "; bytes per query " << f["per_query"]["bytes"]
