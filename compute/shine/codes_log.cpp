@@ -11,6 +11,7 @@ LocalCodes LocalCodes::load(fabric::Endpoint& ep, const GraphParams& p) {
   if (!p.codes) throw std::invalid_argument("--rerank: the shine index has no codes (build it with --codes)");
   LocalCodes lc;
   lc.code_size_ = p.codes_log.code_size;
+  lc.stride_ = (8 + lc.code_size_ + 7) / 8 * 8;
   lc.entries_.assign(p.ids.memnodes, 0);  // set for every stored index (format_or_attach)
   lc.refresh(ep, p);
   lc.refreshed_ = 0;
@@ -55,19 +56,35 @@ uint64_t LocalCodes::read_entries(fabric::Endpoint& ep, const GraphParams& p, ui
         hole = std::min(hole, first + i);
         continue;
       }
-      auto [it, fresh] = at_.emplace(raw, static_cast<uint32_t>(labels_.size()));
-      if (fresh) {
-        labels_.push_back(label);
-        codes_.resize(codes_.size() + code_size_);
-      } else {
-        labels_[it->second] = label;
-      }
-      std::memcpy(codes_.data() + size_t{it->second} * code_size_, e + 16, code_size_);
+      uint8_t* r = upsert(raw);
+      std::memcpy(r, &label, 8);
+      std::memcpy(r + 8, e + 16, code_size_);
     }
   }
   // A hole among the last entries is an insert still writing: read again from it next time.
   // An older one is an inserter that died; its node stays without a code (read as a vector).
   return count - hole <= kRecentEntries ? hole : count;
+}
+
+uint8_t* LocalCodes::upsert(uint64_t key) {
+  if (2 * (count_ + 1) > table_.size()) {  // grow: at most half full
+    std::vector<Slot> old(std::max<size_t>(1024, 2 * table_.size()));
+    old.swap(table_);
+    for (const Slot& s : old)
+      if (s.key != 0) {
+        size_t i = slot_of(s.key);
+        while (table_[i].key != 0) i = (i + 1) & (table_.size() - 1);
+        table_[i] = s;
+      }
+  }
+  size_t i = slot_of(key);
+  while (table_[i].key != 0 && table_[i].key != key) i = (i + 1) & (table_.size() - 1);
+  if (table_[i].key == 0) {  // a node seen for the first time (else its record was reused: overwritten)
+    table_[i] = {key, records_.size()};
+    records_.resize(records_.size() + stride_);
+    ++count_;
+  }
+  return records_.data() + table_[i].at;
 }
 
 }  // namespace dmhnsw::shine

@@ -3,7 +3,9 @@
 // memnodes' codes logs (compute/shine/layout.hpp CodesLog), by node. A node whose entry is
 // missing (never written, or past a full log) has none here: searches read its vector.
 #include <cstdint>
-#include <unordered_map>
+#include <cstring>
+#include <stdexcept>
+#include <string>
 #include <vector>
 
 #include "common/fabric/transport.hpp"
@@ -22,30 +24,59 @@ class LocalCodes {
   /// entries it read. Not concurrent with find(): callers refresh between searches.
   uint64_t refresh(fabric::Endpoint& ep, const GraphParams& p);
   size_t code_size() const { return code_size_; }
-  size_t size() const { return labels_.size(); }
-  uint64_t bytes() const { return codes_.size() + 16 * labels_.size(); }
+  size_t size() const { return count_; }
+  uint64_t bytes() const { return records_.size() + sizeof(Slot) * table_.size(); }
+  /// Requests the cache line of the node's table slot (before find(): a hop looks up all its
+  /// neighbours, whose slots are spread over the table).
+  void prefetch(RemotePtr node) const {
+    if (!table_.empty()) __builtin_prefetch(&table_[slot_of(node.raw())]);
+  }
   /// The node's code, or null.
   const uint8_t* find(RemotePtr node) const {
-    const auto it = at_.find(node.raw());
-    return it == at_.end() ? nullptr : codes_.data() + it->second * code_size_;
+    const uint8_t* r = record(node.raw());
+    return r == nullptr ? nullptr : r + 8;
   }
   /// The node's code and its label, or null.
   const uint8_t* find(RemotePtr node, uint64_t* label) const {
-    const auto it = at_.find(node.raw());
-    if (it == at_.end()) return nullptr;
-    *label = labels_[it->second];
-    return codes_.data() + size_t{it->second} * code_size_;
+    const uint8_t* r = record(node.raw());
+    if (r == nullptr) return nullptr;
+    std::memcpy(label, r, 8);
+    return r + 8;
   }
-  uint64_t label(RemotePtr node) const { return labels_.at(at_.at(node.raw())); }
+  /// The node's label; std::out_of_range when it has no code here.
+  uint64_t label(RemotePtr node) const {
+    uint64_t l = 0;
+    if (find(node, &l) == nullptr) throw std::out_of_range("no code held for node " + std::to_string(node.raw()));
+    return l;
+  }
   uint64_t refreshed() const { return refreshed_; }  // entries read by refresh() so far
   /// Entries each memnode's log holds (as counted when loaded, at most its capacity).
   const std::vector<uint64_t>& entries() const { return entries_; }
 
  private:
+  // An open-addressing table (linear probing, at most half full) from a node to its record: one
+  // cache line per lookup instead of a node-based map's chain, so a hop over a million codes
+  // costs about two memory accesses per neighbour (slot, record), both prefetchable.
+  struct Slot {
+    uint64_t key = 0;  // a node's RemotePtr (never 0: data areas start past the header); 0: empty
+    uint64_t at = 0;   // its record's offset in records_
+  };
+  static_assert(sizeof(Slot) == 16);
+  size_t slot_of(uint64_t key) const { return static_cast<size_t>((key * 0x9E3779B97F4A7C15ull) >> 24) & (table_.size() - 1); }
+  const uint8_t* record(uint64_t key) const {
+    if (table_.empty()) return nullptr;
+    for (size_t i = slot_of(key);; i = (i + 1) & (table_.size() - 1)) {
+      if (table_[i].key == key) return records_.data() + table_[i].at;
+      if (table_[i].key == 0) return nullptr;
+    }
+  }
+  /// The record of `key` (a new one when absent): its label, then its code.
+  uint8_t* upsert(uint64_t key);
   size_t code_size_ = 0;
-  std::unordered_map<uint64_t, uint32_t> at_;  // node raw -> slot
-  std::vector<uint8_t> codes_;
-  std::vector<uint64_t> labels_;
+  size_t stride_ = 0;  // bytes per record: 8 (label) + the code, rounded up to 8
+  size_t count_ = 0;
+  std::vector<Slot> table_;
+  std::vector<uint8_t> records_;
   std::vector<uint64_t> entries_;
   uint64_t refreshed_ = 0;
   /// Entries [first, count) of memnode m's log into the table; returns where the next refresh

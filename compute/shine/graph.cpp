@@ -156,10 +156,11 @@ Task<std::vector<Neighbor>> Worker::read_vectors(const std::vector<RemotePtr>& a
     thread_local std::vector<Coded> coded;
     coded.clear();
     const size_t cs = ctx.codes->code_size();
+    for (RemotePtr p : all) ctx.codes->prefetch(p);  // every table slot first, then the records
     for (RemotePtr p : all) {
       uint64_t label = 0;
       if (const uint8_t* code = ctx.codes->find(p, &label)) {
-        for (size_t off = 0; off < cs; off += 64) __builtin_prefetch(code + off);
+        for (size_t off = 0; off < cs + 8; off += 64) __builtin_prefetch(code - 8 + off);  // label, code
         coded.push_back({code, p, label});
       } else {
         uncoded.push_back(p);

@@ -84,7 +84,10 @@ for codes in a.codes.split(","):
                     idx["runs"].append({"wire": wire, "rerank": int(rerank), "cache": cache,
                                         "cache_hit_rate": run.get("cache_hit_rate", 0), "ef_search": run["ef_search"],
                                         "recall": run["recall"], "qps": run["qps"], "per_query": pq,
-                                        "codes_bytes": (r["codes"] or {}).get("bytes", 0)})
+                                        "codes_bytes": (r["codes"] or {}).get("bytes", 0),
+                                        # the querying computenode's own memory (over cxl the mapped
+                                        # regions are shared memory, not counted here)
+                                        "cn_anon_mib": (r.get("process_memory") or {}).get("anon_mib")})
                 dmh.log(f"  {codes} wire {wire} rerank {rerank} cache {cache}: " + ", ".join(
                     f"ef {x['ef_search']} R {x['recall']:.4f} {x['qps']:.0f} qps {x['per_query']['bytes']:.0f} B"
                     for x in idx["runs"][-len(r["runs"]):]))
@@ -102,10 +105,12 @@ for idx in results["indexes"]:
                      f"{x['qps']:.0f}", f"{x['per_query']['bytes']:.0f}",
                      f"{f['per_query']['bytes'] / x['per_query']['bytes']:.1f}x" if f else "",
                      f"{x['qps'] / f['qps']:.2f}x" if f else "", f"{x['per_query']['reads']:.0f}",
-                     f"{x['codes_bytes'] / 2**20:.1f}"])
+                     f"{x['codes_bytes'] / 2**20:.1f}",
+                     f"{x['cn_anon_mib']:.0f}" if x.get("cn_anon_mib") is not None else ""])
 caches = any(len({x.get("cache", "none") for x in i["runs"]}) > 1 for i in results["indexes"])
 md = dmh.md_table(["codes", "wire", "efSearch", "rerank"] + (["cache", "hit rate"] if caches else [])
-                  + ["recall@10", "QPS", "bytes/query", "fewer bytes", "QPS vs float", "READs/query", "codes MiB"], rows)
+                  + ["recall@10", "QPS", "bytes/query", "fewer bytes", "QPS vs float", "READs/query", "codes MiB",
+                     "computenode MiB"], rows)
 (out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
 (out / "results.md").write_text(f"`{results['command']}`\n\n{md}\n")
 print(md)

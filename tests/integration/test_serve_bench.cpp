@@ -67,6 +67,7 @@ TEST_CASE("serve-bench: flags and unreachable targets fail fast naming them", "[
            {{"--target", "127.0.0.1:1", "--workload", d.wl, "--arrival", "bursty"}, "--arrival"},
            {{"--target", "nohostport", "--workload", d.wl}, "--target"},
            {{"--target", "127.0.0.1:1", "--workload", d.wl, "--k", "11"}, "--k"},
+           {{"--target", "127.0.0.1:1", "--workload", d.wl, "--rerank", "1025"}, "--rerank"},
            {{"--target", "127.0.0.1:1", "--workload", dir.file("missing.wl")}, "missing.wl"},
            {{"--workload", d.wl}, "--target"}}) {
     auto r = run(bench(args), dir, "bad-flag", seconds(20));
@@ -90,7 +91,7 @@ TEST_CASE("serve-bench: closed and open loop against computenode serve", "[integ
   TempDir dir;
   Memnode m0(dir, 0, "tcp", "127.0.0.1:0", {}, {}, {kToken}), m1(dir, 1, "tcp", "127.0.0.1:0", {}, {}, {kToken});
   const std::string mns = m0.address + "," + m1.address;
-  import_shine_index(dir, "tcp", mns, d, {kToken});
+  import_shine_index(dir, "tcp", mns, d, {kToken}, {"--codes", "sq8"});  // a request may ask for a rerank
 
   Proc srv(computenode_args("shine", "tcp", mns, 0, 1, {"serve", "--listen", "127.0.0.1:0", "--ef-search", "64"}),
            dir.file("serve.log"), {kToken});
@@ -132,18 +133,19 @@ TEST_CASE("serve-bench: closed and open loop against computenode serve", "[integ
     CHECK(j["open_loop"].is_null());
   }
 
-  {  // closed loop: batches of 8, a fixed number of requests, the token from a file
+  {  // closed loop: batches of 8 searched over codes, a fixed number of requests, the token from a file
     const std::string token_file = dir.file("token");
     std::ofstream(token_file) << "serve-bench-test-token\n";
     const std::string report = dir.file("batch.json");
     auto r = run(bench({"--target", addr, "--workload", d.wl, "--clients", "2", "--batch", "8", "--requests", "30",
-                        "--warmup-requests", "3", "--token-file", token_file, "--json", report}),
+                        "--warmup-requests", "3", "--rerank", "20", "--token-file", token_file, "--json", report}),
                  dir, "bench-batch", seconds(120));
     INFO(r.output);
     REQUIRE(r.code == 0);
     const auto j = load_json(report);
     INFO(j.dump(2));
     CHECK(j["warmup"]["requests"] == 3);
+    CHECK(j["settings"]["rerank"] == 20);
     CHECK(j["requests"] == 30);
     CHECK(j["queries"] == 240);
     CHECK(j["errors"] == 0);

@@ -81,6 +81,11 @@ GivenFlags add_flags(CLI::App& app, Options& o, std::string& targets) {
   app.add_option("--ef", o.ef, "efSearch of every request (0: the server's --ef-search)")->capture_default_str();
   app.add_option("--probe", o.probe, "dhnsw: partitions searched per query (0: the server's --probe)")
       ->capture_default_str();
+  app.add_option("--rerank", o.rerank,
+                 "an index with codes: search over them and re-rank the best R per query with their vectors (0: the "
+                 "server's --rerank; shine takes any R, dhnsw only its own)")
+      ->capture_default_str()
+      ->check(CLI::Range(0u, 1024u));
   app.add_option("--rate", o.rate,
                  "open loop: requests per second sent in total over all clients, whether or not earlier ones were "
                  "answered; latency counts from each request's intended send time (0: closed loop)")
@@ -217,16 +222,17 @@ void print_header(const Options& o, const std::vector<pb::InfoResponse>& infos) 
               o.targets.size(), o.targets.size() == 1 ? "" : "s", targets_text.c_str());
   char loop_text[96];
   std::snprintf(loop_text, sizeof loop_text, "open loop at %g requests/s (%s arrivals)", o.rate, o.arrival.c_str());
-  std::printf("%u client%s, %s, batch %u, k %u, ef %s, probe %s\n", o.clients, o.clients == 1 ? "" : "s",
+  std::printf("%u client%s, %s, batch %u, k %u, ef %s, probe %s, rerank %s\n", o.clients, o.clients == 1 ? "" : "s",
               open ? loop_text : "closed loop",
               o.batch, o.k, o.ef ? std::to_string(o.ef).c_str() : "the server's",
-              o.probe ? std::to_string(o.probe).c_str() : "the server's");
+              o.probe ? std::to_string(o.probe).c_str() : "the server's",
+              o.rerank ? std::to_string(o.rerank).c_str() : "the server's");
 }
 
 /// Warm-up: closed loop over the warm-up queries (the measured ones if there are none); its
 /// part of the report.
 json warm_up(std::vector<Client>& clients, const Workload& wl, const Options& o) {
-  Plan warm{&wl, 0, wl.warmup_count, o.batch, kUnlimited, kUnlimited, o.k, o.ef, o.probe};
+  Plan warm{&wl, 0, wl.warmup_count, o.batch, kUnlimited, kUnlimited, o.k, o.ef, o.probe, o.rerank};
   if (wl.warmup_count == 0) {
     warm.first_row = wl.warmup_count;
     warm.rows = wl.measured_count;
@@ -259,7 +265,7 @@ json warm_up(std::vector<Client>& clients, const Workload& wl, const Options& o)
 /// the inserter beside them when there is one.
 Run measure(std::vector<Client>& clients, const Workload& wl, const Options& o, Inserter* inserter) {
   Run run;
-  Plan plan{&wl, wl.warmup_count, wl.measured_count, o.batch, kUnlimited, kUnlimited, o.k, o.ef, o.probe};
+  Plan plan{&wl, wl.warmup_count, wl.measured_count, o.batch, kUnlimited, kUnlimited, o.k, o.ef, o.probe, o.rerank};
   run.stop = "one pass";
   if (o.requests_given) {
     plan.request_limit = o.requests;

@@ -185,7 +185,7 @@ json make_report(const Options& o, const Workload& wl, const std::vector<pb::Inf
   report["distribution"] = wl.distribution;
   report["k"] = o.k;
   report["settings"] = {{"clients", o.clients}, {"batch", o.batch}, {"k", o.k}, {"ef_search", o.ef},
-                        {"probe", o.probe}, {"loop", open ? "open" : "closed"}, {"rate", o.rate},
+                        {"probe", o.probe}, {"rerank", o.rerank}, {"loop", open ? "open" : "closed"}, {"rate", o.rate},
                         {"arrival", o.arrival}, {"max_in_flight", o.max_in_flight}, {"deadline_s", o.deadline},
                         {"stop", run.stop}};
   report["targets"] = targets_json(o, infos, clients, run.per);

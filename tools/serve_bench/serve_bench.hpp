@@ -36,7 +36,7 @@ const char* code_name(grpc::StatusCode c);
 struct Options {
   std::vector<std::string> targets;
   std::string workload, token_file, json_out, arrival = "poisson", token;
-  uint32_t clients = 4, batch = 1, k = 10, ef = 0, probe = 0, max_in_flight = 128;
+  uint32_t clients = 4, batch = 1, k = 10, ef = 0, probe = 0, rerank = 0, max_in_flight = 128;
   double rate = 0, seconds = 0, connect_timeout = 5, deadline = 10;
   uint64_t requests = 0, warmup_requests = 0, seed = 1;
   bool seconds_given = false, requests_given = false, warmup_given = false;
@@ -54,7 +54,7 @@ struct Plan {
   uint64_t first_row = 0, rows = 0, batch = 1;
   uint64_t query_limit = kUnlimited;    // positions beyond are not asked
   uint64_t request_limit = kUnlimited;  // requests beyond are not sent
-  uint32_t k = 10, ef = 0, probe = 0;
+  uint32_t k = 10, ef = 0, probe = 0, rerank = 0;
 
   uint64_t row(uint64_t pos) const { return first_row + pos % rows; }
   uint64_t size(uint64_t r) const { return std::min(batch, query_limit - r * batch); }
@@ -68,6 +68,7 @@ struct Plan {
     req.set_k(k);
     req.set_ef_search(ef);
     req.set_probe(probe);
+    req.set_rerank(rerank);
   }
 };
 
