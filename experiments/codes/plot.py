@@ -4,8 +4,9 @@ results.json, both modes) beside hnswlib and Faiss (hnswlib-bench and faiss-benc
 of the same data, M, efConstruction, efSearch values and threads). One curve per system and
 --rerank, over efSearch, without a wire model.
 
-  experiments/codes/plot.py --shine wordnet/results.json --dhnsw wordnet-dhnsw/results.json \\
-      --ref wordnet-ref/hnswlib.json wordnet-ref/faiss-flat.json wordnet-ref/faiss-sq8.json --out wordnet/recall_qps.png
+  experiments/codes/plot.py --shine wordnet/results.json wordnet-pq/results.json --dhnsw wordnet-dhnsw/results.json \\
+      --ref wordnet-ref/hnswlib.json wordnet-ref/faiss-flat.json wordnet-ref/faiss-sq8.json \\
+      wordnet-ref/faiss-pq48.json --out wordnet/recall_qps.png
 """
 import argparse
 import json
@@ -26,14 +27,17 @@ ap.add_argument("--out", required=True)
 a = ap.parse_args()
 
 curves = {}  # label -> [(recall, qps)]
+owner = {}  # label -> the file it is drawn from (a float curve in several files: the first one's)
 for mode, files in (("shine", a.shine), ("d-HNSW", a.dhnsw)):
     for f in files:
         r = json.loads(Path(f).read_text())
         for idx in r["indexes"]:
             for x in idx["runs"]:
-                if x["wire"] != a.wire:
+                if x["wire"] != a.wire or x.get("cache", "none") != "none":
                     continue
                 label = f"dmhnsw {mode}, " + ("float" if x["rerank"] == 0 else f"{idx['codes']} R {x['rerank']}")
+                if owner.setdefault(label, f) != f:
+                    continue
                 curves.setdefault(label, []).append((x["ef_search"], x["recall"], x["qps"]))
 for f in a.ref:
     r = json.loads(Path(f).read_text())
@@ -47,10 +51,12 @@ for f in a.ref:
         curves.setdefault(label, []).append((x["ef_search"], x["recall"], x["qps"]))
 
 fig, ax = plt.subplots(figsize=(7.5, 5))
-for label, pts in sorted(curves.items()):
+colors = plt.cm.tab20.colors  # one colour per curve (the default cycle repeats after 10)
+for i, (label, pts) in enumerate(sorted(curves.items())):
     pts = sorted(set(pts))
     style = "-" if label.startswith("dmhnsw") else "--"
-    ax.plot([p[1] for p in pts], [p[2] for p in pts], style, marker="o", markersize=3, label=label)
+    ax.plot([p[1] for p in pts], [p[2] for p in pts], style, marker="o" if style == "-" else "s", markersize=3,
+            color=colors[i % len(colors)], label=label)
 ax.set_xlabel("recall@10")
 ax.set_ylabel("queries / s (2 threads)")
 ax.set_yscale("log")
