@@ -35,6 +35,7 @@ PKGS=(
   python3-numpy python3-matplotlib iproute2 procps
   python3-hnswlib  # experiments/churn: hnswlib's mark_deleted beside shine's deletes
   gdb  # tests append the stacks of a process that misses a deadline to its log
+  linux-perf  # profiles of the search and build paths (experiments/vs_hnswlib)
   nftables  # experiments/chaos: packet loss between network namespaces (this kernel has no netem)
 )
 if ((with_rxe)); then

@@ -168,6 +168,18 @@ class Endpoint {
   /// Human-readable cause of a failed completion (names the memory node).
   virtual std::string describe(const Completion& c) const;
 
+  /// Where the provider maps the memnodes' regions into this process (cxl; LocalFabric without
+  /// injected delays or failures): the `len` bytes at `at` as they lie, to be read in place
+  /// instead of copied by a READ; null where they are not mapped here, out of bounds, or the
+  /// memnode is dead (a READ then reports it). Decorators that model or replicate remote access
+  /// (the wire model, replica sets) keep the default. Writers change these bytes at any time,
+  /// as under a READ: whoever reads them checks what it reads.
+  virtual const char* mapped(RemotePtr at, size_t len) const {
+    (void)at;
+    (void)len;
+    return nullptr;
+  }
+
   // --- messages to/from memory nodes ---
   virtual Status send(uint16_t node, const void* data, size_t len) = 0;
   virtual bool try_recv(Message& out) = 0;

@@ -84,6 +84,7 @@ class ShineBackend final : public Backend {
       spdlog::info("serve: node cache of {} {} ({} MiB), level-0 admission p={}", ncache_->capacity_entries(),
                    cache_lists_ ? "neighbour lists" : "vectors", cache_bytes >> 20, so.admit_probability);
     }
+    in_place_ = so.in_place && control_->mapped(RemotePtr(0, 0), 8) != nullptr;
     // The codes, loaded at start and refreshed between rounds (refresh_codes) whenever the index
     // has them, so that a request's rerank can use them; searches traverse on them only when the
     // request or --rerank asks (by default full vectors throughout, as `query` without --rerank).
@@ -283,7 +284,8 @@ class ShineBackend final : public Backend {
         before[j] = ctxs[j].io;
         searched[j] = ctxs[j].search;
         ctxs[j].node_cache = jobs[j].kind == Job::Kind::Search && !cache_lists_ ? ncache_.get() : nullptr;
-        ctxs[j].list_cache = jobs[j].kind == Job::Kind::Search && cache_lists_ ? ncache_.get() : nullptr;
+        ctxs[j].list_cache = jobs[j].kind == Job::Kind::Search && cache_lists_ && !in_place_ ? ncache_.get() : nullptr;
+        ctxs[j].in_place = jobs[j].kind == Job::Kind::Search && in_place_;
         ctxs[j].codes = jobs[j].kind == Job::Kind::Search && codes_ ? &*codes_ : nullptr;
         ctxs[j].rerank = jobs[j].op.rerank;
         if (ctxs[j].rerank == 0) ctxs[j].codes = nullptr;  // full vectors throughout
@@ -373,6 +375,7 @@ class ShineBackend final : public Backend {
   BackendMetrics& m_;
   std::unique_ptr<cache::NodeCache> ncache_;
   bool cache_lists_ = false;  // ncache_ holds neighbour lists, else vectors
+  bool in_place_ = false;     // searches read lists and vectors where the endpoint maps them
   std::optional<shine::LocalCodes> codes_;
   static constexpr std::chrono::milliseconds kCodesRefresh{100};
   std::shared_mutex codes_mu_;             // rounds read the codes shared, a refresh writes them

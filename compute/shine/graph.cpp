@@ -214,31 +214,50 @@ Task<std::vector<Neighbor>> Worker::read_vectors(const std::vector<RemotePtr>& a
     remote = nodes;
   }
   if (remote.empty()) co_return out;
+  // One node's front and vector as read (copied, or where it lies).
+  auto take = [&](RemotePtr at, const char* p) {
+    NodeFront f;
+    std::memcpy(&f, p, sizeof f);
+    if (!NodeHeader::valid(f.header)) {  // not (yet) a node: a pointer we must not follow
+      ++ctx.search.skipped;
+      return;
+    }
+    const float* v = reinterpret_cast<const float*>(p + NodeLayout::vector_offset());
+    ++ctx.search.visited;
+    out.push_back({g_.distance()(q, v), at, f.label, NodeHeader::deleted(f.header), false,
+                   NodeHeader::generation(f.header)});
+    if (cache != nullptr) cache->add(at, v, L.dim(), NodeHeader::level(f.header), f.label);
+    if (ctx.node_cache != nullptr) {
+      unsigned level = NodeHeader::level(f.header);
+      ctx.node_cache->admit(at, level, v, f.label, NodeHeader::generation(f.header));
+      note_access(ctx, at, level, false);
+    }
+  };
+  if (ctx.in_place) {
+    // Every record where it lies, each requested before the first distance (as hnswlib
+    // prefetches the next vectors); any not mapped here: all of them by READs below.
+    thread_local std::vector<const char*> where;
+    where.clear();
+    for (RemotePtr p : remote) {
+      const char* m = s_.endpoint().mapped(p, L.vector_read_bytes());
+      if (m == nullptr) break;
+      where.push_back(m);
+      for (size_t off = 0; off < std::min<size_t>(256, L.vector_read_bytes()); off += 64) __builtin_prefetch(m + off);
+    }
+    if (where.size() == remote.size()) {
+      for (size_t i = 0; i < remote.size(); ++i) take(remote[i], where[i]);
+      ctx.io.reads += remote.size();  // loads from far memory, counted as the READs they replace
+      ctx.io.bytes += remote.size() * L.vector_read_bytes();
+      co_return out;
+    }
+  }
   const size_t stride = L.vector_part_bytes();
   Buffer b = s_.endpoint().alloc(stride * remote.size());
   std::vector<Op> ops;
   ops.reserve(remote.size());
   for (size_t i = 0; i < remote.size(); ++i) ops.push_back(Op::read(remote[i], b.data() + i * stride, L.vector_read_bytes()));
   fail(co_await s_.io(ops, ctx.mode == ReadMode::Batch, &ctx.io));
-  for (size_t i = 0; i < remote.size(); ++i) {
-    const char* p = b.data() + i * stride;
-    NodeFront f;
-    std::memcpy(&f, p, sizeof f);
-    if (!NodeHeader::valid(f.header)) {  // not (yet) a node: a pointer we must not follow
-      ++ctx.search.skipped;
-      continue;
-    }
-    const float* v = reinterpret_cast<const float*>(p + NodeLayout::vector_offset());
-    ++ctx.search.visited;
-    out.push_back({g_.distance()(q, v), remote[i], f.label, NodeHeader::deleted(f.header), false,
-                   NodeHeader::generation(f.header)});
-    if (cache != nullptr) cache->add(remote[i], v, L.dim(), NodeHeader::level(f.header), f.label);
-    if (ctx.node_cache != nullptr) {
-      unsigned level = NodeHeader::level(f.header);
-      ctx.node_cache->admit(remote[i], level, v, f.label, NodeHeader::generation(f.header));
-      note_access(ctx, remote[i], level, false);
-    }
-  }
+  for (size_t i = 0; i < remote.size(); ++i) take(remote[i], b.data() + i * stride);
   co_return out;
 }
 
@@ -256,6 +275,13 @@ Task<std::vector<RemotePtr>> Worker::read_list(RemotePtr node, unsigned level, O
     if (ctx.list_cache->lookup_at(at, held.data(), ctx.lists_version)) {
       bytes = reinterpret_cast<const char*>(held.data());
       ++ctx.search.cached_lists;
+    }
+  }
+  if (bytes == nullptr && ctx.in_place) {
+    if ((bytes = s_.endpoint().mapped(at, L.list_bytes(level))) != nullptr) {
+      ++ctx.io.reads;  // a load from far memory, counted as the READ it replaces (no doorbell)
+      ctx.io.bytes += L.list_bytes(level);
+      ctx.search.list_bytes += L.list_bytes(level);
     }
   }
   if (bytes == nullptr) {

@@ -178,6 +178,9 @@ struct OpContext {
   // address. Never both caches.
   cache::NodeCache* list_cache = nullptr;
   uint32_t lists_version = 0;  // set by Worker::search for one query
+  // Queries: lists and vectors read where the endpoint maps them (Endpoint::mapped: cxl), with
+  // no copy and no suspension; else, and for whatever is not mapped, READs.
+  bool in_place = false;
   cache::TraceWriter* trace = nullptr;     // queries: records every node-cache access (optional)
   std::vector<cache::TraceRecord>* accesses = nullptr;  // queries: the same records kept in memory (optional)
   bool measured = true;                    // trace flag: outside the warm-up

@@ -24,6 +24,10 @@ void SearchOptions::add_flags(CLI::App& cmd, const std::string& cache_ratio_also
                  "hop reads a list and no vector, else vectors")
       ->capture_default_str()
       ->check(CLI::IsMember({"auto", "vectors", "lists"}));
+  cmd.add_flag("--in-place,!--no-in-place", in_place,
+               "shine: where the provider maps the memnodes' regions into this process (cxl), read neighbour lists and "
+               "vectors where they lie instead of copying them out (--no-in-place: copy, as over a network)")
+      ->capture_default_str();
   cmd.add_option("--admit-probability", admit_probability, "shine: level-0 nodes enter the cache with this probability")
       ->capture_default_str()
       ->check(CLI::Range(0.0, 1.0));

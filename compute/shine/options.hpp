@@ -31,6 +31,9 @@ struct SearchOptions {
   // any insert; what a search over codes reads on every hop), or auto: lists when the search
   // runs over codes (rerank > 0), vectors otherwise.
   std::string cache_holds = "auto";
+  // Where the provider maps the memnodes' regions (cxl): lists and vectors read where they lie
+  // (Endpoint::mapped), as hnswlib reads its own memory, instead of copied out by READs.
+  bool in_place = true;
   // ef of the search at each level above 0 (1: the greedy descent of HNSW). A wider descent
   // reaches level 0 with that many starting points: it keeps recall on a graph worn by
   // steady churn (experiments/churn), at a few more READs per query.
@@ -48,7 +51,7 @@ struct SearchOptions {
   uint64_t cache_capacity(uint64_t index_bytes) const {
     return cache_bytes > 0 ? cache_bytes : static_cast<uint64_t>(cache_ratio * static_cast<double>(index_bytes));
   }
-  /// Registers --threads, --coroutines, --cache-ratio, --cache-bytes, --cache-holds, --admit-probability, --upper-ef, --rerank,
+  /// Registers --threads, --coroutines, --cache-ratio, --cache-bytes, --cache-holds, --in-place, --admit-probability, --upper-ef, --rerank,
   /// --routing, --route-batch, --route-threshold, --kmeans-seed, --oracle and --adaptive-quota on
   /// `cmd`. `cache_ratio_also` ends --cache-ratio's help (another mode may read it too).
   void add_flags(CLI::App& cmd, const std::string& cache_ratio_also = "");

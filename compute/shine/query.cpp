@@ -32,6 +32,10 @@ QuerySession::QuerySession(const RunContext& rc, const QueryOptions& o)
   g_.emplace(c_, p_);
   board_.emplace(c_, *control_, self_, K_, "query", rc.departed_at_connect);
   make_node_cache();
+  in_place_ = o.search.in_place && control_->mapped(RemotePtr(0, 0), 8) != nullptr;
+  if (in_place_)
+    spdlog::info("lists and vectors read in place (the provider maps the memnodes' regions){}",
+                 ncache_ && cache_lists_ ? "; the node cache of lists is not used" : "");
   if (o.search.rerank > 0) {
     const auto t0 = Clock::now();
     codes_.emplace(LocalCodes::load(*control_, p_));

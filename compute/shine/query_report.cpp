@@ -30,7 +30,7 @@ json QuerySession::report_header() const {
   return {{"mode", "shine"}, {"kind", "query"}, {"provider", rc_.provider}, {"workload", o_.workload},
           {"distribution", wl_.distribution}, {"k", o_.k}, {"num_cns", K_}, {"threads", o_.search.threads},
           {"coroutines", o_.search.coroutines}, {"read_mode", o_.mode == ReadMode::Batch ? "batch" : "per-read"},
-          {"upper_ef", o_.search.upper_ef},
+          {"upper_ef", o_.search.upper_ef}, {"in_place", in_place_},
           {"memnodes", c_.memnodes().size()}, {"routing", router::policy_name(policy_)},
           {"route_batch", o_.search.routing.batch}, {"route_threshold", o_.search.routing.threshold},
           {"adaptive_quota", o_.search.routing.quota},

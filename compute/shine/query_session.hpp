@@ -118,6 +118,7 @@ class QuerySession {
   // the node cache
   std::unique_ptr<cache::NodeCache> ncache_;
   bool cache_lists_ = false;  // ncache_ holds neighbour lists (SearchOptions::cache_lists), else vectors
+  bool in_place_ = false;     // --in-place and the endpoints map the regions (Endpoint::mapped)
   // the codes (--rerank): every node's code, loaded once
   std::optional<LocalCodes> codes_;
   double codes_load_s_ = 0;

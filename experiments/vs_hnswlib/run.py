@@ -47,7 +47,9 @@ ap.add_argument("--provider", default="cxl", help="fabric provider (default %(de
 ap.add_argument("--wire", default="rdma-100g", help="wire model of the second query runs; none: skip them "
                 "(default %(default)s)")
 ap.add_argument("--region", default="1GiB", help="memnode region for the shine build (default %(default)s)")
-ap.add_argument("--read-modes", default="batch", help="shine --read-mode values: batch, per-read (default %(default)s)")
+ap.add_argument("--read-modes", default="batch", help="shine --read-mode values: batch, per-read, or copy: batch "
+                "with --no-in-place (on cxl, batch and per-read read lists and vectors in place) "
+                "(default %(default)s)")
 ap.add_argument("--work", default=None, help="data, images, logs (default runs/vs_hnswlib/SET)")
 ap.add_argument("--out", default=None, help="results.json/results.md (default: this folder's SET/)")
 ap.add_argument("--render-only", action="store_true", help="only write OUT/results.md again from OUT/results.json")
@@ -208,7 +210,8 @@ if "shine" not in skip:
         for mode, wire in [(m, w) for m in a.read_modes.split(",")
                            for w in ["none"] + ([a.wire] if a.wire != "none" else [])]:
             dmh.log(f"shine query, --read-mode {mode}, wire {wire}")
-            q = dmh.computenodes(mn, a.provider, 1, "query", common + ["--coroutines", a.coroutines, "--read-mode", mode],
+            how = ["--read-mode", "batch", "--no-in-place"] if mode == "copy" else ["--read-mode", mode]
+            q = dmh.computenodes(mn, a.provider, 1, "query", common + ["--coroutines", a.coroutines] + how,
                                  work / f"shine_query_{mode}_{wire}.json",
                                  logdir=work / "logs" / f"shine_query_{mode}_{wire}", timeout=3600, wire=wire)[0]
             sh[f"query_{mode}_{wire}"] = {"runs": [run_summary(r) for r in q["runs"]],

@@ -505,13 +505,14 @@ void churn_through_service(const std::string& mode, const std::string& provider)
       // Caches that keep everything: a node cache admitting every node (shine), every sub-HNSW
       // (dhnsw); their entries go stale as ids are deleted and upserted. The dhnsw index's gaps
       // fill with the upserts and inserts: rebuilds run while the querier searches. shine over
-      // cxl caches neighbour lists instead of vectors: the upserts and inserts (into reused
-      // records too) change the lists it holds.
+      // cxl caches neighbour lists instead of vectors (and copies what it reads, else a list
+      // costs no READ and no cache is used): the upserts and inserts (into reused records too)
+      // change the lists it holds.
       std::vector<std::string> flags =
           mode == "shine" ? std::vector<std::string>{"--cache-bytes", "4MiB", "--admit-probability", "1", "--ef-search", "64"}
                           : std::vector<std::string>{"--probe", "4", "--cache-subs", "4", "--batch", "16",
                                                      "--max-wait-us", "1000", "--ef-search", "64"};
-      if (mode == "shine" && provider == "cxl") flags.insert(flags.end(), {"--cache-holds", "lists"});
+      if (mode == "shine" && provider == "cxl") flags.insert(flags.end(), {"--cache-holds", "lists", "--no-in-place"});
       Server srv(dir, mode, mns, flags, 0, 1, provider);
       Client cl(srv.address);
       pb::InfoResponse info;

@@ -135,20 +135,21 @@ TEST_CASE("shine: a builder killed mid-build makes the other fail within seconds
 TEST_CASE("shine: a memnode killed mid-query makes the computenode fail within 5 s naming it", "[integration][shine]") {
   // "stuck": a provider call that never returns once the memnode died (DMHNSW_FAULT_STUCK_ON_DEATH;
   // libfabric's shm can do so when the killed process held one of its shared locks): the
-  // computenode still ends within seconds, with the error, by itself.
-  for (const bool stuck : {false, true}) {
-    DYNAMIC_SECTION((stuck ? "a provider call stuck on the dead memnode" : "plain")) {
+  // computenode still ends within seconds, with the error, by itself. Over cxl the query reads
+  // lists and vectors in place, from the dead memnode's mapping until it is found dead.
+  for (const auto& [provider, stuck] : {std::pair<std::string, bool>{"shm", false}, {"shm", true}, {"cxl", false}}) {
+    DYNAMIC_SECTION(provider << (stuck ? ", a provider call stuck on the dead memnode" : ", plain")) {
       Data d;
       TempDir dir;
-      Memnode m0(dir, 0, "shm"), m1(dir, 1, "shm");
+      Memnode m0(dir, 0, provider), m1(dir, 1, provider);
       std::string mns = m0.address + "," + m1.address;
-      auto b = run(cn("shm", mns, 0, 1, {"build", "--data", d.base, "--max-elements", "1000", "--ef-construction", "40"}),
+      auto b = run(cn(provider, mns, 0, 1, {"build", "--data", d.base, "--max-elements", "1000", "--ef-construction", "40"}),
                    dir, "build", seconds(300));
       INFO(b.output);
       REQUIRE(b.code == 0);
       std::vector<std::string> env;
       if (stuck) env.push_back("DMHNSW_FAULT_STUCK_ON_DEATH=1");
-      Proc q(cn("shm", mns, 0, 1, {"query", "--workload", d.wl, "--ef-search", "32", "--repeat-seconds", "60"}),
+      Proc q(cn(provider, mns, 0, 1, {"query", "--workload", d.wl, "--ef-search", "32", "--repeat-seconds", "60"}),
              dir.file("q.log"), env);
       // Let it get going: the workload is read and the first barrier passed once it has logged.
       wait_for_output(q, "connected", seconds(20));
@@ -160,6 +161,7 @@ TEST_CASE("shine: a memnode killed mid-query makes the computenode fail within 5
       CHECK(secs < 5.0);
       CHECK_THAT(q.output(), Contains("memnode 1 (" + m1.address + ")"));
       if (stuck) CHECK_THAT(q.output(), Contains("has not finished failing"));
+      if (provider == "cxl") CHECK_THAT(q.output(), Contains("read in place"));
     }
   }
 }
@@ -306,8 +308,8 @@ TEST_CASE("shine: an index built with --codes answers with --rerank as with full
       };
       const auto full = query("0"), coded = query("30");
       // A node cache over codes holds neighbour lists (--cache-holds auto): the same searches,
-      // fewer READs.
-      const auto listed = query("30", {"--cache-ratio", "0.2", "--admit-probability", "1"});
+      // fewer READs (over cxl with copies: in place a list costs no READ, and no cache is used).
+      const auto listed = query("30", {"--cache-ratio", "0.2", "--admit-probability", "1", "--no-in-place"});
       const auto& l = listed["runs"][0];
       CHECK(listed["cache"]["holds"] == "lists");
       CHECK(l["recall"].get<double>() == Approx(coded["runs"][0]["recall"].get<double>()).margin(1e-9));
@@ -326,6 +328,18 @@ TEST_CASE("shine: an index built with --codes answers with --rerank as with full
       CHECK(c["per_query"]["coded"].get<double>() > 0.9 * c["per_query"]["visited"].get<double>() - 30);
       CHECK(c["per_query"]["reranked"].get<double>() <= 30.0);
       CHECK(c["per_query"]["bytes"].get<double>() < 0.25 * f["per_query"]["bytes"].get<double>());
+      // cxl maps the regions: lists and vectors are read where they lie (one doorbell per query:
+      // the entry point's READ), and copying them instead finds the same answers.
+      CHECK(full["in_place"] == (provider == "cxl"));
+      if (provider == "cxl") {
+        const auto copied = query("0", {"--no-in-place"});
+        const auto& cp = copied["runs"][0];
+        CHECK(copied["in_place"] == false);
+        CHECK(cp["recall"].get<double>() == Approx(f["recall"].get<double>()).margin(1e-9));
+        CHECK(cp["per_query"]["reads"].get<double>() == Approx(f["per_query"]["reads"].get<double>()));
+        CHECK(f["per_query"]["doorbells"].get<double>() == Approx(1.0));
+        CHECK(cp["per_query"]["doorbells"].get<double>() > 10.0);
+      }
     }
   }
   SECTION("--rerank on an index without codes is refused naming the flag") {

@@ -152,6 +152,47 @@ TEST_CASE("shine insert + search on LocalFabric: recall against brute force", "[
   }
 }
 
+TEST_CASE("shine: reading lists and vectors in place answers as copying them, with no doorbell", "[shine]") {
+  const size_t n = 3000, d = 24, nq = 100, k = 10;
+  auto base = gaussian(n, d, 1);
+  auto queries = gaussian(nq, d, 2);
+  Built b = build(base, d, 12, 100, 42, ReadMode::Batch);
+  REQUIRE(b.ep->mapped(RemotePtr(0, 4096), 64) != nullptr);  // LocalFabric maps its regions
+  CHECK(b.ep->mapped(RemotePtr(0, b.cluster->region_size() - 8), 64) == nullptr);  // out of bounds
+  Scheduler s(*b.ep);
+  Worker w(*b.graph, s, 7);
+  OpContext copied, placed;
+  placed.in_place = true;
+  for (size_t q = 0; q < nq; ++q) {
+    const uint64_t bells = placed.io.doorbells;
+    const auto a = compute::run_sync(s, w.search(&queries[q * d], k, 64, copied));
+    const auto p = compute::run_sync(s, w.search(&queries[q * d], k, 64, placed));
+    CHECK(placed.io.doorbells - bells == 1);  // the entry point's READ only
+    REQUIRE(a.size() == p.size());
+    for (size_t i = 0; i < a.size(); ++i) {
+      CHECK(a[i].node == p[i].node);
+      CHECK(a[i].label == p[i].label);
+      CHECK(a[i].dist == p[i].dist);  // the same bytes, the same distance
+    }
+  }
+  // The same work, counted alike: a load in place stands for the READ it replaces.
+  CHECK(placed.io.reads == copied.io.reads);
+  CHECK(placed.io.bytes == copied.io.bytes);
+  CHECK(placed.search.hops == copied.search.hops);
+  CHECK(placed.search.visited == copied.search.visited);
+  // With an injected delay (a remote link's model) nothing is in place: READs again.
+  b.cluster->set_delay(std::chrono::microseconds(1));
+  CHECK(b.ep->mapped(RemotePtr(0, 4096), 64) == nullptr);
+  const uint64_t bells = placed.io.doorbells;
+  compute::run_sync(s, w.search(&queries[0], k, 64, placed));
+  CHECK(placed.io.doorbells - bells > 10);
+  b.cluster->set_delay(std::chrono::microseconds(0));
+  // A dead memnode: not mapped, and the search's READ fails naming it.
+  b.cluster->disconnect(1, "killed by the test");
+  CHECK(b.ep->mapped(RemotePtr(1, 4096), 64) == nullptr);
+  CHECK_THROWS_WITH(compute::run_sync(s, w.search(&queries[0], k, 64, placed)), Catch::Contains("memnode 1"));
+}
+
 TEST_CASE("shine: --upper-ef searches the upper levels wider, reading more and finding at least as much", "[shine]") {
   const size_t n = 3000, d = 24, nq = 100, k = 10;
   auto base = gaussian(n, d, 1);

@@ -30,6 +30,7 @@ class CxlEndpoint final : public Endpoint {
       if (fd >= 0) ::close(fd);
   }
   Status post(std::span<const Op> ops) override;
+  const char* mapped(RemotePtr at, size_t len) const override;
   Status send(uint16_t node, const void* data, size_t len) override;
   bool try_recv(Message& out) override;
 
@@ -183,6 +184,14 @@ Status CxlEndpoint::post(std::span<const Op> ops) {
     done_.push_back({op.tag, Status::Ok, op.kind, op.remote.node()});
   }
   return Status::Ok;
+}
+
+const char* CxlEndpoint::mapped(RemotePtr at, size_t len) const {
+  const uint16_t node = at.node();
+  if (node >= c_->maps_.size() || !c_->alive(node)) return nullptr;
+  const uint64_t off = at.offset(), size = c_->maps_[node].size;
+  if (off > size || len > size - off) return nullptr;
+  return c_->maps_[node].base + off;
 }
 
 int CxlEndpoint::sock(uint16_t node) {

@@ -132,6 +132,24 @@ class LocalEndpoint final : public Endpoint {
     return Status::Ok;
   }
 
+  const char* mapped(RemotePtr at, size_t len) const override {
+#if defined(__SANITIZE_THREAD__)
+    // Plain loads beside other threads' writes are what TSan reports (a READ copies relaxed
+    // atomic words): under TSan every access goes through READs.
+    (void)at;
+    (void)len;
+    return nullptr;
+#else
+    const uint16_t node = at.node();
+    // Injected delays and failures apply to operations: while any is set, nothing is in place.
+    if (node >= cluster_->infos_.size() || !cluster_->alive(node) || cluster_->delay_us_.load() != 0 ||
+        cluster_->fail_next_.load() != 0 || cluster_->failure_rate_.load() > 0)
+      return nullptr;
+    if (at.offset() > cluster_->region_bytes_ || len > cluster_->region_bytes_ - at.offset()) return nullptr;
+    return cluster_->regions_[node].get() + at.offset();
+#endif
+  }
+
   Status send(uint16_t node, const void* data, size_t len) override {
     if (node >= cluster_->infos_.size()) return Status::UnknownNode;
     if (!cluster_->alive(node)) return Status::PeerDead;
