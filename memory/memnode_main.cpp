@@ -32,7 +32,7 @@ struct Flags {
   std::string listen = "127.0.0.1:7000", provider = "shm", region = "256MiB", token_file, ready_file,
               log_level = "info", load, dax, store_dir;
   int id = 0, numa_node = -1, relay_timeout_ms = 10000, rma_lanes = -1, replicas = 1, copy = 0;
-  bool hugepages = false, rejoin = false;
+  bool hugepages = false, no_hugepages = false, rejoin = false;
   CLI::Option* region_opt = nullptr;
 
   void add(CLI::App& app) {
@@ -55,7 +55,12 @@ struct Flags {
     region_opt = app.add_option("--region", region,
                                 "region size, e.g. 512MiB, 8GiB (with --load: default the image's region size)")
                      ->capture_default_str();
-    app.add_flag("--hugepages", hugepages, "back the region with 2 MiB hugepages (falls back to normal pages with a warning)");
+    app.add_flag("--hugepages", hugepages,
+                 "back the region with 2 MiB hugepages (falls back to normal pages with a warning). By default the "
+                 "region is on hugepages whenever the host has enough reserved and free (/proc/sys/vm/nr_hugepages): "
+                 "a search touches a few bytes of many pages, and 4 KiB pages cost it a TLB miss for most of them");
+    app.add_flag("--no-hugepages", no_hugepages, "normal pages even where the host has hugepages reserved")
+        ->excludes("--hugepages");
     app.add_option("--numa-node", numa_node, "bind the region's memory to this NUMA node (libnuma)");
     app.add_option("--dax", dax,
                    "--provider cxl: map the region from this device-DAX or file (a CXL memory device) instead of "
@@ -248,7 +253,13 @@ int main(int argc, char** argv) {
     const uint64_t bytes = region_bytes(f);
     if (!f.dax.empty() && prov != fabric::Provider::Cxl)
       throw std::invalid_argument("--dax " + f.dax + ": only with --provider cxl (computenodes map the device)");
-    memory::RegionMemory mem(bytes, f.hugepages, f.numa_node, prov == fabric::Provider::Cxl, f.dax);
+    bool huge = f.hugepages;
+    if (!f.hugepages && !f.no_hugepages && f.dax.empty() && memory::free_hugepage_bytes() >= bytes + (2u << 20)) {
+      huge = true;
+      spdlog::info("the host has {} of free hugepages: the region uses them (--no-hugepages: normal pages)",
+                   format_bytes(memory::free_hugepage_bytes()));
+    }
+    memory::RegionMemory mem(bytes, huge, f.numa_node, prov == fabric::Provider::Cxl, f.dax);
     fill_region(f, mem, bytes);
     RegionHeader hdr;
     std::memcpy(&hdr, mem.data(), sizeof hdr);
