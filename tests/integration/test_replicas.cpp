@@ -291,12 +291,13 @@ TEST_CASE("replica sets: a copy SIGKILLed under serve-bench searches and inserts
       const auto at = out.find("serving shine on ");
       const std::string addr = out.substr(at + 17, out.find_first_of(" \n", at + 17) - at - 17);
       // Inserts beside the searches: 300 vectors of another mixture (they stay out of the
-      // workload's neighbours), 10 per request, 5 requests/s, with ids above the index's.
+      // workload's neighbours), 10 per request, 5 requests/s, with ids above the index's; the
+      // copy dies 2 s into the 5 s run.
       REQUIRE(run({bin("datagen"), "--n", "300", "--d", "24", "--clusters", "4", "--seed", "11", "--queries", "0",
                    "--out-base", dir.file("ins.fvecs")},
                   dir, "datagen-ins")
                   .code == 0);
-      Proc bench({bin("serve-bench"), "--target", addr, "--workload", d.wl, "--clients", "4", "--seconds", "6",
+      Proc bench({bin("serve-bench"), "--target", addr, "--workload", d.wl, "--clients", "4", "--seconds", "5",
                   "--insert-data", dir.file("ins.fvecs"), "--insert-first-id", "1000000", "--insert-batch", "10",
                   "--insert-rate", "5", "--insert-verify-ef", "200", "--json", dir.file("bench.json")},
                  dir.file("bench.log"));

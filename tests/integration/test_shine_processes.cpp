@@ -32,12 +32,12 @@ TEST_CASE("shine: 2 computenodes x 2 threads build over 2 memnodes, then query (
       std::string mns = m0.address + "," + m1.address;
       std::string rep = dir.file("build.json");
       Proc b0(cn(provider, mns, 0, 2, {"build", "--data", d.base, "--m", "12", "--ef-construction", "80", "--threads", "2",
-                                       "--report", rep}),
+                                       "--coroutines", "4", "--report", rep}),
               dir.file("b0.log"));
       // Both given the same --report, as in the README: computenode 0 writes the merged report
       // there, computenode 1 its own next to it (one writer per file).
       Proc b1(cn(provider, mns, 1, 2, {"build", "--data", d.base, "--m", "12", "--ef-construction", "80", "--threads", "2",
-                                       "--report", rep}),
+                                       "--coroutines", "4", "--report", rep}),
               dir.file("b1.log"));
       int c0 = b0.wait(seconds(300)), c1 = b1.wait(seconds(300));
       INFO(b0.output() << b1.output());

@@ -54,7 +54,7 @@ TEST_CASE("selftest passes against real memnodes on shm tcp and cxl", "[integrat
   }
 }
 
-TEST_CASE("two computenode processes x 10000 fetch_adds and CAS increments give exact sums", "[integration]") {
+TEST_CASE("two computenode processes x 5000 fetch_adds and CAS increments give exact sums", "[integration]") {
   // With RMA lanes the two computenodes reach the same words through different endpoints of
   // the memnode (computenode c takes lanes c, c + K, ...): the sums show the atomics stay atomic.
   const std::vector<std::pair<std::string, std::string>> configs{
@@ -64,16 +64,16 @@ TEST_CASE("two computenode processes x 10000 fetch_adds and CAS increments give 
       TempDir dir;
       Memnode m(dir, 0, provider, "127.0.0.1:0",
                 lanes.empty() ? std::vector<std::string>{} : std::vector<std::string>{"--rma-lanes", lanes});
-      Proc a(computenode(provider, m.address, {"--cn-id", "0", "--num-cns", "2", "selftest", "--atomics", "10000"}),
+      Proc a(computenode(provider, m.address, {"--cn-id", "0", "--num-cns", "2", "selftest", "--atomics", "5000"}),
              dir.file("a.log"));
-      Proc b(computenode(provider, m.address, {"--cn-id", "1", "--num-cns", "2", "selftest", "--atomics", "10000"}),
+      Proc b(computenode(provider, m.address, {"--cn-id", "1", "--num-cns", "2", "selftest", "--atomics", "5000"}),
              dir.file("b.log"));
       int ca = a.wait(seconds(120)), cb = b.wait(seconds(120));
       INFO(a.output() << b.output());
       REQUIRE(ca == 0);
       REQUIRE(cb == 0);
-      CHECK(read_word(provider, m.address, compute::ScratchLayout::kFetchAddWord) == 20000);
-      CHECK(read_word(provider, m.address, compute::ScratchLayout::kCasWord) == 20000);
+      CHECK(read_word(provider, m.address, compute::ScratchLayout::kFetchAddWord) == 10000);
+      CHECK(read_word(provider, m.address, compute::ScratchLayout::kCasWord) == 10000);
       // The memnode reports what each lane served when it stops: on shm (which counts
       // served operations) the two computenodes really went through different lanes.
       m.proc->signal(SIGTERM);
