@@ -42,35 +42,30 @@ Graph::Graph(fabric::Cluster& c, const GraphParams& p)
 void VisitedSet::clear() {
   size_ = 0;
   if (++cur_ == 0) {
-    std::fill(gen_.begin(), gen_.end(), 0);
+    for (Slot& s : slots_) s.gen = 0;
     cur_ = 1;
   }
 }
 
 void VisitedSet::grow() {
-  std::vector<uint64_t> old_keys;
-  std::vector<uint32_t> old_gen;
-  old_keys.swap(keys_);
-  old_gen.swap(gen_);
-  size_t cap = std::max<size_t>(1024, old_keys.size() * 2);
-  keys_.assign(cap, 0);
-  gen_.assign(cap, 0);
+  std::vector<Slot> old;
+  old.swap(slots_);
+  slots_.assign(std::max<size_t>(1024, old.size() * 2), Slot{});
   size_ = 0;
-  for (size_t i = 0; i < old_keys.size(); ++i)
-    if (old_gen[i] == cur_) insert(RemotePtr::from_raw(old_keys[i]));
+  for (const Slot& s : old)
+    if (s.gen == cur_) insert(RemotePtr::from_raw(s.key));
 }
 
 bool VisitedSet::insert(RemotePtr p) {
-  if ((size_ + 1) * 2 > keys_.size()) grow();
-  size_t mask = keys_.size() - 1;
-  uint64_t k = p.raw();
+  if ((size_ + 1) * 2 > slots_.size()) grow();
+  const size_t mask = slots_.size() - 1;
+  const uint64_t k = p.raw();
   size_t i = static_cast<size_t>((k * 0x9E3779B97F4A7C15ull) >> 20) & mask;
-  while (gen_[i] == cur_) {
-    if (keys_[i] == k) return false;
+  while (slots_[i].gen == cur_) {
+    if (slots_[i].key == k) return false;
     i = (i + 1) & mask;
   }
-  gen_[i] = cur_;
-  keys_[i] = k;
+  slots_[i] = {k, cur_};
   ++size_;
   return true;
 }
@@ -173,7 +168,8 @@ Task<std::vector<Neighbor>> Worker::read_vectors(const std::vector<RemotePtr>& a
   const std::vector<RemotePtr>& nodes = ctx.code_dist != nullptr ? uncoded : all;
   if (nodes.empty()) co_return out;
   // Vectors this insert already knows are not read again (they never change).
-  std::vector<RemotePtr> remote;
+  std::vector<RemotePtr>& remote = ctx.remote_scratch;  // per context: kept across the READs' suspension
+  remote.clear();
   if (cache != nullptr) {
     // As hnswlib does, memory latency is overlapped: all table cells are requested before
     // the lookups, and all vectors before the distances.
@@ -357,7 +353,8 @@ Task<std::vector<Neighbor>> Worker::search_layer(const float* q, std::vector<Nei
       in->found.push_back(c.node);
     if (cache != nullptr && cache->shared != nullptr)  // the lookups in read_vectors overlap the visited checks
       for (RemotePtr p : nbrs) cache->shared->prefetch(p);
-    std::vector<RemotePtr> fresh;
+    std::vector<RemotePtr>& fresh = ctx.fresh_scratch;  // per context, reused hop after hop
+    fresh.clear();
     for (RemotePtr p : nbrs)
       if (ctx.visited.insert(p)) fresh.push_back(p);
     std::vector<Neighbor> got = co_await read_vectors(fresh, q, ctx, cache);

@@ -156,8 +156,12 @@ class VisitedSet {
 
  private:
   void grow();
-  std::vector<uint64_t> keys_;
-  std::vector<uint32_t> gen_;
+  // A key and the clear() generation it was inserted in, side by side: one cache line per probe.
+  struct Slot {
+    uint64_t key = 0;
+    uint64_t gen = 0;
+  };
+  std::vector<Slot> slots_;
   uint32_t cur_ = 1;
   size_t size_ = 0;
 };
@@ -181,6 +185,9 @@ struct OpContext {
   // Queries: lists and vectors read where the endpoint maps them (Endpoint::mapped: cxl), with
   // no copy and no suspension; else, and for whatever is not mapped, READs.
   bool in_place = false;
+  // Scratch lists reused hop after hop instead of allocated per hop: search_layer's unvisited
+  // neighbours, read_vectors' nodes to read (neither calls itself or the other's user).
+  std::vector<RemotePtr> fresh_scratch, remote_scratch;
   cache::TraceWriter* trace = nullptr;     // queries: records every node-cache access (optional)
   std::vector<cache::TraceRecord>* accesses = nullptr;  // queries: the same records kept in memory (optional)
   bool measured = true;                    // trace flag: outside the warm-up
