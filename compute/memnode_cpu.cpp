@@ -14,7 +14,7 @@ namespace dmhnsw::compute {
 nlohmann::json process_memory() {
   static constexpr std::pair<const char*, const char*> kFields[] = {
       {"VmHWM:", "peak_rss_mib"}, {"VmRSS:", "rss_mib"}, {"RssAnon:", "anon_mib"},
-      {"RssFile:", "file_mib"}, {"RssShmem:", "shmem_mib"}};
+      {"RssFile:", "file_mib"}, {"RssShmem:", "shmem_mib"}, {"HugetlbPages:", "hugetlb_mib"}};
   nlohmann::json out;
   for (const auto& f : kFields) out[f.second] = nullptr;
   std::ifstream in("/proc/self/status");

@@ -13,8 +13,9 @@
 
 namespace dmhnsw::compute {
 
-/// {"peak_rss_mib", "rss_mib", "anon_mib", "file_mib", "shmem_mib"} of this process from
-/// /proc/self/status (VmHWM, VmRSS, RssAnon, RssFile, RssShmem); fields it lacks are null.
+/// {"peak_rss_mib", "rss_mib", "anon_mib", "file_mib", "shmem_mib", "hugetlb_mib"} of this
+/// process from /proc/self/status (VmHWM, VmRSS, RssAnon, RssFile, RssShmem, HugetlbPages: a
+/// mapping on hugetlbfs counts in none of the others); fields it lacks are null.
 nlohmann::json process_memory();
 
 class MemnodeCpuMeter {

@@ -348,12 +348,12 @@ for sys_, part in (("shine", results.get("shine", {})), ("dhnsw", results.get("d
         if key.startswith("query_") and v.get("computenode_memory"):
             m = v["computenode_memory"]
             qmem.append([sys_, key[len("query_"):], f(m.get("peak_rss_mib")), f(m.get("anon_mib")),
-                         f(m.get("shmem_mib"))])
+                         f(m.get("shmem_mib")), f(m.get("hugetlb_mib"))])
 if "hnswlib" in results:
     qmem.append(["hnswlib", "build + queries", f(results["hnswlib"]["memory"]["peak_rss_mib"]),
-                 f(results["hnswlib"]["memory"]["peak_anon_mib"]), "–"])
+                 f(results["hnswlib"]["memory"]["peak_anon_mib"]), "–", "–"])
 md += ["\nQuerying processes (MiB; a cxl computenode maps the memnodes' regions, counted as shared, not its own):\n\n",
-       dmh.md_table(["system", "run", "peak RSS", "own (anon)", "mapped (shmem)"], qmem)]
+       dmh.md_table(["system", "run", "peak RSS", "own (anon)", "mapped (shmem)", "mapped (hugetlb)"], qmem)]
 (out / "results.md").write_text("".join(md))
 print("".join(md))
 dmh.log(f"wrote {out / 'results.md'} ({(time.time() - t_start) / 60:.0f} min)")
