@@ -254,10 +254,11 @@ int main(int argc, char** argv) {
     if (!f.dax.empty() && prov != fabric::Provider::Cxl)
       throw std::invalid_argument("--dax " + f.dax + ": only with --provider cxl (computenodes map the device)");
     bool huge = f.hugepages;
-    if (!f.hugepages && !f.no_hugepages && f.dax.empty() && memory::free_hugepage_bytes() >= bytes + (2u << 20)) {
+    if (const uint64_t free_huge = memory::free_hugepage_bytes();
+        !f.hugepages && !f.no_hugepages && f.dax.empty() && free_huge >= bytes + (2u << 20)) {
       huge = true;
       spdlog::info("the host has {} of free hugepages: the region uses them (--no-hugepages: normal pages)",
-                   format_bytes(memory::free_hugepage_bytes()));
+                   format_bytes(free_huge));
     }
     memory::RegionMemory mem(bytes, huge, f.numa_node, prov == fabric::Provider::Cxl, f.dax);
     fill_region(f, mem, bytes);

@@ -74,9 +74,8 @@ class ShineBackend final : public Backend {
     const uint64_t cache_bytes = so.cache_capacity(so.cache_ratio > 0 ? shine::index_bytes(g_, *control_) : 0);
     if (cache_bytes > 0) {
       cache::NodeCacheConfig cc;
-      // Neighbour lists (an entry the size of level 0's) or vectors: --cache-holds, by --rerank.
-      cache_lists_ = so.cache_lists(so.rerank);
-      cc.dim = cache_lists_ ? static_cast<uint32_t>((g_.layout().list_bytes(0) + 3) / 4) : p_.dim;
+      cache_lists_ = so.cache_lists();  // --cache-holds, by --rerank
+      cc.dim = shine::cache_entry_floats(g_.layout(), cache_lists_);
       cc.capacity_bytes = cache_bytes;
       cc.admit_probability = so.admit_probability;
       cc.seed = p_.seed * 1000;
@@ -84,7 +83,7 @@ class ShineBackend final : public Backend {
       spdlog::info("serve: node cache of {} {} ({} MiB), level-0 admission p={}", ncache_->capacity_entries(),
                    cache_lists_ ? "neighbour lists" : "vectors", cache_bytes >> 20, so.admit_probability);
     }
-    in_place_ = so.in_place && control_->mapped(RemotePtr(0, 0), 8) != nullptr;
+    in_place_ = so.reads_in_place(*control_);
     // The codes, loaded at start and refreshed between rounds (refresh_codes) whenever the index
     // has them, so that a request's rerank can use them; searches traverse on them only when the
     // request or --rerank asks (by default full vectors throughout, as `query` without --rerank).
@@ -283,9 +282,8 @@ class ShineBackend final : public Backend {
       for (size_t j = 0; j < jobs.size(); ++j) {
         before[j] = ctxs[j].io;
         searched[j] = ctxs[j].search;
-        ctxs[j].node_cache = jobs[j].kind == Job::Kind::Search && !cache_lists_ ? ncache_.get() : nullptr;
-        ctxs[j].list_cache = jobs[j].kind == Job::Kind::Search && cache_lists_ && !in_place_ ? ncache_.get() : nullptr;
-        ctxs[j].in_place = jobs[j].kind == Job::Kind::Search && in_place_;
+        const bool search = jobs[j].kind == Job::Kind::Search;  // inserts read through no node cache
+        shine::set_search_reads(ctxs[j], search ? ncache_.get() : nullptr, cache_lists_, search && in_place_);
         ctxs[j].codes = jobs[j].kind == Job::Kind::Search && codes_ ? &*codes_ : nullptr;
         ctxs[j].rerank = jobs[j].op.rerank;
         if (ctxs[j].rerank == 0) ctxs[j].codes = nullptr;  // full vectors throughout

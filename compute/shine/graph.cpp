@@ -70,6 +70,16 @@ bool VisitedSet::insert(RemotePtr p) {
   return true;
 }
 
+uint32_t cache_entry_floats(const NodeLayout& L, bool lists) {
+  return lists ? static_cast<uint32_t>((L.list_bytes(0) + 3) / 4) : L.dim();
+}
+
+void set_search_reads(OpContext& ctx, cache::NodeCache* cache, bool lists, bool in_place) {
+  ctx.node_cache = lists ? nullptr : cache;
+  ctx.list_cache = lists && !in_place ? cache : nullptr;
+  ctx.in_place = in_place;
+}
+
 // ------------------------------------------------------------------ worker
 namespace {
 /// The first cache lines of a vector (the hardware prefetcher follows the rest).

@@ -197,6 +197,12 @@ struct OpContext {
   VisitedSet visited;
 };
 
+/// Floats per node-cache entry: a vector, or the largest neighbour list (level 0's) as read.
+uint32_t cache_entry_floats(const NodeLayout& L, bool lists);
+/// A search context's reads: `cache` holds vectors or (`lists`) neighbour lists; in place, a
+/// list costs no READ, so a cache of lists is not used.
+void set_search_reads(OpContext& ctx, cache::NodeCache* cache, bool lists, bool in_place);
+
 /// A worker: one thread's scheduler over its endpoint, running insert/search coroutines.
 class Worker {
  public:

@@ -6,6 +6,8 @@
 #include <cstdint>
 #include <string>
 
+#include "common/fabric/transport.hpp"
+
 namespace dmhnsw::shine {
 
 /// Routing of queries between computenodes by logical partition (router/policy.hpp).
@@ -43,10 +45,11 @@ struct SearchOptions {
   uint32_t rerank = 0;
   RoutingOptions routing;
 
-  /// Whether the node cache holds neighbour lists (else vectors) for searches with `rerank`.
-  bool cache_lists(uint32_t with_rerank) const {
-    return cache_holds == "lists" || (cache_holds == "auto" && with_rerank > 0);
-  }
+  /// Whether the node cache holds neighbour lists (else vectors).
+  bool cache_lists() const { return cache_holds == "lists" || (cache_holds == "auto" && rerank > 0); }
+  /// Whether searches read in place over `ep`: --in-place, and the provider maps the regions
+  /// (the first bytes of memnode 0's, its header, are there whenever any are).
+  bool reads_in_place(const fabric::Endpoint& ep) const { return in_place && ep.mapped(RemotePtr(0, 0), 8) != nullptr; }
   /// The node cache's capacity for an index of `index_bytes`.
   uint64_t cache_capacity(uint64_t index_bytes) const {
     return cache_bytes > 0 ? cache_bytes : static_cast<uint64_t>(cache_ratio * static_cast<double>(index_bytes));

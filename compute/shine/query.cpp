@@ -32,7 +32,7 @@ QuerySession::QuerySession(const RunContext& rc, const QueryOptions& o)
   g_.emplace(c_, p_);
   board_.emplace(c_, *control_, self_, K_, "query", rc.departed_at_connect);
   make_node_cache();
-  in_place_ = o.search.in_place && control_->mapped(RemotePtr(0, 0), 8) != nullptr;
+  in_place_ = o.search.reads_in_place(*control_);
   if (in_place_)
     spdlog::info("lists and vectors read in place (the provider maps the memnodes' regions){}",
                  ncache_ && cache_lists_ ? "; the node cache of lists is not used" : "");
@@ -51,9 +51,8 @@ QuerySession::QuerySession(const RunContext& rc, const QueryOptions& o)
 
 void QuerySession::make_node_cache() {
   idx_bytes_ = index_bytes(*g_, *control_);
-  cache_lists_ = o_.search.cache_lists(o_.search.rerank);
-  // An entry is a vector, or the largest list (level 0's) as read.
-  cc_.dim = cache_lists_ ? static_cast<uint32_t>((g_->layout().list_bytes(0) + 3) / 4) : p_.dim;
+  cache_lists_ = o_.search.cache_lists();
+  cc_.dim = cache_entry_floats(g_->layout(), cache_lists_);
   cc_.admit_probability = o_.search.admit_probability;
   cc_.seed = p_.seed * 1000;  // the same policy on every computenode (csp-report replays it)
   cc_.capacity_bytes = o_.search.cache_capacity(idx_bytes_);

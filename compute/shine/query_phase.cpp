@@ -234,9 +234,7 @@ void QuerySession::answer(PhaseRun& run, std::vector<PerQuery>& out) {
     std::vector<OpContext> ctxs(o_.search.coroutines);
     for (auto& x : ctxs) {
       x.mode = o_.mode;
-      x.node_cache = cache_lists_ ? nullptr : ncache_.get();
-      x.list_cache = cache_lists_ && !in_place_ ? ncache_.get() : nullptr;  // in place, a list costs no READ
-      x.in_place = in_place_;
+      set_search_reads(x, ncache_.get(), cache_lists_, in_place_);
       x.codes = codes_ ? &*codes_ : nullptr;
       x.rerank = o_.search.rerank;
       x.trace = traces_[t].get();
