@@ -20,6 +20,12 @@ IdTable IdTable::sized_for(uint64_t ids, uint16_t memnodes, uint64_t offset) {
   return t;
 }
 
+uint64_t copy_key(uint64_t id, unsigned k) {
+  if (k == 0) return id;
+  const uint64_t in[2] = {id, k};
+  return XXH3_64bits(in, sizeof in) | (uint64_t{1} << 63);
+}
+
 IdHash hash_id(uint64_t id, const IdTable& t) {
   const XXH128_hash_t h = XXH3_128bits(&id, sizeof id);
   IdHash r;

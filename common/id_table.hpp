@@ -49,6 +49,24 @@ struct IdTable {
   static IdTable sized_for(uint64_t ids, uint16_t memnodes, uint64_t offset);
 };
 
+/// The key under which copy `k` of id `id` is mapped (d-HNSW's boundary copies,
+/// compute/dhnsw/build.hpp): `id` itself for k = 0, else a hash of both with the top bit set,
+/// which no application id has (ids are below 2^63). Its entry names a label word holding `id`.
+uint64_t copy_key(uint64_t id, unsigned k);
+
+/// What the id index looks up: the key its buckets are hashed from, and the label the word an
+/// entry names must hold. An id is its own key; a boundary copy's key is copy_key().
+struct IdKey {
+  uint64_t key;
+  uint64_t label;
+  IdKey(uint64_t id) : key(id), label(id) {}  // NOLINT(google-explicit-constructor): an id is its own key
+  static IdKey copy(uint64_t id, unsigned k) {
+    IdKey r(id);
+    r.key = copy_key(id, k);
+    return r;
+  }
+};
+
 /// The two buckets of an id and the bits its entries carry.
 struct IdHash {
   uint64_t bucket[2];

@@ -41,7 +41,7 @@ compute::Task<IdIndex::Slots> IdIndex::read_buckets(const IdHash& h, compute::Io
   co_return s;
 }
 
-compute::Task<std::vector<unsigned>> IdIndex::matches(uint64_t id, const IdHash& h, const Slots& s,
+compute::Task<std::vector<unsigned>> IdIndex::matches(const IdKey& id, const IdHash& h, const Slots& s,
                                                       compute::IoStats* io) {
   std::vector<unsigned> cand;
   for (unsigned p = 0; p < std::size(s.word); ++p)
@@ -63,13 +63,13 @@ compute::Task<std::vector<unsigned>> IdIndex::matches(uint64_t id, const IdHash&
   for (size_t i = 0; i < cand.size(); ++i) {
     uint64_t label = 0;
     std::memcpy(&label, b.data() + 8 * i, 8);
-    if (label == id) out.push_back(cand[i]);
+    if (label == id.label) out.push_back(cand[i]);
   }
   co_return out;
 }
 
-compute::Task<RemotePtr> IdIndex::find(uint64_t id, compute::IoStats* io) {
-  const IdHash h = hash_id(id, t_);
+compute::Task<RemotePtr> IdIndex::find(IdKey id, compute::IoStats* io) {
+  const IdHash h = hash_id(id.key, t_);
   const Slots s = co_await read_buckets(h, io);
   const auto m = co_await matches(id, h, s, io);
   co_return m.empty() ? RemotePtr{} : IdSlot::node(s.word[m.front()]);
@@ -105,11 +105,11 @@ compute::Task<void> IdIndex::unlock(const IdHash& h, uint64_t mine, compute::IoS
                  std::chrono::duration_cast<std::chrono::seconds>(kIdLockLease).count());
 }
 
-compute::Task<IdIndex::PutResult> IdIndex::insert(uint64_t id, RemotePtr node, bool replace, compute::IoStats* io) {
+compute::Task<IdIndex::PutResult> IdIndex::insert(IdKey id, RemotePtr node, bool replace, compute::IoStats* io) {
   if (!IdSlot::fits(node))
     throw std::invalid_argument("id index: memnode " + std::to_string(node.node()) + " offset " +
                                 std::to_string(node.offset()) + " cannot be named by an entry");
-  const IdHash h = hash_id(id, t_);
+  const IdHash h = hash_id(id.key, t_);
   const uint64_t entry = IdSlot::make(h.fingerprint, node);
   const uint64_t mine = co_await lock(h, io);
   // A failure below leaves the lock held: the next writer of this bucket takes it over after
@@ -133,7 +133,7 @@ compute::Task<IdIndex::PutResult> IdIndex::insert(uint64_t id, RemotePtr node, b
     for (unsigned p = 0; p < std::size(s.word); ++p) free_in[p / IdSlot::kPerBucket] += is_slot(p) && s.word[p] == 0;
     if (free_in[0] == 0 && free_in[1] == 0) {
       co_await unlock(h, mine, io);
-      throw FabricError("id index: both buckets of id " + std::to_string(id) + " are full (" +
+      throw FabricError("id index: both buckets of id " + std::to_string(id.label) + " are full (" +
                         std::to_string(t_.buckets) + " buckets): the table is too small for the ids stored");
     }
     const unsigned b = free_in[1] > free_in[0] ? 1 : 0;
@@ -143,12 +143,12 @@ compute::Task<IdIndex::PutResult> IdIndex::insert(uint64_t id, RemotePtr node, b
     co_await unlock(h, mine, io);
     co_return PutResult{Put::Inserted, {}};
   }
-  throw FabricError("id index: id " + std::to_string(id) + "'s buckets changed under " + std::to_string(kMaxAttempts) +
+  throw FabricError("id index: id " + std::to_string(id.label) + "'s buckets changed under " + std::to_string(kMaxAttempts) +
                     " attempts to insert it");
 }
 
-compute::Task<RemotePtr> IdIndex::erase(uint64_t id, RemotePtr only, compute::IoStats* io) {
-  const IdHash h = hash_id(id, t_);
+compute::Task<RemotePtr> IdIndex::erase(IdKey id, RemotePtr only, compute::IoStats* io) {
+  const IdHash h = hash_id(id.key, t_);
   const uint64_t mine = co_await lock(h, io);
   for (int attempt = 0; attempt < kMaxAttempts; ++attempt) {
     const Slots s = co_await read_buckets(h, io);
@@ -163,7 +163,7 @@ compute::Task<RemotePtr> IdIndex::erase(uint64_t id, RemotePtr only, compute::Io
       co_return IdSlot::node(w);
     }
   }
-  throw FabricError("id index: id " + std::to_string(id) + "'s buckets changed under " + std::to_string(kMaxAttempts) +
+  throw FabricError("id index: id " + std::to_string(id.label) + "'s buckets changed under " + std::to_string(kMaxAttempts) +
                     " attempts to remove it");
 }
 

@@ -38,8 +38,8 @@ class IdIndex {
   IdIndex(const IdTable& t, uint64_t label_offset, compute::Scheduler& s, uint64_t seed)
       : t_(t), label_offset_(label_offset), s_(s), rng_(seed) {}
 
-  /// The node holding `id`, or null.
-  compute::Task<RemotePtr> find(uint64_t id, compute::IoStats* io = nullptr);
+  /// The node holding `id`, or null. An IdKey::copy finds a boundary copy of the id.
+  compute::Task<RemotePtr> find(IdKey id, compute::IoStats* io = nullptr);
 
   enum class Put : uint8_t { Inserted, Present, Replaced };
   struct PutResult {
@@ -49,11 +49,11 @@ class IdIndex {
   /// Maps `id` to `node` (whose record's label word already holds `id`). An id already present
   /// is left as it is (Present) unless `replace`, which points its entry at `node` in one CAS
   /// (Replaced). Throws when both buckets are full (the table is sized too small).
-  compute::Task<PutResult> insert(uint64_t id, RemotePtr node, bool replace, compute::IoStats* io = nullptr);
+  compute::Task<PutResult> insert(IdKey id, RemotePtr node, bool replace, compute::IoStats* io = nullptr);
 
   /// Removes `id`'s entry; returns the node it named, or null when the id was absent. With
   /// `only` set, removes it only while it names that node (null when it names another).
-  compute::Task<RemotePtr> erase(uint64_t id, RemotePtr only = {}, compute::IoStats* io = nullptr);
+  compute::Task<RemotePtr> erase(IdKey id, RemotePtr only = {}, compute::IoStats* io = nullptr);
 
  private:
   struct Slots {
@@ -66,7 +66,7 @@ class IdIndex {
   /// Reads both buckets (one doorbell).
   compute::Task<Slots> read_buckets(const IdHash& h, compute::IoStats* io);
   /// Positions of `s` that hold `id`'s entries, lowest first (their labels read in one doorbell).
-  compute::Task<std::vector<unsigned>> matches(uint64_t id, const IdHash& h, const Slots& s, compute::IoStats* io);
+  compute::Task<std::vector<unsigned>> matches(const IdKey& id, const IdHash& h, const Slots& s, compute::IoStats* io);
   compute::Task<uint64_t> cas(RemotePtr word, uint64_t expect, uint64_t want, compute::IoStats* io);
   RemotePtr slot_ptr(const IdHash& h, unsigned pos) const {
     return t_.bucket(h.bucket[pos / IdSlot::kPerBucket]) + 8ull * (pos % IdSlot::kPerBucket);

@@ -92,6 +92,7 @@ int main(int argc, char** argv) {
                  "unit-length inner-product data)")
       ->capture_default_str();
   app.add_option("--threads", o.threads, "threads building sub-HNSWs (0: all cores)")->capture_default_str();
+  dhnsw::add_boundary_flags(app, o.boundary);
   std::string codes_text = "none";
   app.add_option("--codes", codes_text,
                  "compressed vectors beside the vectors in each sub-HNSW, for `computenode query --rerank`: none, "

@@ -5,6 +5,7 @@
 #include "common/dataset.hpp"
 #include "common/units.hpp"
 #include "compute/commands/commands.hpp"
+#include "compute/dhnsw/boundary.hpp"
 #include "compute/store.hpp"
 
 namespace dmhnsw::commands {
@@ -81,6 +82,7 @@ void IndexCommands::add(CLI::App& app) {
   build_->add_option("--overflow-gap", dbo_.build.layout.overflow_gap,
                      "dhnsw: shared overflow gap of a group, share of its two blocks (0..1000)")
       ->capture_default_str();
+  dhnsw::add_boundary_flags(*build_, dbo_.build.boundary, "dhnsw: ");
   build_->add_option("--partition-metric", partition_metric_, "dhnsw: l2 or ip, metric of the partitioning and meta-HNSW")
       ->capture_default_str()
       ->check(CLI::IsMember({"l2", "ip"}));

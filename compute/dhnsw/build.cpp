@@ -84,12 +84,25 @@ void check_options(size_t n, uint32_t dim, const BuildOptions& opts) {
        "--internal-gap: " + std::to_string(opts.layout.internal_gap) + " outside [0, 1000]");
   need(std::isfinite(opts.layout.overflow_gap) && opts.layout.overflow_gap >= 0 && opts.layout.overflow_gap <= 1000,
        "--overflow-gap: " + std::to_string(opts.layout.overflow_gap) + " outside [0, 1000]");
+  const BoundaryRule& b = opts.boundary;
+  need(std::isfinite(b.ratio) && (b.ratio == 0 || (b.ratio >= 1 && b.ratio <= 100)),
+       "--boundary-ratio: " + std::to_string(b.ratio) + " is neither 0 (no copies) nor in [1, 100]");
+  need(b.max_copies >= 1 && b.max_copies <= kMaxCopies,
+       "--max-copies: " + std::to_string(b.max_copies) + " outside [1, " + std::to_string(kMaxCopies) + "]");
+  need(!b.enabled() || opts.partition_metric == Metric::L2,
+       "--boundary-ratio: boundary copies need --partition-metric l2 (a ratio of distances)");
 }
 
-/// Step 1: balanced partitions; the members of each, in increasing global id (the sub's
-/// local ids follow it). Fills the partition fields of `out`.
-std::vector<std::vector<int64_t>> partition(const float* data, size_t n, uint32_t dim, uint32_t P,
-                                            const BuildOptions& opts, router::Partitioning& part, BuiltIndex& out) {
+/// The rows of each partition, in increasing row (the sub's local ids follow it), and which copy
+/// of its row each is (0: the primary; k >= 1: boundary copy k, mapped under copy_key(id, k)).
+struct Members {
+  std::vector<std::vector<int64_t>> rows;
+  std::vector<std::vector<uint8_t>> copy;
+};
+
+/// Step 1: balanced partitions, then the boundary copies. Fills the partition fields of `out`.
+Members partition(const float* data, size_t n, uint32_t dim, uint32_t P, const BuildOptions& opts,
+                  router::Partitioning& part, BuiltIndex& out) {
   router::CapacityKMeansOptions ko;
   ko.iterations = opts.kmeans_iterations;
   ko.seed = opts.seed;
@@ -98,31 +111,52 @@ std::vector<std::vector<int64_t>> partition(const float* data, size_t n, uint32_
   part = opts.plain_kmeans ? router::plain_kmeans(data, n, dim, P, pm, ko) : router::capacity_kmeans(data, n, dim, P, pm, ko);
   if (part.k != P || part.assignment.size() != n || part.centroids.size() != size_t{P} * dim)
     throw std::runtime_error("build: the partitioning returned an inconsistent result");
-  out.partition_sizes = part.sizes;
   out.partition_max_over_mean = part.max_over_mean();
   out.partition_inertia = part.inertia;
-  std::vector<std::vector<int64_t>> members(P);
-  for (uint32_t p = 0; p < P; ++p) members[p].reserve(part.sizes[p]);
+  for (size_t i = 0; i < n; ++i)
+    if (part.assignment[i] >= P)
+      throw std::runtime_error("build: vector " + std::to_string(i) + " assigned to partition " +
+                               std::to_string(part.assignment[i]) + " of " + std::to_string(P));
+  auto t0 = Clock::now();
+  std::vector<std::vector<uint32_t>> to;
+  if (opts.boundary.enabled())
+    to = place_with_copies(data, n, dim, part.centroids.data(), P, part.assignment.data(), opts.boundary);
+  out.seconds_copies = seconds_since(t0);
+  Members members;
+  members.rows.resize(P);
+  members.copy.resize(P);
+  for (uint32_t p = 0; p < P; ++p) members.rows[p].reserve(part.sizes[p]);
   for (size_t i = 0; i < n; ++i) {
-    const uint32_t p = part.assignment[i];
-    if (p >= P) throw std::runtime_error("build: vector " + std::to_string(i) + " assigned to partition " +
-                                         std::to_string(p) + " of " + std::to_string(P));
-    members[p].push_back(static_cast<int64_t>(i));
+    if (to.empty()) {
+      members.rows[part.assignment[i]].push_back(static_cast<int64_t>(i));
+      members.copy[part.assignment[i]].push_back(0);
+      continue;
+    }
+    for (size_t k = 0; k < to[i].size(); ++k) {
+      members.rows[to[i][k]].push_back(static_cast<int64_t>(i));
+      members.copy[to[i][k]].push_back(static_cast<uint8_t>(k));
+    }
+    out.copies += to[i].size() - 1;
   }
-  for (uint32_t p = 0; p < P; ++p)
-    if (members[p].size() > static_cast<size_t>(std::numeric_limits<int32_t>::max()))
+  out.partition_sizes.resize(P);
+  for (uint32_t p = 0; p < P; ++p) {
+    out.partition_sizes[p] = members.rows[p].size();
+    if (members.rows[p].size() > static_cast<size_t>(std::numeric_limits<int32_t>::max()))
       throw std::invalid_argument("--partitions: partition " + std::to_string(p) +
                                   " holds more than 2^31-1 vectors (Faiss ids); use more partitions");
+  }
   return members;
 }
 
 /// Step 2: a sub-HNSW per partition (tasks 0..P-1) and the meta-HNSW over the centroids
 /// (task P), in parallel.
-std::unique_ptr<faiss::IndexHNSWFlat> build_hnsws(const float* data, size_t n, uint32_t dim, Metric metric,
+std::unique_ptr<faiss::IndexHNSWFlat> build_hnsws(const float* data, uint32_t dim, Metric metric,
                                                   const BuildOptions& opts, uint32_t threads,
                                                   const router::Partitioning& part,
                                                   const std::vector<std::vector<int64_t>>& members,
                                                   std::vector<std::unique_ptr<faiss::IndexHNSWFlat>>& subs) {
+  size_t placed = 0;
+  for (const auto& m : members) placed += m.size();
   const uint32_t P = static_cast<uint32_t>(members.size());
   const faiss::MetricType fmetric = metric == Metric::IP ? faiss::METRIC_INNER_PRODUCT : faiss::METRIC_L2;
   subs.resize(P);
@@ -130,7 +164,7 @@ std::unique_ptr<faiss::IndexHNSWFlat> build_hnsws(const float* data, size_t n, u
   ProgressOptions po;
   po.enabled = opts.progress;
   // Counted a sub-HNSW at a time (one Faiss add each): P is about sqrt(n), often enough.
-  Progress progress("dhnsw build (sub-HNSWs)", n, "vectors", po);
+  Progress progress("dhnsw build (sub-HNSWs)", placed, "vectors", po);
   run_pool(size_t{P} + 1, threads, [&](size_t t) {
     if (t == P) {
       meta = std::make_unique<faiss::IndexHNSWFlat>(
@@ -170,6 +204,10 @@ MetaHeader meta_header(uint32_t P, size_t n, uint32_t dim, Metric metric, const 
   h.id_buckets = plan.id_buckets;
   h.internal_gap_ppm = static_cast<uint64_t>(std::llround(opts.layout.internal_gap * 1e6));
   h.overflow_gap_ppm = static_cast<uint64_t>(std::llround(opts.layout.overflow_gap * 1e6));
+  if (opts.boundary.enabled()) {
+    h.max_copies = opts.boundary.max_copies;
+    h.boundary_ratio_ppm = static_cast<uint32_t>(std::llround(opts.boundary.ratio * 1e6));
+  }
   return h;
 }
 
@@ -197,17 +235,20 @@ RegionHeader dhnsw_region_header(uint32_t m, const MetaHeader& h, uint32_t dim, 
 /// serialized into its block; checked by decoding the metadata back.
 void lay_out(uint32_t dim, Metric metric, const BuildOptions& opts, uint32_t threads, const int64_t* labels,
              std::unique_ptr<faiss::IndexHNSWFlat> meta, std::vector<std::unique_ptr<faiss::IndexHNSWFlat>>& subs,
-             const std::vector<std::vector<int64_t>>& members, BuiltIndex& out) {
+             const Members& part_members, BuiltIndex& out) {
+  const std::vector<std::vector<int64_t>>& members = part_members.rows;
   const uint32_t P = static_cast<uint32_t>(subs.size());
   const std::vector<char> meta_bytes = serialize_meta(*meta);
   meta.reset();
   const uint32_t code_size = out.quantizer ? static_cast<uint32_t>(out.quantizer->code_size()) : 0;
   const std::vector<char> codes_block = out.quantizer ? out.quantizer->serialize() : std::vector<char>{};
+  // A copy's record in a sub-HNSW: its vector, code, label and level-0 list (2M entries).
+  out.copy_bytes = out.copies * (4ull * dim + code_size + 8 + 8ull * opts.m);
   std::vector<SubShape> shapes(P);
   for (uint32_t p = 0; p < P; ++p) shapes[p] = shape_of(*subs[p], code_size);
   // The id index: room for twice the vectors (in-place inserts until the next rebuild, which
   // sizes it again).
-  const uint64_t id_capacity = opts.id_index ? 2 * out.num_vectors + 1024 : 0;
+  const uint64_t id_capacity = opts.id_index ? 2 * (out.num_vectors + out.copies) + 1024 : 0;
   RegionPlan plan = plan_region(shapes, opts.memnodes, meta_bytes.size(), opts.layout, opts.base_offset, id_capacity,
                                 codes_block.size());
   for (uint32_t p = 0; p < P; ++p) {
@@ -265,13 +306,13 @@ void lay_out(uint32_t dim, Metric metric, const BuildOptions& opts, uint32_t thr
   if (plan.id_buckets > 0) {  // each id -> its label entry in its sub's labels array
     const IdTable t = id_table(out.header);
     std::vector<std::pair<uint64_t, RemotePtr>> entries;
-    entries.reserve(out.num_vectors);
+    entries.reserve(out.num_vectors + out.copies);
     for (uint32_t p = 0; p < P; ++p) {
       const SubDesc& d = plan.subs[p];
       const uint64_t at = d.block_offset + d.arrays[kLabels].offset;
       for (size_t i = 0; i < members[p].size(); ++i) {
         const int64_t id = labels != nullptr ? labels[members[p][i]] : members[p][i];
-        entries.emplace_back(static_cast<uint64_t>(id), RemotePtr(d.memnode, at + 8 * i));
+        entries.emplace_back(copy_key(static_cast<uint64_t>(id), part_members.copy[p][i]), RemotePtr(d.memnode, at + 8 * i));
       }
     }
     const auto words = fill_id_table(t, entries, "build");
@@ -309,8 +350,8 @@ BuiltIndex build_index(const float* data, size_t n, uint32_t dim, Metric metric,
 
   auto t0 = Clock::now();
   router::Partitioning part;
-  const std::vector<std::vector<int64_t>> members = partition(data, n, dim, P, opts, part, out);
-  out.seconds_partition = seconds_since(t0);
+  const Members members = partition(data, n, dim, P, opts, part, out);
+  out.seconds_partition = seconds_since(t0) - out.seconds_copies;
 
   t0 = Clock::now();
   out.quantizer = opts.quantizer;
@@ -325,7 +366,7 @@ BuiltIndex build_index(const float* data, size_t n, uint32_t dim, Metric metric,
 
   t0 = Clock::now();
   std::vector<std::unique_ptr<faiss::IndexHNSWFlat>> subs;
-  std::unique_ptr<faiss::IndexHNSWFlat> meta = build_hnsws(data, n, dim, metric, opts, threads, part, members, subs);
+  std::unique_ptr<faiss::IndexHNSWFlat> meta = build_hnsws(data, dim, metric, opts, threads, part, members.rows, subs);
   out.seconds_build_subs = seconds_since(t0);
 
   t0 = Clock::now();
@@ -371,7 +412,13 @@ nlohmann::json BuiltIndex::report() const {
                   {"codes", seconds_codes},
                   {"build_subs", seconds_build_subs},
                   {"layout", seconds_layout},
-                  {"total", seconds_partition + seconds_codes + seconds_build_subs + seconds_layout}};
+                  {"copies", seconds_copies},
+                  {"total", seconds_partition + seconds_copies + seconds_codes + seconds_build_subs + seconds_layout}};
+  j["boundary"] = {{"ratio", options.boundary.enabled() ? options.boundary.ratio : 0.0},
+                   {"max_copies", options.boundary.enabled() ? options.boundary.max_copies : 1},
+                   {"copies", copies},
+                   {"partitions_per_vector", num_vectors > 0 ? 1.0 + static_cast<double>(copies) / num_vectors : 0.0},
+                   {"copy_bytes", copy_bytes}};
   j["codes"] = quantizer ? nlohmann::json{{"kind", quantizer->spec().to_string()},
                                           {"code_size", quantizer->code_size()},
                                           {"bytes", num_vectors * quantizer->code_size()}}

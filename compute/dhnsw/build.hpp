@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "compute/codes.hpp"
+#include "compute/dhnsw/boundary.hpp"
 #include "compute/dhnsw/control.hpp"
 #include "compute/dhnsw/layout.hpp"
 #include "common/distance.hpp"
@@ -58,6 +59,8 @@ struct BuildOptions {
   /// data, or `quantizer` is used as it is (a rebuild keeps the live epoch's).
   compute::CodesSpec codes;
   std::shared_ptr<const compute::Quantizer> quantizer;
+  /// Boundary copies (compute/dhnsw/boundary.hpp): off by default. Needs the L2 partition metric.
+  BoundaryRule boundary;
   /// A progress display (common/progress.hpp) of the vectors put into sub-HNSWs; off for the
   /// rebuilds a serving computenode runs in the background.
   bool progress = false;
@@ -79,10 +82,12 @@ struct BuiltIndex {
   std::vector<std::vector<char>> regions;
   uint64_t region_base = 0;
   std::vector<uint64_t> region_bytes;  // per memnode: the whole region (data end + scratch)
-  std::vector<uint64_t> partition_sizes;
+  std::vector<uint64_t> partition_sizes;  // vectors in each sub-HNSW, boundary copies included
+  uint64_t copies = 0;                    // boundary copies in all (beyond each vector's primary)
+  uint64_t copy_bytes = 0;                // what they take in the sub-HNSWs' blocks (vectors, codes, labels, lists)
   double partition_max_over_mean = 0;
   double partition_inertia = 0;
-  double seconds_partition = 0, seconds_build_subs = 0, seconds_layout = 0, seconds_codes = 0;
+  double seconds_partition = 0, seconds_build_subs = 0, seconds_layout = 0, seconds_codes = 0, seconds_copies = 0;
   std::shared_ptr<const compute::Quantizer> quantizer;  // of the codes (null: none)
   BuildOptions options;
   Metric metric = Metric::L2;

@@ -31,6 +31,7 @@ std::vector<int64_t> Inserter::remove(const int64_t* ids, size_t n) {
     }
   }
   std::vector<int64_t> missing, later;
+  std::unordered_set<int64_t> touched;  // ids with an entry marked: found, whatever a later round sees
   bool rebuild = false;
   while (!pending.empty() || !later.empty()) {
     uint64_t phase;
@@ -42,22 +43,43 @@ std::vector<int64_t> Inserter::remove(const int64_t* ids, size_t n) {
     } else {
       phase = wait_for_idle(true);
     }
-    const std::vector<RemotePtr> at = lookup(pending.data(), pending.size());
+    // Every copy of each id (compute/dhnsw/boundary.hpp): its primary and copy keys 1 .. K-1.
+    const unsigned K = copies_max();
+    std::vector<IdKey> keys;
+    keys.reserve(pending.size() * K);
+    for (int64_t id : pending)
+      for (unsigned k = 0; k < K; ++k) keys.push_back(IdKey::copy(static_cast<uint64_t>(id), k));
+    const std::vector<RemotePtr> at = lookup(keys);
     std::vector<std::pair<int64_t, RemotePtr>> e;
+    std::vector<IdKey> ekeys;
     for (size_t i = 0; i < pending.size(); ++i) {
-      if (!at[i].is_null()) e.emplace_back(pending[i], at[i]);
-      else if (phase == kIdle) missing.push_back(pending[i]);
+      bool any = false;
+      for (unsigned k = 0; k < K; ++k)
+        if (!at[i * K + k].is_null()) {
+          e.emplace_back(pending[i], at[i * K + k]);
+          ekeys.push_back(keys[i * K + k]);
+          any = true;
+        }
+      if (any || touched.count(pending[i]) != 0) continue;
+      if (phase == kIdle) missing.push_back(pending[i]);
       else later.push_back(pending[i]);
     }
     std::vector<char> done(e.size(), 0), gone(e.size(), 0);
     const Marked m = mark_deleted(e, done, gone, rebuild);
     // Unmapped second: a delete cut short here leaves a marked entry, which no lookup matches.
-    unmap_ids(e, done);
+    unmap_ids(ekeys, e, done);
     pending.clear();
+    std::unordered_set<int64_t> again, found;
     for (size_t i = 0; i < e.size(); ++i) {
-      if (gone[i]) missing.push_back(e[i].first);
-      else if (!done[i]) pending.push_back(e[i].first);  // the epoch moved or a rebuild began: again
+      if (done[i]) touched.insert(e[i].first);
+      if (!gone[i]) found.insert(e[i].first);
+      if (!gone[i] && !done[i] && again.insert(e[i].first).second)
+        pending.push_back(e[i].first);  // the epoch moved or a rebuild began: again
     }
+    // An id whose every entry no longer holds it (deleted or moved meanwhile) was not found.
+    for (size_t i = 0; i < e.size(); ++i)
+      if (gone[i] && found.count(e[i].first) == 0 && touched.count(e[i].first) == 0 && found.insert(e[i].first).second)
+        missing.push_back(e[i].first);
     if (m == Marked::EpochMoved) {
       ++st_.epoch_moves;
       reload();

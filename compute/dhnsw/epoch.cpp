@@ -197,6 +197,7 @@ BuildOptions next_epoch_options(const Index& idx, uint32_t threads) {
   bo.image = false;
   bo.id_index = h.id_buckets > 0;
   bo.quantizer = idx.codes;  // the codes stay comparable across epochs
+  bo.boundary = BoundaryRule::of(h);
   return bo;
 }
 
@@ -321,6 +322,8 @@ nlohmann::json run_rebuild(fabric::Cluster& c, fabric::Endpoint& ep, uint32_t cn
     rep["from_buffer"] = s.snap.from_buffer;
     rep["deleted_dropped"] = s.snap.dropped;
     rep["duplicates_dropped"] = s.snap.duplicates;
+    rep["copies_dropped"] = s.snap.copies;
+    rep["copies"] = s.built.copies;  // the new epoch's boundary copies
     rep["deletes_carried"] = carried.size();
     // 4. Merge the buffer, 5. free the old area if every computenode moved already (else the
     //    next rebuild frees it before it needs the room). A carried id may be in the buffer

@@ -1,5 +1,6 @@
 #include "compute/dhnsw/insert.hpp"
 
+#include <faiss/IndexFlatCodes.h>
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
@@ -80,6 +81,16 @@ void Inserter::reload() {
   if (!sched_) sched_ = std::make_unique<compute::Scheduler>(ep_);
   if (index_->header.id_buckets > 0)
     ids_ = std::make_unique<IdIndex>(id_table(index_->header), 0, *sched_, ticket_ ^ 0x1d1d);
+  rule_ = BoundaryRule::of(index_->header);
+  centroids_.clear();
+  if (rule_.enabled()) {
+    const auto* st = dynamic_cast<const faiss::IndexFlatCodes*>(index_->meta->storage);
+    const size_t P = index_->header.num_subs, dim = index_->header.dim;
+    if (st == nullptr || static_cast<size_t>(st->ntotal) != P || st->codes.size() != 4 * P * dim)
+      throw std::runtime_error("dhnsw insert: the meta-HNSW does not hold the " + num(P) + " partitions' centroids");
+    const float* c = reinterpret_cast<const float*>(st->codes.data());
+    centroids_.assign(c, c + P * dim);
+  }
   ack();
 }
 
@@ -87,48 +98,50 @@ namespace {
 
 constexpr size_t kIdLanes = 16;  // id index operations in flight at once
 
-compute::Task<void> find_lane(IdIndex& x, const int64_t* ids, size_t n, size_t lane, std::vector<RemotePtr>& out) {
-  for (size_t i = lane; i < n; i += kIdLanes) {
-    const RemotePtr p = co_await x.find(static_cast<uint64_t>(ids[i]));
+compute::Task<void> find_lane(IdIndex& x, const std::vector<IdKey>& keys, size_t lane, std::vector<RemotePtr>& out) {
+  for (size_t i = lane; i < keys.size(); i += kIdLanes) {
+    const RemotePtr p = co_await x.find(keys[i]);
     out[i] = p;
   }
 }
 
-compute::Task<void> map_lane(IdIndex& x, const std::vector<std::pair<int64_t, RemotePtr>>& items, bool replace, size_t lane,
-                             std::vector<IdIndex::PutResult>& out) {
+compute::Task<void> map_lane(IdIndex& x, const std::vector<IdKey>& keys, const std::vector<std::pair<int64_t, RemotePtr>>& items,
+                             bool replace, size_t lane, std::vector<IdIndex::PutResult>& out) {
   for (size_t i = lane; i < items.size(); i += kIdLanes) {
-    const IdIndex::PutResult r = co_await x.insert(static_cast<uint64_t>(items[i].first), items[i].second, replace);
+    const IdIndex::PutResult r = co_await x.insert(keys[i], items[i].second, replace);
     out[i] = r;
   }
 }
 
-compute::Task<void> erase_lane(IdIndex& x, const std::vector<std::pair<int64_t, RemotePtr>>& items,
+compute::Task<void> erase_lane(IdIndex& x, const std::vector<IdKey>& keys, const std::vector<std::pair<int64_t, RemotePtr>>& items,
                                const std::vector<char>& which, size_t lane) {
   for (size_t i = lane; i < items.size(); i += kIdLanes) {
     if (!which[i]) continue;
-    const RemotePtr was = co_await x.erase(static_cast<uint64_t>(items[i].first), items[i].second);
+    const RemotePtr was = co_await x.erase(keys[i], items[i].second);
     (void)was;  // null: the entry was already gone or names another place (an upsert moved it)
   }
 }
 
 }  // namespace
 
-std::vector<RemotePtr> Inserter::lookup(const int64_t* ids, size_t n) {
+std::vector<RemotePtr> Inserter::lookup(const std::vector<IdKey>& keys) {
+  const size_t n = keys.size();
   std::vector<RemotePtr> out(n);
   if (!ids_ || n == 0) return out;
-  for (size_t l = 0; l < std::min(n, kIdLanes); ++l) sched_->spawn(find_lane(*ids_, ids, n, l, out));
+  for (size_t l = 0; l < std::min(n, kIdLanes); ++l) sched_->spawn(find_lane(*ids_, keys, l, out));
   sched_->run();
   st_.id_lookups += n;
   return out;
 }
 
-void Inserter::map_ids(const std::vector<std::pair<int64_t, RemotePtr>>& placed) {
+void Inserter::map_ids(const std::vector<IdKey>& keys, const std::vector<std::pair<int64_t, RemotePtr>>& placed) {
   if (!ids_ || placed.empty()) return;
   std::vector<IdIndex::PutResult> r(placed.size(), IdIndex::PutResult{IdIndex::Put::Inserted, {}});
   for (size_t l = 0; l < std::min(placed.size(), kIdLanes); ++l)
-    sched_->spawn(map_lane(*ids_, placed, upsert_, l, r));
+    sched_->spawn(map_lane(*ids_, keys, placed, upsert_, l, r));
   sched_->run();
   for (size_t i = 0; i < placed.size(); ++i) {
+    if (r[i].what != IdIndex::Put::Present) mapped_.emplace_back(keys[i], placed[i].second);
     if (r[i].what == IdIndex::Put::Replaced && r[i].old != placed[i].second) {
       replaced_.emplace_back(placed[i].first, r[i].old);
     } else if (r[i].what == IdIndex::Put::Present && r[i].old != placed[i].second) {
@@ -137,9 +150,10 @@ void Inserter::map_ids(const std::vector<std::pair<int64_t, RemotePtr>>& placed)
   }
 }
 
-void Inserter::unmap_ids(const std::vector<std::pair<int64_t, RemotePtr>>& e, const std::vector<char>& which) {
+void Inserter::unmap_ids(const std::vector<IdKey>& keys, const std::vector<std::pair<int64_t, RemotePtr>>& e,
+                         const std::vector<char>& which) {
   if (!ids_) return;
-  for (size_t l = 0; l < std::min(e.size(), kIdLanes); ++l) sched_->spawn(erase_lane(*ids_, e, which, l));
+  for (size_t l = 0; l < std::min(e.size(), kIdLanes); ++l) sched_->spawn(erase_lane(*ids_, keys, e, which, l));
   sched_->run();
 }
 
@@ -338,7 +352,6 @@ void Inserter::commit(uint32_t sub, uint64_t mine, const Fetched& f, const std::
       }
   }
   ++st_.commits;
-  st_.inserted += kept_ids.size();
   st_.appended_bytes += cm.appended_bytes;
   st_.overwritten_bytes += cm.overwritten_bytes;
   st_.overflow_records += cm.overflow_records;
@@ -353,16 +366,26 @@ Inserter::Outcome Inserter::commit_rows(uint32_t sub, const float* x, const int6
   const uint32_t dim = index_->header.dim;
   std::vector<float> xs(rows.size() * dim);
   std::vector<int64_t> is(rows.size());
+  std::unordered_map<int64_t, unsigned> copy_of;  // a sub takes one copy of an id at most
   for (size_t j = 0; j < rows.size(); ++j) {
-    std::memcpy(xs.data() + j * dim, x + rows[j] * dim, 4ull * dim);
-    is[j] = ids[rows[j]];
+    const size_t row = rows[j] / kMaxCopies;
+    std::memcpy(xs.data() + j * dim, x + row * dim, 4ull * dim);
+    is[j] = ids[row];
+    if (rows[j] % kMaxCopies != 0) copy_of[is[j]] = static_cast<unsigned>(rows[j] % kMaxCopies);
   }
   try {
     placed_.clear();
     const Outcome r = insert_into(sub, xs.data(), is.data(), rows.size());
     if (r == Outcome::Done) {
-      map_ids(placed_);
-      for (size_t row : rows) done[row] = 1;
+      std::vector<IdKey> keys;
+      keys.reserve(placed_.size());
+      for (const auto& [id, at] : placed_) {
+        const auto it = copy_of.find(id);
+        keys.push_back(IdKey::copy(static_cast<uint64_t>(id), it == copy_of.end() ? 0 : it->second));
+      }
+      map_ids(keys, placed_);
+      for (size_t slot : rows) done[slot] = 1;
+      for (const IdKey& key : keys) ++(key.key == key.label ? st_.inserted : st_.copies);
     }
     return r;
   } catch (const CommitDoesNotFit&) {
@@ -380,18 +403,37 @@ Inserter::Outcome Inserter::commit_rows(uint32_t sub, const float* x, const int6
 void Inserter::insert(const float* x, const int64_t* ids, size_t n, bool upsert) {
   if (n == 0) return;
   begin_batch(ids, n, upsert);
+  const uint64_t epoch = index_->header.epoch;
   std::vector<size_t> pending(n);
   for (size_t i = 0; i < n; ++i) pending[i] = i;
+  std::vector<char> done(n * kMaxCopies, 0);
   while (!pending.empty()) {
-    std::vector<char> done(n, 0);
-    for (const auto& [sub, rows] : route(x, pending))
-      if (!place(sub, x, ids, rows, done)) break;  // the epoch or the phase moved: route again
+    std::fill(done.begin(), done.end(), 0);
+    // Every row's primary first, then its boundary copies: a row is in once its primary is (and
+    // the id index names it). A copy cut off by a rebuild comes with it: the rebuild's snapshot
+    // reads every group after this batch's commits, and the next epoch places copies anew.
+    std::map<uint32_t, std::vector<size_t>> copies;
+    bool moved = false;
+    for (auto& [sub, slots] : route(x, pending)) {
+      std::vector<size_t> primaries;
+      for (size_t slot : slots) (slot % kMaxCopies == 0 ? primaries : copies[sub]).push_back(slot);
+      if (!primaries.empty() && !place(sub, x, ids, primaries, done)) {
+        moved = true;  // the epoch or the phase moved: route again
+        break;
+      }
+    }
+    if (!moved)
+      for (const auto& [sub, slots] : copies)
+        if (!place(sub, x, ids, slots, done)) break;
     std::vector<size_t> next;
-    for (size_t i : pending)
-      if (!done[i]) next.push_back(i);
+    for (size_t i : pending) {
+      if (!done[i * kMaxCopies]) next.push_back(i);
+      for (size_t k = 0; k < kMaxCopies; ++k)
+        if (done[i * kMaxCopies + k]) placed_copies_[i] |= 1u << k;
+    }
     pending.swap(next);
   }
-  finish_batch(x, ids, n);
+  finish_batch(x, ids, n, epoch);
 }
 
 void Inserter::begin_batch(const int64_t* ids, size_t n, bool upsert) {
@@ -406,10 +448,13 @@ void Inserter::begin_batch(const int64_t* ids, size_t n, bool upsert) {
   upsert_ = upsert && !merge_;
   replaced_.clear();
   lost_.clear();
+  mapped_.clear();
+  copies_.assign(n, 1);
+  placed_copies_.assign(n, 0);
   if (upsert_) wait_for_idle();  // the buffer takes no upserts: they go in place
   if (ids_ && !merge_ && !upsert_) {
     // Refused before anything is inserted: an id the index holds.
-    const std::vector<RemotePtr> at = lookup(ids, n);
+    const std::vector<RemotePtr> at = lookup(std::vector<IdKey>(ids, ids + n));
     for (size_t i = 0; i < n; ++i)
       if (!at[i].is_null())
         throw std::invalid_argument("id " + std::to_string(ids[i]) + " is already in the index (an upsert replaces it)");
@@ -420,15 +465,24 @@ std::map<uint32_t, std::vector<size_t>> Inserter::route(const float* x, const st
   const uint32_t dim = index_->header.dim;
   std::vector<float> xs(rows.size() * dim);
   for (size_t j = 0; j < rows.size(); ++j) std::memcpy(xs.data() + j * dim, x + rows[j] * dim, 4ull * dim);
+  std::map<uint32_t, std::vector<size_t>> by_sub;
+  if (rule_.enabled()) {  // exact distances to the centroids, as the build placed copies
+    const auto to = place_with_copies(xs.data(), rows.size(), dim, centroids_.data(), index_->header.num_subs, nullptr,
+                                      rule_);
+    for (size_t j = 0; j < rows.size(); ++j) {
+      copies_[rows[j]] = static_cast<uint8_t>(to[j].size());
+      for (size_t k = 0; k < to[j].size(); ++k) by_sub[to[j][k]].push_back(rows[j] * kMaxCopies + k);
+    }
+    return by_sub;
+  }
   std::vector<float> D(rows.size());
   std::vector<faiss::Index::idx_t> I(rows.size());
   index_->meta->hnsw.efSearch = static_cast<int>(t_.meta_ef_search);
   index_->meta->search(static_cast<faiss::Index::idx_t>(rows.size()), xs.data(), 1, D.data(), I.data());
-  std::map<uint32_t, std::vector<size_t>> by_sub;
   for (size_t j = 0; j < rows.size(); ++j) {
     if (I[j] < 0 || I[j] >= static_cast<faiss::Index::idx_t>(index_->header.num_subs))
       throw std::runtime_error("dhnsw insert: the meta-HNSW routed a vector to partition " + std::to_string(I[j]));
-    by_sub[static_cast<uint32_t>(I[j])].push_back(rows[j]);
+    by_sub[static_cast<uint32_t>(I[j])].push_back(rows[j] * kMaxCopies);
   }
   return by_sub;
 }
@@ -470,6 +524,8 @@ bool Inserter::place(uint32_t sub, const float* x, const int64_t* ids, const std
         wait_for_idle();
         return false;
       }
+      // Copies of rows whose primaries are in: the rebuild places them (see insert()).
+      if (rows.front() % kMaxCopies != 0) return false;
       return append_to_buffer(x, ids, rows, done);
   }
   return false;
@@ -480,11 +536,12 @@ bool Inserter::append_to_buffer(const float* x, const int64_t* ids, const std::v
   const uint32_t dim = index_->header.dim;
   const Control ctl = read_control(ep_);
   bool all = true;
-  for (size_t row : rows) {
-    if (done[row]) continue;
+  for (size_t slot : rows) {
+    if (done[slot]) continue;
+    const size_t row = slot / kMaxCopies;
     const AppendResult a = buffer_append(ep_, ctl, x + row * dim, dim, ids[row]);
     if (a == AppendResult::Ok) {
-      done[row] = 1;
+      done[slot] = 1;
       ++st_.buffered;
       ++st_.inserted;
       continue;
@@ -501,20 +558,57 @@ bool Inserter::append_to_buffer(const float* x, const int64_t* ids, const std::v
   return all;
 }
 
-void Inserter::finish_batch(const float* x, const int64_t* ids, size_t n) {
+void Inserter::finish_batch(const float* x, const int64_t* ids, size_t n, uint64_t epoch) {
   // Upserted ids: their old vectors are marked deleted now that the new ones answer; and a
   // vector of ours whose id another computenode inserted meanwhile is withdrawn.
   const size_t n_replaced = replaced_.size();
   std::vector<std::pair<int64_t, RemotePtr>> drop = replaced_;
   const std::vector<std::pair<int64_t, RemotePtr>> lost = lost_;
   drop.insert(drop.end(), lost.begin(), lost.end());
+  // With boundary copies: every copy of a lost id that this batch mapped is withdrawn as well
+  // (its keys removed after the marks); an upserted id's old copies beyond its new ones, which no
+  // key of this batch replaced, are marked too, unless a rebuild placed copies anew meanwhile.
+  std::vector<IdKey> unmap_keys;
+  std::vector<std::pair<int64_t, RemotePtr>> unmap_at;
+  if (copies_max() > 1 || !lost.empty()) {
+    std::unordered_set<int64_t> lost_ids;
+    for (const auto& [id, at] : lost) lost_ids.insert(id);
+    for (const auto& [key, at] : mapped_)
+      if (lost_ids.count(static_cast<int64_t>(key.label)) != 0) {
+        drop.emplace_back(static_cast<int64_t>(key.label), at);
+        unmap_keys.push_back(key);
+        unmap_at.emplace_back(static_cast<int64_t>(key.label), at);
+      }
+  }
+  if (upsert_ && copies_max() > 1 && index_->header.epoch == epoch) {
+    std::vector<IdKey> keys;
+    for (size_t i = 0; i < n; ++i)
+      for (unsigned k = 1; k < kMaxCopies; ++k)
+        if ((placed_copies_[i] & (1u << k)) == 0) keys.push_back(IdKey::copy(static_cast<uint64_t>(ids[i]), k));
+    const std::vector<RemotePtr> old = lookup(keys);
+    for (size_t j = 0; j < keys.size(); ++j)
+      if (!old[j].is_null()) {
+        drop.emplace_back(static_cast<int64_t>(keys[j].label), old[j]);
+        unmap_keys.push_back(keys[j]);
+        unmap_at.emplace_back(static_cast<int64_t>(keys[j].label), old[j]);
+      }
+  }
   std::vector<char> done(drop.size(), 0), gone(drop.size(), 0);
   bool many_deleted = false;
   const Marked m = drop.empty() ? Marked::Done : mark_deleted(drop, done, gone, many_deleted);
+  if (m == Marked::Done && !unmap_keys.empty()) unmap_ids(unmap_keys, unmap_at, std::vector<char>(unmap_keys.size(), 1));
   std::vector<int64_t> redo;
-  for (size_t i = 0; i < n_replaced; ++i) {
-    if (done[i] || gone[i]) ++st_.replaced;
-    else redo.push_back(drop[i].first);
+  {  // per id: an upserted id's old copies were all marked, or it is upserted again
+    std::unordered_map<int64_t, bool> marked;
+    for (size_t i = 0; i < n_replaced; ++i) {
+      auto [it, fresh] = marked.emplace(drop[i].first, true);
+      it->second = it->second && (done[i] || gone[i]);
+      (void)fresh;
+    }
+    for (const auto& [id, all] : marked) {
+      if (all) ++st_.replaced;
+      else redo.push_back(id);
+    }
   }
   upsert_ = false;
   if (m != Marked::Done && !redo.empty()) {

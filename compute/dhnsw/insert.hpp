@@ -26,6 +26,7 @@
 
 #include "common/fabric/transport.hpp"
 #include "compute/coro.hpp"
+#include "compute/dhnsw/boundary.hpp"
 #include "compute/dhnsw/group_lock.hpp"
 #include "compute/dhnsw/pipeline.hpp"
 #include "compute/id_index.hpp"
@@ -49,6 +50,7 @@ struct InsertStats {
   uint64_t buffered = 0, rebuilds = 0, epoch_moves = 0, duplicates_skipped = 0;
   uint64_t deleted = 0, not_found = 0, replaced = 0, id_lookups = 0, rebuild_waits = 0;
   uint64_t redone = 0;  // upserts repeated after a rebuild began before their old vectors were marked
+  uint64_t copies = 0;  // boundary copies placed beside the inserted vectors (compute/dhnsw/boundary.hpp)
   std::vector<nlohmann::json> rebuild_reports;  // of the rebuilds this computenode ran as master
   std::vector<double> commit_us;  // per commit: lock taken to version published
   nlohmann::json to_json(double seconds) const;
@@ -86,14 +88,17 @@ class Inserter {
   // One batch: checked (and upserts' setup), routed, placed sub by sub, then finished (an
   // upsert's old vectors marked deleted, ids another computenode took withdrawn).
   void begin_batch(const int64_t* ids, size_t n, bool upsert);
-  /// Each row's partition: the meta-HNSW's top 1.
+  /// Where each row goes, as slots (row * kMaxCopies + k: copy k of the row, 0 its primary) per
+  /// sub-HNSW: the meta-HNSW's top 1; with boundary copies, the nearest centroid and those within
+  /// the index's rule (compute/dhnsw/boundary.hpp). Sets copies_[row].
   std::map<uint32_t, std::vector<size_t>> route(const float* x, const std::vector<size_t>& rows);
-  /// Commits `rows` into `sub` (or appends them to the insert buffer while a rebuild runs);
-  /// marks them in `done`. False when they must be routed again (the epoch moved, a rebuild
-  /// started or ended).
-  bool place(uint32_t sub, const float* x, const int64_t* ids, const std::vector<size_t>& rows, std::vector<char>& done);
-  bool append_to_buffer(const float* x, const int64_t* ids, const std::vector<size_t>& rows, std::vector<char>& done);
-  void finish_batch(const float* x, const int64_t* ids, size_t n);
+  /// Commits the rows of `slots` into `sub` (or appends them to the insert buffer while a rebuild
+  /// runs); marks the slots in `done`. False when they must be routed again (the epoch moved, a
+  /// rebuild started or ended).
+  bool place(uint32_t sub, const float* x, const int64_t* ids, const std::vector<size_t>& slots, std::vector<char>& done);
+  bool append_to_buffer(const float* x, const int64_t* ids, const std::vector<size_t>& slots, std::vector<char>& done);
+  /// `epoch`: the live epoch when the batch began.
+  void finish_batch(const float* x, const int64_t* ids, size_t n, uint64_t epoch);
 
   enum class Outcome { Done, EpochMoved, UseBuffer };
   /// Under the group's lock: the live epoch checked, then steps 1-4 above.
@@ -113,14 +118,17 @@ class Inserter {
   /// once deletes may mark the live epoch (idle, or a rebuild building with deletes open); the
   /// phase it saw. Takes over a master whose word stays unchanged for a lease.
   uint64_t wait_for_idle(bool deletes = false);
-  /// The id index's entries of `ids` (null: absent), looked up concurrently.
-  std::vector<RemotePtr> lookup(const int64_t* ids, size_t n);
-  /// Maps each (id, label entry) with IdIndex::insert(replace = upsert_); upserted ids' old
+  /// The id index's entries of `keys` (null: absent), looked up concurrently.
+  std::vector<RemotePtr> lookup(const std::vector<IdKey>& keys);
+  /// Maps each key to its label entry with IdIndex::insert(replace = upsert_); upserted ids' old
   /// entries go to replaced_, ids another computenode inserted meanwhile to lost_.
-  void map_ids(const std::vector<std::pair<int64_t, RemotePtr>>& placed);
-  /// Removes the id index's entries of e[i] where which[i] (an entry that names another place
-  /// now, moved by an upsert, stays).
-  void unmap_ids(const std::vector<std::pair<int64_t, RemotePtr>>& e, const std::vector<char>& which);
+  void map_ids(const std::vector<IdKey>& keys, const std::vector<std::pair<int64_t, RemotePtr>>& placed);
+  /// Removes the id index's entries keys[i] -> e[i] where which[i] (an entry that names another
+  /// place now, moved by an upsert, stays).
+  void unmap_ids(const std::vector<IdKey>& keys, const std::vector<std::pair<int64_t, RemotePtr>>& e,
+                 const std::vector<char>& which);
+  /// Partitions a vector is in at most: the index's max_copies with boundary copies, else 1.
+  unsigned copies_max() const { return rule_.enabled() ? rule_.max_copies : 1; }
   enum class Marked { Done, EpochMoved, NotIdle };
   /// Marks the label entries `e` (id, entry) deleted, group by group under each group's lock;
   /// sets done[i] for each marked and gone[i] for each whose entry no longer holds its id.
@@ -141,7 +149,14 @@ class Inserter {
   std::unique_ptr<compute::Scheduler> sched_;  // for the id index's coroutines, on ep_
   std::unique_ptr<IdIndex> ids_;               // null when the index has none
   bool upsert_ = false;
+  BoundaryRule rule_;                 // the index's boundary copies
+  std::vector<float> centroids_;      // the partitions' centroids (the meta-HNSW's vectors), with copies
+  std::vector<uint8_t> copies_;       // per row of the batch: the partitions it was last routed to
+  std::vector<uint8_t> placed_copies_;  // per row of the batch: bit k set once copy k is committed
   std::vector<std::pair<int64_t, RemotePtr>> placed_;    // label entries of the last commit's vectors
+  /// Every key this batch mapped and the entry it names, to withdraw a row another computenode's
+  /// insert of the same id won (all its copies), and an upsert's old copies beyond the new ones.
+  std::vector<std::pair<IdKey, RemotePtr>> mapped_;
   std::vector<std::pair<int64_t, RemotePtr>> replaced_;  // old entries of upserted ids, to mark deleted
   std::vector<std::pair<int64_t, RemotePtr>> lost_;      // ours, of ids inserted elsewhere meanwhile
   uint32_t cn_id_;

@@ -85,6 +85,12 @@ void check_header_fields(const MetaHeader& h, uint64_t region_size, const std::s
     fail(what, hoff(h, offsetof(MetaHeader, meta_index_offset)),
          "meta-HNSW [" + num(h.meta_index_offset) + ", +" + num(h.meta_index_bytes) + ") outside the block of " +
              num(h.block_bytes) + " bytes");
+  if (h.max_copies > kMaxCopies)
+    fail(what, hoff(h, offsetof(MetaHeader, max_copies)),
+         "boundary copies: at most " + num(h.max_copies) + " partitions per vector, above " + num(kMaxCopies));
+  if (h.max_copies > 1 && (h.boundary_ratio_ppm < 1000000 || h.boundary_ratio_ppm > 100000000))
+    fail(what, hoff(h, offsetof(MetaHeader, boundary_ratio_ppm)),
+         "boundary copies: ratio " + num(h.boundary_ratio_ppm) + " ppm outside [1, 100]");
   if (h.codes_bytes > 0 || h.code_size > 0) {
     const uint64_t c_end = sat_add(h.codes_offset, h.codes_bytes);
     if (h.codes_bytes == 0 || h.code_size == 0 || h.code_size > 4 * kMaxDimension)

@@ -69,6 +69,7 @@ namespace dmhnsw::dhnsw {
 
 inline constexpr char kMetaMagic[8] = {'D', 'M', 'H', 'D', 'H', 'N', 'S', 'W'};
 inline constexpr uint32_t kMetaFormatVersion = 3;  // 3: the codes array and block (2: live descriptors)
+inline constexpr uint32_t kMaxCopies = 8;  // partitions a vector may be in (boundary copies)
 inline constexpr uint64_t kAlign = 64;  // every block, array and gap starts 64-byte aligned
 
 // In address order inside a block.
@@ -102,7 +103,12 @@ struct MetaHeader {
   uint32_t reserved1;
   uint64_t codes_offset;      // the quantizer's block (compute/codes.hpp) from the block start (0: none)
   uint64_t codes_bytes;
-  uint64_t reserved2[5];
+  /// Boundary copies (compute/dhnsw/build.hpp): a vector is also in each other partition whose
+  /// centroid is within `boundary_ratio_ppm` / 1e6 of its nearest centroid's distance, in at most
+  /// `max_copies` partitions in all. 0 / 0 (or max_copies 1): none.
+  uint32_t max_copies;
+  uint32_t boundary_ratio_ppm;
+  uint64_t reserved2[4];
 };
 static_assert(std::is_trivially_copyable_v<MetaHeader> && std::is_standard_layout_v<MetaHeader>);
 static_assert(sizeof(MetaHeader) == 192);
@@ -123,6 +129,8 @@ static_assert(offsetof(MetaHeader, checksum) == 120);
 static_assert(offsetof(MetaHeader, code_size) == 128);
 static_assert(offsetof(MetaHeader, codes_offset) == 136);
 static_assert(offsetof(MetaHeader, codes_bytes) == 144);
+static_assert(offsetof(MetaHeader, max_copies) == 152);
+static_assert(offsetof(MetaHeader, boundary_ratio_ppm) == 156);
 
 /// One array of a sub-HNSW: [offset, offset + used) holds elements, [offset + used,
 /// offset + capacity) is its internal gap. Offsets relative to the block start.

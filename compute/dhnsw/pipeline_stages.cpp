@@ -331,6 +331,9 @@ bool Engine::Impl::search(Item& it, const float* queries, std::vector<Answer>& a
         std::sort(cs.begin(), cs.end(), [&](const auto& x, const auto& y) {
           return better({x.dist, x.id}, {y.dist, y.id});
         });
+        // A vector's boundary copies in two searched partitions: equal codes, equal distances,
+        // so adjacent once sorted; each is read and re-ranked once.
+        cs.erase(std::unique(cs.begin(), cs.end(), [](const auto& x, const auto& y) { return x.id == y.id; }), cs.end());
         if (cs.size() > k) cs.resize(k);
       }
       job.st.search_s += seconds_since(t0);
@@ -345,6 +348,8 @@ bool Engine::Impl::search(Item& it, const float* queries, std::vector<Answer>& a
         a.emplace_back(D[size_t{i} * k + j], s.labels[static_cast<size_t>(l)]);
       }
       std::sort(a.begin(), a.end(), better);
+      // One answer per id: a vector's boundary copies (compute/dhnsw/boundary.hpp) found in two
+      // partitions have equal distances, so they are adjacent once sorted.
       a.erase(std::unique(a.begin(), a.end(), [](const auto& x, const auto& y) { return x.second == y.second; }),
               a.end());
       if (a.size() > k) a.resize(k);

@@ -23,8 +23,18 @@ namespace dmhnsw::dhnsw {
 
 namespace {
 
-/// An id live twice (an upsert whose old vector this snapshot read before it was marked, or two
-/// computenodes inserting one id at once): keep the copy the id index names, drop the others.
+constexpr size_t kLanes = 16;  // id index operations in flight at once
+
+compute::Task<void> find_lane(IdIndex& x, const std::vector<int64_t>& ids, size_t lane, std::vector<RemotePtr>& at) {
+  for (size_t i = lane; i < ids.size(); i += kLanes) {
+    const RemotePtr p = co_await x.find(static_cast<uint64_t>(ids[i]));
+    at[i] = p;
+  }
+}
+
+/// An id live twice: a vector's boundary copies (compute/dhnsw/boundary.hpp; the new epoch places
+/// them anew), an upsert whose old vector this snapshot read before it was marked, or two
+/// computenodes inserting one id at once. Keeps the vector the id index names, drops the others.
 void drop_duplicates(fabric::Endpoint& ep, const Index& idx, Snapshot& s) {
   std::unordered_map<int64_t, std::vector<size_t>> rows;
   rows.reserve(s.where.size());
@@ -37,17 +47,23 @@ void drop_duplicates(fabric::Endpoint& ep, const Index& idx, Snapshot& s) {
   if (twice.empty() || idx.header.id_buckets == 0) return;
   compute::Scheduler sched(ep);
   IdIndex ids(id_table(idx.header), 0, sched, 7);
+  std::vector<RemotePtr> named(twice.size());
+  for (size_t l = 0; l < std::min(twice.size(), kLanes); ++l) sched.spawn(find_lane(ids, twice, l, named));
+  sched.run();
+  const uint32_t dim = idx.header.dim;
   std::vector<char> keep(s.ids.size(), 1);
-  for (int64_t id : twice) {
-    const RemotePtr named = compute::run_sync(sched, ids.find(static_cast<uint64_t>(id)));
-    const std::vector<size_t>& r = rows[id];
+  for (size_t t = 0; t < twice.size(); ++t) {
+    const std::vector<size_t>& r = rows[twice[t]];
     size_t kept = r.back();  // none named (a cut-short insert): the last read
     for (size_t i : r)
-      if (s.where[i] == named) kept = i;
-    for (size_t i : r)
-      if (i != kept) keep[i] = 0, ++s.duplicates;
+      if (s.where[i] == named[t]) kept = i;
+    for (size_t i : r) {
+      if (i == kept) continue;
+      keep[i] = 0;
+      const bool same = std::memcmp(s.x.data() + i * dim, s.x.data() + kept * dim, 4ull * dim) == 0;
+      ++(same ? s.copies : s.duplicates);
+    }
   }
-  const uint32_t dim = idx.header.dim;
   size_t o = 0;
   for (size_t i = 0; i < s.ids.size(); ++i) {
     if (!keep[i]) continue;
@@ -62,14 +78,18 @@ void drop_duplicates(fabric::Endpoint& ep, const Index& idx, Snapshot& s) {
   s.ids.resize(o);
   s.where.resize(std::min(s.where.size(), o));
 }
-constexpr size_t kCarryLanes = 16;  // id index operations in flight at once
-
-compute::Task<void> carry_lane(IdIndex& x, const std::vector<int64_t>& ids, size_t lane, std::vector<RemotePtr>& at) {
-  for (size_t i = lane; i < ids.size(); i += kCarryLanes) {
-    const RemotePtr p = co_await x.find(static_cast<uint64_t>(ids[i]));
-    if (!p.is_null()) co_await x.erase(static_cast<uint64_t>(ids[i]), p);
-    at[i] = p;
-  }
+/// Removes every key of ids[i] (its copies' too, `K` partitions at most) from the new epoch's id
+/// index; at[i] gets the entries they named.
+compute::Task<void> carry_lane(IdIndex& x, const std::vector<int64_t>& ids, unsigned K, size_t lane,
+                               std::vector<std::vector<RemotePtr>>& at) {
+  for (size_t i = lane; i < ids.size(); i += kLanes)
+    for (unsigned k = 0; k < K; ++k) {
+      const IdKey key = IdKey::copy(static_cast<uint64_t>(ids[i]), k);
+      const RemotePtr p = co_await x.find(key);
+      if (p.is_null()) continue;
+      co_await x.erase(key, p);
+      at[i].push_back(p);
+    }
 }
 
 }  // namespace
@@ -151,24 +171,27 @@ std::vector<int64_t> carry_deletes(fabric::Endpoint& ep, const Index& idx, uint3
   if (gone.empty()) return gone;
   compute::Scheduler sched(ep);
   IdIndex ids(id_table(b.header), 0, sched, ticket);
-  std::vector<RemotePtr> at(gone.size());
-  for (size_t l = 0; l < std::min(gone.size(), kCarryLanes); ++l) sched.spawn(carry_lane(ids, gone, l, at));
+  const unsigned K = b.header.max_copies > 1 ? b.header.max_copies : 1;
+  std::vector<std::vector<RemotePtr>> at(gone.size());
+  for (size_t l = 0; l < std::min(gone.size(), kLanes); ++l) sched.spawn(carry_lane(ids, gone, K, l, at));
   sched.run();
   std::map<uint32_t, uint64_t> per_sub;
   std::vector<std::pair<RemotePtr, uint64_t>> words;  // the labels, then the subs' counts
   for (size_t i = 0; i < gone.size(); ++i) {
-    if (at[i].is_null()) throw std::runtime_error("dhnsw rebuild: id " + std::to_string(gone[i]) +
-                                                  " is not in the new epoch's id index");
-    words.emplace_back(at[i], static_cast<uint64_t>(gone[i]) | kDeletedLabel);
-    bool found = false;
-    for (const SubDesc& d : b.subs)
-      if (d.memnode == at[i].node() && at[i].offset() >= d.block_offset && at[i].offset() < d.block_offset + d.block_bytes) {
-        ++per_sub[d.id];
-        found = true;
-        break;
-      }
-    if (!found) throw std::runtime_error("dhnsw rebuild: the new epoch's id index names memnode " +
-                                         std::to_string(at[i].node()) + " offset " + std::to_string(at[i].offset()) + ", in no sub-HNSW");
+    if (at[i].empty()) throw std::runtime_error("dhnsw rebuild: id " + std::to_string(gone[i]) +
+                                                " is not in the new epoch's id index");
+    for (const RemotePtr p : at[i]) {
+      words.emplace_back(p, static_cast<uint64_t>(gone[i]) | kDeletedLabel);
+      bool found = false;
+      for (const SubDesc& d : b.subs)
+        if (d.memnode == p.node() && p.offset() >= d.block_offset && p.offset() < d.block_offset + d.block_bytes) {
+          ++per_sub[d.id];
+          found = true;
+          break;
+        }
+      if (!found) throw std::runtime_error("dhnsw rebuild: the new epoch's id index names memnode " +
+                                           std::to_string(p.node()) + " offset " + std::to_string(p.offset()) + ", in no sub-HNSW");
+    }
   }
   for (const auto& [sub, n] : per_sub)
     words.emplace_back(RemotePtr(b.subs[sub].memnode, live_desc_offset(b.header, sub) + offsetof(SubDesc, deleted)),

@@ -17,7 +17,8 @@ struct Snapshot {
   std::vector<int64_t> ids;
   std::vector<RemotePtr> where;  // the label entry of each vector read from a sub-HNSW
   uint64_t bytes = 0, from_buffer = 0, dropped = 0;  // dropped: deleted vectors left out
-  uint64_t duplicates = 0;  // copies of an id left out (an upsert cut short by this rebuild)
+  uint64_t duplicates = 0;  // other vectors of an id left out (an upsert cut short by this rebuild)
+  uint64_t copies = 0;      // boundary copies left out (the new epoch places them anew)
   /// The label entries of each group as read (deleted ones too): carry_deletes reads them again.
   struct LabelRun {
     uint32_t group;  // its slot-0 sub
