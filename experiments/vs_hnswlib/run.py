@@ -43,6 +43,10 @@ ap.add_argument("--coroutines", type=int, default=4, help="coroutines per shine 
 ap.add_argument("--partitions", type=int, default=100, help="d-HNSW partitions (default %(default)s)")
 ap.add_argument("--probes", default="2,4", help="d-HNSW partitions searched per query (default %(default)s)")
 ap.add_argument("--batch", type=int, default=1000, help="d-HNSW query batch (default %(default)s)")
+ap.add_argument("--boundary-ratio", type=float, default=0, help="d-HNSW boundary copies: dhnsw-build --boundary-ratio "
+                "(0: none; the index goes to WORK/dhnsw_rR_kK) (default %(default)s)")
+ap.add_argument("--max-copies", type=int, default=8, help="d-HNSW boundary copies: dhnsw-build --max-copies "
+                "(default %(default)s)")
 ap.add_argument("--provider", default="cxl", help="fabric provider (default %(default)s)")
 ap.add_argument("--wire", default="rdma-100g", help="wire model of the second query runs; none: skip them "
                 "(default %(default)s)")
@@ -221,8 +225,9 @@ if "shine" not in skip:
 
 # ---- d-HNSW: balanced partitions, sub-HNSWs stored contiguously on 2 memnodes
 if "dhnsw" not in skip:
-    img = work / "dhnsw" / "index.img"
-    dj = work / "dhnsw" / "build.json"
+    ddir = work / ("dhnsw" if a.boundary_ratio == 0 else f"dhnsw_r{a.boundary_ratio:g}_k{a.max_copies}")
+    img = ddir / "index.img"
+    dj = ddir / "build.json"
     dh = {}
     if not dj.exists():
         dmh.log(f"dhnsw-build, {a.partitions} partitions over 2 memnodes")
@@ -230,15 +235,16 @@ if "dhnsw" not in skip:
         tmp = dj.with_name("build.json.tmp")
         secs, mem = timed([dmh.BIN / "dhnsw-build", "--data", base, "--metric", metric, "--partitions", a.partitions,
                            "--m", a.m, "--ef-construction", a.ef_construction, "--memnodes", 2, "--threads", a.threads,
+                           "--boundary-ratio", a.boundary_ratio, "--max-copies", a.max_copies,
                            "--out", img, "--json", tmp], work / "logs" / "dhnsw_build.log")
         tmp.replace(dj)
-        (work / "dhnsw" / "build_memory.json").write_text(json.dumps({"seconds": secs, "memory": mem}) + "\n")
+        (ddir / "build_memory.json").write_text(json.dumps({"seconds": secs, "memory": mem}) + "\n")
     b = json.loads(dj.read_text())
-    bm = json.loads((work / "dhnsw" / "build_memory.json").read_text())
+    bm = json.loads((ddir / "build_memory.json").read_text())
     dh["build"] = {"seconds": bm["seconds"], "inserts_per_s": a.n / bm["seconds"], "memory": bm["memory"],
-                   "report": {k: b[k] for k in ("partitions", "seconds") if k in b}}
+                   "report": {k: b[k] for k in ("partitions", "seconds", "boundary", "layout") if k in b}}
     images = [img.with_name(f"index.img.{i}") for i in range(2)]
-    with dmh.Memnodes(None, a.provider, a.region, work / "dhnsw_mn", load=images) as mn:
+    with dmh.Memnodes(None, a.provider, a.region, ddir.with_name(ddir.name + "_mn"), load=images) as mn:
         for probe in [int(x) for x in a.probes.split(",")]:
             for wire in ["none"] + ([a.wire] if a.wire != "none" else []):
                 dmh.log(f"dhnsw query, b={probe}, wire {wire}")
@@ -302,13 +308,17 @@ for key in [k for k in results.get("dhnsw", {}) if k.startswith("query_")]:
     probe, wire = key[len("query_"):].split("_", 1)
     rows += [query_row(f"dhnsw {probe.replace('b', 'b=')}", f"{a.provider}, wire {wire}", r, "{:.1f}")
              for r in results["dhnsw"][key]["runs"]]
+bnd = results.get("dhnsw", {}).get("build", {}).get("report", {}).get("boundary", {})
+boundary = (f"; boundary copies: ratio {bnd['ratio']:g}, at most {bnd['max_copies']} partitions per vector, "
+            f"{bnd['partitions_per_vector']:.2f} on average, {bnd['copy_bytes'] / 2**20:.1f} MiB"
+            if bnd.get("copies") else "")
 what = f"{a.n:,} x {a.d} clustered vectors ({a.clusters} clusters)" if a.set == "syn" else f"{a.set} ({a.n:,} x {a.d}, {metric})"
 later = "".join(f", then {p['date']}: `{p['command']}`" for p in results.get("partial_runs", []))
 md = [f"Run {results['date']} ({results['seconds'] / 60:.0f} min): `{results['command']}`{later}\n\n"
       f"{what}, {a.queries:,} uniform queries, k=10, "
       f"M={a.m}, efConstruction={a.ef_construction}, {a.threads} threads everywhere; shine and d-HNSW over 2 "
       f"memnodes ({a.provider}), 1 computenode (shine: {a.threads} threads x {a.coroutines} coroutines, no cache; "
-      f"d-HNSW: P={a.partitions}, batch {a.batch}).\n",
+      f"d-HNSW: P={a.partitions}, batch {a.batch}{boundary}).\n",
       dmh.md_table(["system", "fabric", "efSearch", "recall@10", "QPS", "p50 us", "p99 us", "KiB/query",
                     "READs/query", "round trips/query"], rows)]
 brow = []
