@@ -11,6 +11,16 @@ void add_engine_flags(CLI::App& cmd, EngineOptions& o) {
   cmd.add_option("--probe", o.probe, "dhnsw: b, partitions (sub-HNSWs) searched per query")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
+  cmd.add_option("--probe-ratio", o.probe_ratio,
+                 "dhnsw: >= 1: of its top --probe partitions a query searches those whose centroid is within this "
+                 "ratio of the nearest one's distance (partition metric l2); 0: all of them")
+      ->capture_default_str()
+      ->check(CLI::Validator(
+          [](std::string& v) {
+            const double r = std::stod(v);
+            return r == 0 || (r >= 1 && r <= 100) ? std::string() : "neither 0 (off) nor in [1, 100]: " + v;
+          },
+          "0 or [1, 100]"));
   cmd.add_option("--meta-ef-search", o.meta_ef_search, "dhnsw: efSearch in the meta-HNSW")->capture_default_str();
   cmd.add_option("--cache-subs", o.cache_subs,
                  "dhnsw: c, deserialized sub-HNSWs kept across batches (-1: --cache-ratio of them, 10 % by default; "

@@ -26,7 +26,10 @@ struct EngineOptions {
   uint32_t batch = 1000;            // B: queries per batch
   uint32_t max_wait_us = 1000;      // a batch closes this long after its first query arrived
   double arrival_qps = 0;           // > 0: queries arrive at this rate (else all at once)
-  uint32_t probe = 2;               // b: partitions searched per query
+  uint32_t probe = 2;               // b: partitions searched per query (at most, with probe_ratio)
+  /// >= 1: of its top b partitions a query searches those whose centroid is within this ratio of
+  /// the nearest one's distance (L2, not squared; SPANN's query-side pruning); 0: all b.
+  double probe_ratio = 0;
   uint32_t ef_search = 64;          // efSearch in the sub-HNSWs
   uint32_t meta_ef_search = 64;     // efSearch in the meta-HNSW (at least b)
   int64_t cache_subs = -1;          // c: deserialized sub-HNSWs kept across batches (-1: cache_ratio x P)
@@ -57,6 +60,7 @@ struct BatchStats {
   // came with the fetch in an overflow record not at all) and their doorbells.
   uint64_t reranked = 0, rerank_reads = 0, rerank_bytes = 0, rerank_doorbells = 0;
   uint64_t epoch = 0;             // the epoch the batch was planned with
+  uint64_t probed = 0;            // partitions searched, summed over the queries
   double seconds = 0;  // from the batch's close to its last query's answer
   double meta_s = 0, fetch_s = 0, deserialize_s = 0, search_s = 0, rerank_s = 0;
 };

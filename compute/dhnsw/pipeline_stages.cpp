@@ -121,11 +121,18 @@ std::shared_ptr<Engine::Impl::Job> Engine::Impl::open_batch(const float* queries
     index.meta->hnsw.efSearch = static_cast<int>(std::max(o.meta_ef_search, b));
     omp_set_num_threads(n >= kParallelQueries ? omp_threads : 1);
     index.meta->search(n, queries + first * index.header.dim, b, D.data(), I.data());
-    for (uint32_t q = 0; q < n; ++q)
+    // The meta-HNSW's distances are squared L2 (partition metric l2); with ip no pruning.
+    const bool prune = o.probe_ratio >= 1.0 && index.meta->metric_type == faiss::METRIC_L2;
+    const double r2 = o.probe_ratio * o.probe_ratio;
+    for (uint32_t q = 0; q < n; ++q) {
+      const float* d = D.data() + size_t{q} * b;
       for (uint32_t j = 0; j < b; ++j) {
         faiss::Index::idx_t p = I[size_t{q} * b + j];
+        if (prune && j > 0 && static_cast<double>(d[j]) > r2 * static_cast<double>(d[0])) break;
         if (p >= 0 && p < static_cast<faiss::Index::idx_t>(P)) probes[q].push_back(static_cast<uint32_t>(p));
       }
+      job->st.probed += probes[q].size();
+    }
   }
   {  // the live descriptors: a cached copy is good while its version is the live one
     std::vector<uint32_t> subs;

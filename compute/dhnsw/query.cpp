@@ -33,7 +33,7 @@ json report_header(const RunContext& rc, const QueryOptions& o, const Workload& 
                      {"ef_construction", h.ef_construction}, {"meta_m", h.meta_m},
                      {"metric", metric_text(h.metric)}, {"metadata_bytes", index.metadata_bytes},
                      {"distance_kernel", kernel}}},
-          {"settings", {{"batch", eo.batch}, {"probe", eo.probe}, {"meta_ef_search", eo.meta_ef_search},
+          {"settings", {{"batch", eo.batch}, {"probe", eo.probe}, {"probe_ratio", eo.probe_ratio}, {"meta_ef_search", eo.meta_ef_search},
                         {"cache_subs", engine.cache_capacity()}, {"doorbell_subs", eo.doorbell_subs},
                         {"max_wait_us", eo.max_wait_us}, {"arrival_qps", eo.arrival_qps},
                         {"regroup", eo.regroup}, {"doorbell", eo.doorbell}, {"pipeline", eo.pipeline},
@@ -51,7 +51,8 @@ json my_share(uint32_t self, size_t queries, const RunStats& rs, double r1, doub
   for (const auto& b : rs.batches)
     batches.push_back({b.queries, b.needed, b.fetched, b.cache_hits, b.bytes, b.reads, b.doorbells, b.seconds,
                        b.meta_s, b.fetch_s, b.deserialize_s, b.search_s, b.version_reads, b.version_doorbells,
-                       b.refetches, b.reranked, b.rerank_reads, b.rerank_bytes, b.rerank_doorbells, b.rerank_s});
+                       b.refetches, b.reranked, b.rerank_reads, b.rerank_bytes, b.rerank_doorbells, b.rerank_s,
+                       b.probed});
   return {{"cn_id", self}, {"queries", queries}, {"seconds", rs.seconds}, {"recall1_sum", r1},
           {"recall_sum", rk}, {"meta_s", rs.meta_s}, {"fetch_s", rs.fetch_s},
           {"deserialize_s", rs.deserialize_s}, {"search_s", rs.search_s}, {"rerank_s", rs.rerank_s},
@@ -62,6 +63,7 @@ json my_share(uint32_t self, size_t queries, const RunStats& rs, double r1, doub
 json merge_run(uint32_t ef, const std::vector<std::string>& texts) {
   uint64_t queries = 0, nb = 0, needed = 0, fetched = 0, hits = 0, bytes = 0, reads = 0, doorbells = 0;
   uint64_t vreads = 0, vdoorbells = 0, refetches = 0, reranked = 0, rr_reads = 0, rr_bytes = 0, rr_doorbells = 0;
+  uint64_t probed = 0;
   double max_secs = 0, r1s = 0, rks = 0, meta = 0, fetch = 0, deser = 0, search = 0, rerank = 0, per_q_wall = 0;
   std::vector<float> lat;  // per-query latency amortised over its batch
   json per_cn = json::array();
@@ -95,6 +97,7 @@ json merge_run(uint32_t ef, const std::vector<std::string>& texts) {
       rr_reads += b[16].get<uint64_t>();
       rr_bytes += b[17].get<uint64_t>();
       rr_doorbells += b[18].get<uint64_t>();
+      probed += b[20].get<uint64_t>();
       if (bq > 0) lat.push_back(static_cast<float>(b[7].get<double>() * 1e6 / static_cast<double>(bq)));
     }
     json pc = {{"cn_id", j["cn_id"]}, {"queries", q}, {"seconds", s},
@@ -115,6 +118,7 @@ json merge_run(uint32_t ef, const std::vector<std::string>& texts) {
           {"recall_at_1", r1s / nq},
           {"latency_us", {{"p50", percentile(lat, 0.5)}, {"p99", percentile(lat, 0.99)}, {"mean", lat_mean}}},
           {"per_query", {{"bytes", static_cast<double>(bytes) / nq}, {"reads", static_cast<double>(reads) / nq},
+                         {"partitions", static_cast<double>(probed) / nq},
                          {"doorbells", static_cast<double>(doorbells) / nq},
                          {"fetches", static_cast<double>(fetched) / nq},
                          {"version_reads", static_cast<double>(vreads) / nq},

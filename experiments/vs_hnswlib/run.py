@@ -45,6 +45,8 @@ ap.add_argument("--probes", default="2,4", help="d-HNSW partitions searched per 
 ap.add_argument("--batch", type=int, default=1000, help="d-HNSW query batch (default %(default)s)")
 ap.add_argument("--boundary-ratio", type=float, default=0, help="d-HNSW boundary copies: dhnsw-build --boundary-ratio "
                 "(0: none; the index goes to WORK/dhnsw_rR_kK) (default %(default)s)")
+ap.add_argument("--probe-ratio", type=float, default=0, help="d-HNSW queries: --probe-ratio (0: every one of the "
+                "--probes partitions) (default %(default)s)")
 ap.add_argument("--max-copies", type=int, default=8, help="d-HNSW boundary copies: dhnsw-build --max-copies "
                 "(default %(default)s)")
 ap.add_argument("--provider", default="cxl", help="fabric provider (default %(default)s)")
@@ -250,11 +252,12 @@ if "dhnsw" not in skip:
                 dmh.log(f"dhnsw query, b={probe}, wire {wire}")
                 q = dmh.computenodes(mn, a.provider, 1, "query",
                                      ["--workload", wl, "--k", 10, "--ef-search", a.ef_search, "--batch", a.batch,
-                                      "--probe", probe],
+                                      "--probe", probe, "--probe-ratio", a.probe_ratio],
                                      work / f"dhnsw_query_b{probe}_{wire}.json",
                                      logdir=work / "logs" / f"dhnsw_query_b{probe}_{wire}", timeout=3600,
                                      mode="dhnsw", wire=wire)[0]
-                dh[f"query_b{probe}_{wire}"] = {"runs": [run_summary(r) for r in q["runs"]],
+                dh[f"query_b{probe}_{wire}"] = {"runs": [dict(run_summary(r), partitions=r["per_query"].get("partitions"))
+                                                         for r in q["runs"]],
                                                 "computenode_memory": q.get("process_memory"),
                                                 "memnode_cpu": q.get("memnode_cpu")}
         dh["memnode_memory"] = memnode_memory(mn)
@@ -306,7 +309,9 @@ rows += [query_row("shine (hnswlib's graph, shine-import)", f"{a.provider}, wire
          for r in results.get("import", {}).get("query_batch_none", {}).get("runs", [])]
 for key in [k for k in results.get("dhnsw", {}) if k.startswith("query_")]:
     probe, wire = key[len("query_"):].split("_", 1)
-    rows += [query_row(f"dhnsw {probe.replace('b', 'b=')}", f"{a.provider}, wire {wire}", r, "{:.1f}")
+    rows += [query_row(f"dhnsw {probe.replace('b', 'b=')}" +
+                       (f" (ratio {a.probe_ratio:g}: {r['partitions']:.2f} searched)" if a.probe_ratio else ""),
+                       f"{a.provider}, wire {wire}", r, "{:.1f}")
              for r in results["dhnsw"][key]["runs"]]
 bnd = results.get("dhnsw", {}).get("build", {}).get("report", {}).get("boundary", {})
 boundary = (f"; boundary copies: ratio {bnd['ratio']:g}, at most {bnd['max_copies']} partitions per vector, "

@@ -196,3 +196,36 @@ TEST_CASE("dhnsw boundary copies: inserts, upserts and deletes reach every copy,
   }
   check_live(*cluster, live);
 }
+
+TEST_CASE("dhnsw --probe-ratio: a query searches those of its top b partitions nearly as close as its nearest",
+          "[dhnsw][boundary]") {
+  const std::vector<float> data = blobs(kN, 41, 1.5f);
+  const std::vector<float> q = blobs(200, 42, 1.5f);
+  std::vector<int64_t> ids(kN);
+  std::iota(ids.begin(), ids.end(), 0);
+  auto c = place(data, ids);
+  auto ep = c->make_endpoint();
+  const Index idx = load_index(*c, *ep);
+  auto run = [&](double ratio, std::vector<Answer>& a) {
+    EngineOptions o;
+    o.batch = 64;
+    o.probe = kP;
+    o.probe_ratio = ratio;
+    o.ef_search = 64;
+    o.cache_subs = 0;
+    const RunStats rs = Engine(*c, idx, o).run(q.data(), q.size() / kDim, a);
+    uint64_t probed = 0;
+    for (const BatchStats& b : rs.batches) probed += b.probed;
+    return static_cast<double>(probed) / static_cast<double>(q.size() / kDim);
+  };
+  std::vector<Answer> all, one, some;
+  CHECK(run(0, all) == Approx(kP));    // off: every one of the b
+  CHECK(run(1.0, one) == Approx(1.0));  // the nearest alone (no ties in random data)
+  const double mid = run(1.2, some);
+  INFO("partitions per query at ratio 1.2: " << mid << "; recall@10 " << recall10(data, q, one) << " / "
+                                             << recall10(data, q, some) << " / " << recall10(data, q, all));
+  CHECK(mid > 1.0);
+  CHECK(mid < kP);
+  CHECK(recall10(data, q, some) >= recall10(data, q, one));
+  CHECK(recall10(data, q, all) >= recall10(data, q, some));
+}

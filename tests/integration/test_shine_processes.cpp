@@ -174,7 +174,8 @@ TEST_CASE("shine: a memnode whose fabric stops progressing while its control con
       Data d;
       TempDir dir;
       const std::string stall = dir.file("stall-now");
-      Memnode m0(dir, 0, provider), m1(dir, 1, provider, "127.0.0.1:0", {}, {}, {"DMHNSW_FAULT_STALL_FILE=" + stall});
+      Memnode m0(dir, 0, provider),
+          m1(dir, 1, provider, "127.0.0.1:0", {}, {}, {"DMHNSW_FAULT_STALL_FILE=" + stall, "DMHNSW_TEST_STUCK_REPORT_S=2.5"});
       std::string mns = m0.address + "," + m1.address;
       auto b = run(cn(provider, mns, 0, 1, {"build", "--data", d.base, "--max-elements", "1000", "--ef-construction", "40"}),
                    dir, "build", seconds(300));
@@ -197,7 +198,7 @@ TEST_CASE("shine: a memnode whose fabric stops progressing while its control con
       CHECK_THAT(q.output(), Contains("memnode 1 (" + m1.address + ")"));
       CHECK_THAT(q.output(), Contains("no progress from its fabric endpoint"));
       CHECK(m1.proc->running());  // the memnode itself is alive: only its fabric stopped
-      // ... and says so itself once its progress loop has not come round for 5 s.
+      // ... and says so itself once its progress loop has not come round for a while (5 s; 2.5 s here).
       wait_for_output(*m1.proc, "has not come round", seconds(15));
       CHECK_THAT(m1.proc->output(), Contains("the fabric progress thread has not come round"));
     }

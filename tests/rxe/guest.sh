@@ -68,6 +68,11 @@ case $CASE in
   shine-dhnsw)
     # A small shine build and query over two memnodes, then d-HNSW images built on the host
     # ($3, its workload $4) served by two more and queried; the host compares recall with shm.
+    # Then lock hand-over under contention (docs/architecture.md, "Words that atomics touch"):
+    # the release by COMPARE_SWAP holds (hammer $5 rounds); the plain-WRITE release is lost to a
+    # waiter's failed COMPARE_SWAP ($6 rounds); a shine build of $7 with many coroutines per
+    # thread and no build vector cache hands node locks over often. One guest for all: a boot
+    # costs seconds of the suite.
     start_memnode 0; M0=$MN
     start_memnode 1; M1=$MN
     CN=("$B/computenode" --mode shine --provider verbs --memnodes "$M0,$M1" --cn-id 0 --num-cns 1)
@@ -77,21 +82,16 @@ case $CASE in
     TAG=d1 start_memnode 1 --load "$3.1"; D1=$MN
     "$B/computenode" --mode dhnsw --provider verbs --memnodes "$D0,$D1" --cn-id 0 --num-cns 1 \
       query --workload "$4" --k 10 --ef-search 32 --threads 1 --report "$W/dhnsw-query.json" || exit 1
-    ;;
-  locks)
-    # Lock hand-over under contention (docs/architecture.md, "Words that atomics touch"): the
-    # release by COMPARE_SWAP holds; the plain-WRITE release is lost to a waiter's failed
-    # COMPARE_SWAP; then a shine build with many coroutines per thread, no build vector cache.
-    start_memnode 0; M0=$MN
-    "$B/computenode" --provider verbs --memnodes "$M0" selftest --atomics 10 --lock-hammer "$1" --lock-words 2 \
+    TAG=l0 start_memnode 0; L0=$MN
+    "$B/computenode" --provider verbs --memnodes "$L0" selftest --atomics 10 --lock-hammer "$5" --lock-words 2 \
       --lock-threads 2 --lock-coroutines 4 --lock-release cas
     echo "hammer cas exit $?"
-    "$B/computenode" --provider verbs --memnodes "$M0" selftest --atomics 10 --lock-hammer "$2" --lock-words 2 \
+    "$B/computenode" --provider verbs --memnodes "$L0" selftest --atomics 10 --lock-hammer "$6" --lock-words 2 \
       --lock-threads 2 --lock-coroutines 4 --lock-release write
     echo "hammer write exit $?"
-    start_memnode 1; M1=$MN
-    "$B/computenode" --mode shine --provider verbs --memnodes "$M0,$M1" --cn-id 0 --num-cns 1 build --data "$3" \
-      --m 8 --ef-construction 40 --threads 2 --coroutines 8 --build-cache 0 --report "$W/build.json"
+    TAG=l1 start_memnode 1; L1=$MN
+    "$B/computenode" --mode shine --provider verbs --memnodes "$L0,$L1" --cn-id 0 --num-cns 1 build --data "$7" \
+      --m 8 --ef-construction 40 --threads 2 --coroutines 8 --build-cache 0 --report "$W/locks-build.json"
     echo "build exit $?"
     ;;
   replicas)
@@ -105,7 +105,7 @@ case $CASE in
     CN=("$B/computenode" --mode shine --provider verbs --memnodes "$A0,$A1,$B0,$B1" --cn-id 0 --num-cns 1)
     "${CN[@]}" build --data "$1" --id-capacity 0 --m 12 --ef-construction 80 --threads 1 --report "$W/build.json" || exit 1
     "${CN[@]}" query --workload "$2" --k 10 --ef-search 32 --threads 1 --coroutines 2 --cache-ratio 0 \
-      --repeat-seconds 6 --report "$W/query.json" >"$W/query.log" 2>&1 &
+      --repeat-seconds 4 --report "$W/query.json" >"$W/query.log" 2>&1 &
     QPID=$!
     # The kill lands while it queries (a loaded host can take seconds to start it).
     for _ in $(seq 600); do grep -q "connected to" "$W/query.log" && break; sleep 0.05; done
