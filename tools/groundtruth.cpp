@@ -1,9 +1,10 @@
 // groundtruth: exact top-k neighbours of every query with a Faiss flat index.
 //
 // L2: squared Euclidean distance (IndexFlatL2); ip: largest inner product (IndexFlatIP).
-// The base is added in chunks (strided mmap views are copied chunk by chunk, so the base is
-// held once, inside the index); queries are searched in blocks of --batch, each block using
-// all OpenMP threads. Output by extension: .ivecs (ids) or .ibin (ids, then the distances as
+// The base is searched in blocks of --base-block rows (a 10M-row base is never held whole: the
+// file is mapped, one block at a time copied into the flat index), every query against each
+// block, the running top-k merged after each; queries go in blocks of --batch, each using all
+// OpenMP threads. Output by extension: .ivecs (ids) or .ibin (ids, then the distances as
 // Faiss reports them: squared L2, or inner products for ip).
 #include <CLI/CLI.hpp>
 #include <faiss/IndexFlat.h>
@@ -50,6 +51,9 @@ int main(int argc, char** argv) {
   app.add_option("--out", out_path, "output file: .ivecs (ids) or .ibin (ids + distances)")->required();
   app.add_option("--threads", threads, "OpenMP threads (0: all available)")
       ->capture_default_str()->check(CLI::Range(0, 1024));
+  std::size_t base_block = std::size_t{1} << 20;
+  app.add_option("--base-block", base_block, "base rows searched at once (0: the whole base)")
+      ->capture_default_str();
   app.add_option("--batch", batch, "queries per search block")
       ->capture_default_str()->check(CLI::Range(std::size_t{1}, std::size_t{1} << 20));
   try {
@@ -90,37 +94,64 @@ int main(int argc, char** argv) {
     std::unique_ptr<faiss::IndexFlat> index;
     if (metric == dmhnsw::Metric::L2) index = std::make_unique<faiss::IndexFlatL2>(d);
     else index = std::make_unique<faiss::IndexFlatIP>(d);
+    const bool ip = metric == dmhnsw::Metric::IP;
+    // The running top-k of each query: (distance, id), best first (ties: lower id).
+    std::vector<std::vector<std::pair<float, std::int64_t>>> best(nq);
+    auto better = [ip](const std::pair<float, std::int64_t>& a, const std::pair<float, std::int64_t>& b) {
+      if (a.first != b.first) return ip ? a.first > b.first : a.first < b.first;
+      return a.second < b.second;
+    };
     std::vector<float> scratch;
     constexpr std::size_t kAddChunk = 1 << 16;
-    for (std::size_t b = 0; b < base.n(); b += kAddChunk) {
-      const std::size_t c = std::min(kAddChunk, base.n() - b);
-      index->add(static_cast<faiss::Index::idx_t>(c), block(base, b, c, scratch));
-    }
-
-    dmhnsw::IdMatrix ids(nq, k);
-    dmhnsw::FloatMatrix dist(nq, k);
-    std::vector<float> bd(batch * k);
-    std::vector<faiss::Index::idx_t> bl(batch * k);
-    dmhnsw::Progress progress("groundtruth", nq, "queries");
-    for (std::size_t q = 0; q < nq; q += batch) {
-      const std::size_t c = std::min(batch, nq - q);
-      index->search(static_cast<faiss::Index::idx_t>(c), block(queries, q, c, scratch),
-                    static_cast<faiss::Index::idx_t>(k), bd.data(), bl.data());
-      for (std::size_t i = 0; i < c; ++i) {
-        std::int32_t* id_row = ids.mutable_row(q + i);
-        float* dist_row = dist.mutable_row(q + i);
-        for (std::size_t j = 0; j < k; ++j) {
-          const auto label = bl[i * k + j];
-          if (label < 0 || static_cast<std::size_t>(label) >= base.n())
-            throw std::runtime_error("faiss returned no neighbour " + std::to_string(j) +
-                                     " for query " + std::to_string(q + i));
-          id_row[j] = static_cast<std::int32_t>(label);
-          dist_row[j] = bd[i * k + j];
-        }
+    const std::size_t bb = base_block == 0 ? base.n() : base_block;
+    const std::size_t blocks = (base.n() + bb - 1) / bb;
+    dmhnsw::Progress progress("groundtruth", nq * blocks, "query x base blocks");
+    std::vector<float> bd;
+    std::vector<faiss::Index::idx_t> bl;
+    for (std::size_t first = 0; first < base.n(); first += bb) {
+      const std::size_t rows = std::min(bb, base.n() - first);
+      index->reset();
+      for (std::size_t b = 0; b < rows; b += kAddChunk) {
+        const std::size_t c = std::min(kAddChunk, rows - b);
+        index->add(static_cast<faiss::Index::idx_t>(c), block(base, first + b, c, scratch));
       }
-      progress.add(c);
+      const std::size_t kb = std::min(k, rows);
+      bd.resize(batch * kb);
+      bl.resize(batch * kb);
+      for (std::size_t q = 0; q < nq; q += batch) {
+        const std::size_t c = std::min(batch, nq - q);
+        index->search(static_cast<faiss::Index::idx_t>(c), block(queries, q, c, scratch),
+                      static_cast<faiss::Index::idx_t>(kb), bd.data(), bl.data());
+        for (std::size_t i = 0; i < c; ++i) {
+          auto& row = best[q + i];
+          for (std::size_t j = 0; j < kb; ++j) {
+            const auto label = bl[i * kb + j];
+            if (label < 0 || static_cast<std::size_t>(label) >= rows)
+              throw std::runtime_error("faiss returned no neighbour " + std::to_string(j) + " for query " +
+                                       std::to_string(q + i) + " in base rows [" + std::to_string(first) + ", " +
+                                       std::to_string(first + rows) + ")");
+            row.emplace_back(bd[i * kb + j], static_cast<std::int64_t>(first) + label);
+          }
+          if (row.size() > k) {
+            std::partial_sort(row.begin(), row.begin() + static_cast<std::ptrdiff_t>(k), row.end(), better);
+            row.resize(k);
+          }
+        }
+        progress.add(c);
+      }
     }
     progress.finish();
+    dmhnsw::IdMatrix ids(nq, k);
+    dmhnsw::FloatMatrix dist(nq, k);
+    for (std::size_t q = 0; q < nq; ++q) {
+      std::sort(best[q].begin(), best[q].end(), better);
+      std::int32_t* id_row = ids.mutable_row(q);
+      float* dist_row = dist.mutable_row(q);
+      for (std::size_t j = 0; j < k; ++j) {
+        id_row[j] = static_cast<std::int32_t>(best[q][j].second);
+        dist_row[j] = best[q][j].first;
+      }
+    }
 
     const bool with_dist = dmhnsw::format_from_path(out_path) == dmhnsw::FileFormat::Ibin;
     dmhnsw::write_ids(out_path, ids, with_dist ? &dist : nullptr);

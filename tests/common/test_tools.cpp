@@ -99,7 +99,7 @@ TEST_CASE("datagen + groundtruth agree with brute force", "[tools]") {
   SECTION("l2, ivecs") {
     const std::string gt = tmp.file("gt.ivecs");
     r = run(tmp, "groundtruth", "--base " + base + " --queries " + queries +
-                                    " --k 10 --metric l2 --threads 2 --batch 16 --out " + gt);
+                                    " --k 10 --metric l2 --threads 2 --batch 16 --base-block 700 --out " + gt);
     INFO(r.out << r.err);
     REQUIRE(r.code == 0);
     const IdMatrix ids = load_ids(gt);
@@ -110,7 +110,7 @@ TEST_CASE("datagen + groundtruth agree with brute force", "[tools]") {
   SECTION("ip, ibin with distances") {
     const std::string gt = tmp.file("gt.ibin");
     r = run(tmp, "groundtruth",
-            "--base " + base + " --queries " + queries + " --k 7 --metric ip --out " + gt);
+            "--base " + base + " --queries " + queries + " --k 7 --metric ip --base-block 5 --out " + gt);
     INFO(r.out << r.err);
     REQUIRE(r.code == 0);
     const GroundTruth g = load_groundtruth(gt);
