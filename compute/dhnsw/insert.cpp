@@ -449,7 +449,6 @@ void Inserter::begin_batch(const int64_t* ids, size_t n, bool upsert) {
   replaced_.clear();
   lost_.clear();
   mapped_.clear();
-  copies_.assign(n, 1);
   placed_copies_.assign(n, 0);
   if (upsert_) wait_for_idle();  // the buffer takes no upserts: they go in place
   if (ids_ && !merge_ && !upsert_) {
@@ -470,7 +469,6 @@ std::map<uint32_t, std::vector<size_t>> Inserter::route(const float* x, const st
     const auto to = place_with_copies(xs.data(), rows.size(), dim, centroids_.data(), index_->header.num_subs, nullptr,
                                       rule_);
     for (size_t j = 0; j < rows.size(); ++j) {
-      copies_[rows[j]] = static_cast<uint8_t>(to[j].size());
       for (size_t k = 0; k < to[j].size(); ++k) by_sub[to[j][k]].push_back(rows[j] * kMaxCopies + k);
     }
     return by_sub;
@@ -583,7 +581,7 @@ void Inserter::finish_batch(const float* x, const int64_t* ids, size_t n, uint64
   if (upsert_ && copies_max() > 1 && index_->header.epoch == epoch) {
     std::vector<IdKey> keys;
     for (size_t i = 0; i < n; ++i)
-      for (unsigned k = 1; k < kMaxCopies; ++k)
+      for (unsigned k = 1; k < copies_max(); ++k)
         if ((placed_copies_[i] & (1u << k)) == 0) keys.push_back(IdKey::copy(static_cast<uint64_t>(ids[i]), k));
     const std::vector<RemotePtr> old = lookup(keys);
     for (size_t j = 0; j < keys.size(); ++j)

@@ -90,7 +90,7 @@ class Inserter {
   void begin_batch(const int64_t* ids, size_t n, bool upsert);
   /// Where each row goes, as slots (row * kMaxCopies + k: copy k of the row, 0 its primary) per
   /// sub-HNSW: the meta-HNSW's top 1; with boundary copies, the nearest centroid and those within
-  /// the index's rule (compute/dhnsw/boundary.hpp). Sets copies_[row].
+  /// the index's rule (compute/dhnsw/boundary.hpp).
   std::map<uint32_t, std::vector<size_t>> route(const float* x, const std::vector<size_t>& rows);
   /// Commits the rows of `slots` into `sub` (or appends them to the insert buffer while a rebuild
   /// runs); marks the slots in `done`. False when they must be routed again (the epoch moved, a
@@ -151,7 +151,6 @@ class Inserter {
   bool upsert_ = false;
   BoundaryRule rule_;                 // the index's boundary copies
   std::vector<float> centroids_;      // the partitions' centroids (the meta-HNSW's vectors), with copies
-  std::vector<uint8_t> copies_;       // per row of the batch: the partitions it was last routed to
   std::vector<uint8_t> placed_copies_;  // per row of the batch: bit k set once copy k is committed
   std::vector<std::pair<int64_t, RemotePtr>> placed_;    // label entries of the last commit's vectors
   /// Every key this batch mapped and the entry it names, to withdraw a row another computenode's

@@ -59,12 +59,12 @@ ap.add_argument("--read-modes", default="batch", help="shine --read-mode values:
 ap.add_argument("--work", default=None, help="data, images, logs (default runs/vs_hnswlib/SET)")
 ap.add_argument("--out", default=None, help="results.json/results.md (default: this folder's SET/)")
 ap.add_argument("--render-only", action="store_true", help="only write OUT/results.md again from OUT/results.json")
-ap.add_argument("--skip", default="", help="comma list of parts to skip: hnswlib, import, shine, dhnsw; the parts "
+ap.add_argument("--skip", default="", help="comma list of parts to skip: hnswlib, faiss, import, shine, dhnsw; the parts "
                 "run replace theirs in an existing OUT/results.json")
 a = ap.parse_args()
 skip = set(filter(None, a.skip.split(",")))
 if a.render_only:
-    skip = {"hnswlib", "import", "shine", "dhnsw"}
+    skip = {"hnswlib", "faiss", "import", "shine", "dhnsw"}
 tag = f"syn{a.n // 1000}k" if a.set == "syn" and a.n % 1000 == 0 else (f"syn{a.n}" if a.set == "syn" else a.set)
 work = Path(a.work or dmh.ROOT / "runs" / "vs_hnswlib" / tag)
 work.mkdir(parents=True, exist_ok=True)
@@ -181,6 +181,20 @@ if "hnswlib" not in skip:
                           "runs": [{"ef_search": r["ef_search"], "recall": r["recall"], "qps": r["qps"],
                                     "p50_us": r["latency_us"]["p50"], "p99_us": r["latency_us"]["p99"]}
                                    for r in h["runs"]]}
+
+# ---- Faiss IndexHNSWFlat: the other single-machine reference (same M, efConstruction, threads)
+if "faiss" not in skip:
+    dmh.log("faiss-bench (IndexHNSWFlat)")
+    fj = work / "faiss.json"
+    secs, mem = timed([dmh.BIN / "faiss-bench", "--base", base, "--workload", wl, "--metric", metric, "--m", a.m,
+                       "--ef-construction", a.ef_construction, "--ef-search", a.ef_search, "--k", 10,
+                       "--threads", a.threads, "--index", "hnsw-flat", "--json", fj],
+                      work / "logs" / "faiss.log")
+    fr = json.loads(fj.read_text())
+    results["faiss"] = {"build_s": fr["build_seconds"], "inserts_per_s": a.n / fr["build_seconds"], "memory": mem,
+                        "runs": [{"ef_search": r["ef_search"], "recall": r["recall"], "qps": r["qps"],
+                                  "p50_us": r["latency_us"]["p50"], "p99_us": r["latency_us"]["p99"]}
+                                 for r in fr["runs"]]}
 
 common = ["--workload", wl, "--k", 10, "--ef-search", a.ef_search, "--threads", a.threads]
 
@@ -299,9 +313,10 @@ def query_row(system, fabric, r, per_query="{:.0f}"):
 
 
 rows = []
-for r in results.get("hnswlib", {}).get("runs", []):
-    rows.append(["hnswlib", "local", r["ef_search"], f(r["recall"], "{:.4f}"), f(r["qps"]), f(r["p50_us"]),
-                 f(r["p99_us"]), "–", "–", "–"])
+for ref, label in (("hnswlib", "hnswlib"), ("faiss", "Faiss IndexHNSWFlat")):
+    for r in results.get(ref, {}).get("runs", []):
+        rows.append([label, "local", r["ef_search"], f(r["recall"], "{:.4f}"), f(r["qps"]), f(r["p50_us"]),
+                     f(r["p99_us"]), "–", "–", "–"])
 for key in [k for k in results.get("shine", {}) if k.startswith("query_")]:
     mode, wire = key[len("query_"):].split("_", 1)
     rows += [query_row(f"shine ({mode})", f"{a.provider}, wire {wire}", r) for r in results["shine"][key]["runs"]]
@@ -331,6 +346,11 @@ if "hnswlib" in results:
     h = results["hnswlib"]
     brow.append(["hnswlib", f(h["build_s"], "{:.0f}"), f(h["inserts_per_s"]), "1.00",
                  f(h["memory"]["peak_rss_mib"]), "–"])
+if "faiss" in results:
+    fz = results["faiss"]
+    brow.append(["Faiss IndexHNSWFlat", f(fz["build_s"], "{:.0f}"), f(fz["inserts_per_s"]),
+                 f(fz["inserts_per_s"] / results["hnswlib"]["inserts_per_s"], "{:.2f}") if "hnswlib" in results else "–",
+                 f(fz["memory"]["peak_rss_mib"]), "–"])
 hn = results.get("hnswlib", {}).get("inserts_per_s")
 
 
@@ -364,9 +384,10 @@ for sys_, part in (("shine", results.get("shine", {})), ("dhnsw", results.get("d
             m = v["computenode_memory"]
             qmem.append([sys_, key[len("query_"):], f(m.get("peak_rss_mib")), f(m.get("anon_mib")),
                          f(m.get("shmem_mib")), f(m.get("hugetlb_mib"))])
-if "hnswlib" in results:
-    qmem.append(["hnswlib", "build + queries", f(results["hnswlib"]["memory"]["peak_rss_mib"]),
-                 f(results["hnswlib"]["memory"]["peak_anon_mib"]), "–", "–"])
+for ref, label in (("hnswlib", "hnswlib"), ("faiss", "Faiss IndexHNSWFlat")):
+    if ref in results:
+        qmem.append([label, "build + queries", f(results[ref]["memory"]["peak_rss_mib"]),
+                     f(results[ref]["memory"]["peak_anon_mib"]), "–", "–"])
 md += ["\nQuerying processes (MiB; a cxl computenode maps the memnodes' regions, counted as shared, not its own):\n\n",
        dmh.md_table(["system", "run", "peak RSS", "own (anon)", "mapped (shmem)", "mapped (hugetlb)"], qmem)]
 (out / "results.md").write_text("".join(md))

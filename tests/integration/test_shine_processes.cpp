@@ -24,7 +24,7 @@ std::vector<std::string> cn(const std::string& provider, const std::string& memn
 }  // namespace
 
 TEST_CASE("shine: 2 computenodes x 2 threads build over 2 memnodes, then query (shm, tcp)", "[integration][shine]") {
-  Data d(400, 2000);  // a multi-process test: small data
+  Data d(200, 1200);  // a multi-process test: small data
   for (std::string provider : {"shm", "tcp"}) {
     DYNAMIC_SECTION(provider) {
       TempDir dir;
@@ -44,18 +44,18 @@ TEST_CASE("shine: 2 computenodes x 2 threads build over 2 memnodes, then query (
       REQUIRE(c0 == 0);
       REQUIRE(c1 == 0);
       auto br = load_json(rep);
-      CHECK(br["inserted"] == 2000);
-      CHECK(br["index_nodes"] == 2000);
+      CHECK(br["inserted"] == 1200);
+      CHECK(br["index_nodes"] == 1200);
       CHECK(br["per_cn"].size() == 2);
       CHECK(br["memnode_usage"][0]["bytes_used"].get<uint64_t>() > 0);
       CHECK(br["memnode_usage"][1]["bytes_used"].get<uint64_t>() > 0);  // spread over both memnodes
       uint64_t n0 = br["memnode_usage"][0]["nodes_inserted_here"], n1 = br["memnode_usage"][1]["nodes_inserted_here"];
-      CHECK(n0 + n1 == 2000);
-      CHECK(n0 > 800);  // a random memnode per node
-      CHECK(n1 > 800);
+      CHECK(n0 + n1 == 1200);
+      CHECK(n0 > 480);  // a random memnode per node
+      CHECK(n1 > 480);
       auto own1 = load_json(rep + ".cn1");
       CHECK(own1["cn"]["cn_id"] == 1);
-      CHECK(own1["cn"]["inserted"] == 1000);
+      CHECK(own1["cn"]["inserted"] == 600);
 
       std::string qrep = dir.file("query.json");
       Proc q0(cn(provider, mns, 0, 2, {"query", "--workload", d.wl, "--k", "10", "--ef-search", "16,64", "--threads", "2",
@@ -72,7 +72,7 @@ TEST_CASE("shine: 2 computenodes x 2 threads build over 2 memnodes, then query (
       CHECK_THAT(q0.output(), Contains("efSearch") && Contains("recall"));
       auto qr = load_json(qrep);
       REQUIRE(qr["runs"].size() == 2);
-      CHECK(qr["runs"][0]["queries"] == 400);
+      CHECK(qr["runs"][0]["queries"] == 200);
       CHECK(qr["runs"][1]["recall"].get<double>() >= 0.9);
       CHECK(qr["runs"][1]["recall"].get<double>() >= qr["runs"][0]["recall"].get<double>() - 0.01);
       auto& pq = qr["runs"][1]["per_query"];
@@ -81,11 +81,11 @@ TEST_CASE("shine: 2 computenodes x 2 threads build over 2 memnodes, then query (
       CHECK(qr["runs"][1]["network_bound_qps"]["100Gbps"].get<double>() > 0);
 
       // Building again over the index is refused, naming what is there and what to do; the
-      // index keeps its 2000 nodes (it used to insert rows 0..n-1 a second time).
+      // index keeps its 1200 nodes (it used to insert rows 0..n-1 a second time).
       Proc again(cn(provider, mns, 0, 1, {"build", "--data", d.base, "--m", "12", "--ef-construction", "80"}),
                  dir.file("again.log"));
       CHECK(again.wait(seconds(60)) != 0);
-      CHECK_THAT(again.output(), Contains("already hold a shine index of 2000 nodes") && Contains("insert"));
+      CHECK_THAT(again.output(), Contains("already hold a shine index of 1200 nodes") && Contains("insert"));
       Proc info(computenode_args("shine", provider, mns, 0, 1, {}), dir.file("info.log"));
       CHECK(info.wait(seconds(60)) == 0);
       CHECK_THAT(info.output(), Contains("mode shine"));
