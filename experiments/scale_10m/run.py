@@ -93,20 +93,26 @@ def mib(x):
     return x if x is not None else 0
 
 
-def system_rows(res):
-    """Per system: build seconds, runs, memory (MiB)."""
+def system_rows(res, work):
+    """Per system: build seconds, runs, memory (MiB): hnswlib and Faiss their process's own (anonymous)
+    memory, the index; shine the bytes its build used in the memnodes' regions plus the querying
+    computenode's own memory; d-HNSW the regions' data (sub-HNSWs, metadata, id index, insert buffer)
+    plus the querying computenode's own memory."""
     rows = {}
     for ref in ("hnswlib", "faiss"):
         if ref in res:
+            m = res[ref]["memory"]
             rows[ref] = {"build_s": res[ref]["build_s"], "runs": res[ref]["runs"],
-                         "memory_mib": res[ref]["memory"]["peak_rss_mib"]}
+                         "memory_mib": m.get("peak_anon_mib") or m.get("peak_rss_mib")}
     if "shine" in res:
         s = res["shine"]
         q = [v for k, v in s.items() if k.startswith("query_batch")]
         runs = q[0]["runs"] if q else []
         own = (q[0].get("computenode_memory") or {}).get("anon_mib") if q else None
-        rows["shine"] = {"build_s": s["build"]["seconds"], "runs": runs,
-                         "memory_mib": sum(mib(m.get("peak_rss_mib")) for m in s.get("memnode_memory", [])) + mib(own)}
+        used = s["build"].get("memnode_bytes_used")
+        if used is None and (work / "shine_build.json").exists():  # a run before run.py kept it
+            used = sum(u["bytes_used"] for u in json.loads((work / "shine_build.json").read_text())["memnode_usage"])
+        rows["shine"] = {"build_s": s["build"]["seconds"], "runs": runs, "memory_mib": mib(used) / 2**20 + mib(own)}
     if "dhnsw" in res:
         d = res["dhnsw"]
         runs, own = [], 0
@@ -114,8 +120,8 @@ def system_rows(res):
             if k.startswith("query_"):
                 runs += v["runs"]
                 own = max(own, mib((v.get("computenode_memory") or {}).get("anon_mib")))
-        rows["dhnsw"] = {"build_s": d["build"]["seconds"], "runs": runs,
-                         "memory_mib": sum(mib(m.get("peak_rss_mib")) for m in d.get("memnode_memory", [])) + own}
+        data = sum(d["build"]["report"].get("layout", {}).get("data_end", []))
+        rows["dhnsw"] = {"build_s": d["build"]["seconds"], "runs": runs, "memory_mib": data / 2**20 + own}
     return rows
 
 
@@ -126,7 +132,7 @@ for n in sizes:
     if not f.exists():
         continue
     res = json.loads(f.read_text())
-    for sys_, r in system_rows(res).items():
+    for sys_, r in system_rows(res, dmh.ROOT / "runs" / "scale_10m" / f"n{n}").items():
         m = {"build_s": r["build_s"], "memory_mib": r["memory_mib"], "max_recall": max((x["recall"] for x in r["runs"]), default=None)}
         for t in (0.90, 0.95, 0.99):
             m[f"qps@{t}"], m[f"bytes@{t}"] = at_recall(r["runs"], t)
@@ -145,7 +151,8 @@ def slope(points):
 
 
 measures = [("build_s", "build time (s)"), ("qps@0.95", "QPS at recall@10 0.95"),
-            ("bytes@0.95", "remote bytes per query at recall@10 0.95"), ("memory_mib", "memory (MiB)")]
+            ("bytes@0.95", "remote bytes per query at recall@10 0.95"),
+            ("memory_mib", "memory (MiB): the index, and a querying computenode's own")]
 md = [f"Run {time.strftime('%Y-%m-%d %H:%M')}: `{dmh.command_line()}`\n\n",
       f"Clustered vectors (d = {a.d}, {a.clusters} clusters), {a.queries:,} queries, k = 10, M = 16, "
       f"efConstruction = 100, {a.threads} threads everywhere; shine and d-HNSW over 2 memnodes on cxl. "

@@ -225,7 +225,8 @@ if "shine" not in skip:
                                   "--threads", a.threads], work / "shine_build.json", logdir=work / "logs" / "shine_build",
                                  timeout=6 * 3600)[0]
         sh["build"] = {"seconds": build["seconds"], "inserts_per_s": build["inserts_per_s"], "wall_s": time.time() - t0,
-                       "computenode_memory": build.get("process_memory"), "io": build.get("io")}
+                       "computenode_memory": build.get("process_memory"), "io": build.get("io"),
+                       "memnode_bytes_used": sum(u.get("bytes_used", 0) for u in build.get("memnode_usage", []))}
         sh["memnode_memory_after_build"] = memnode_memory(mn)
         for mode, wire in [(m, w) for m in a.read_modes.split(",")
                            for w in ["none"] + ([a.wire] if a.wire != "none" else [])]:
