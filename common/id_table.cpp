@@ -36,7 +36,13 @@ IdHash hash_id(uint64_t id, const IdTable& t) {
   return r;
 }
 
-std::vector<std::vector<uint64_t>> fill_id_table(const IdTable& t, std::span<const std::pair<uint64_t, RemotePtr>> entries,
+IdHash hash_key(const IdKey& k, const IdTable& t) {
+  IdHash h = hash_id(k.key, t);
+  if (k.copy != 0) h.fingerprint = (hash_id(k.label, t).fingerprint ^ k.copy) & 0xfff;
+  return h;
+}
+
+std::vector<std::vector<uint64_t>> fill_id_table(const IdTable& t, std::span<const std::pair<IdKey, RemotePtr>> entries,
                                                  const std::string& what) {
   std::vector<std::vector<uint64_t>> words(t.memnodes, std::vector<uint64_t>(t.bytes_per_memnode() / 8, 0));
   auto word = [&](uint64_t bucket, unsigned pos) -> uint64_t& {
@@ -50,15 +56,16 @@ std::vector<std::vector<uint64_t>> fill_id_table(const IdTable& t, std::span<con
   std::unordered_map<uint64_t, size_t> seen;
   seen.reserve(entries.size());
   for (size_t i = 0; i < entries.size(); ++i) {
-    const auto& [id, at] = entries[i];
-    if (auto [it, fresh] = seen.emplace(id, i); !fresh)
+    const auto& [key, at] = entries[i];
+    const uint64_t id = key.label;
+    if (auto [it, fresh] = seen.emplace(key.key, i); !fresh)
       throw std::invalid_argument(what + ": entries " + std::to_string(it->second) + " and " + std::to_string(i) +
                                   " both have id " + std::to_string(id) + ": an id index maps each id to one place");
     if (!IdSlot::fits(at))
       throw std::invalid_argument(what + ": memnode " + std::to_string(at.node()) + " offset " +
                                   std::to_string(at.offset()) + " (id " + std::to_string(id) +
                                   ") lies beyond what an id slot can name");
-    const IdHash h = hash_id(id, t);
+    const IdHash h = hash_key(key, t);
     const uint64_t b = used(h.bucket[1]) < used(h.bucket[0]) ? h.bucket[1] : h.bucket[0];
     unsigned s = 1;
     while (s < IdSlot::kPerBucket && word(b, s) != 0) ++s;

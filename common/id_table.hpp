@@ -59,10 +59,12 @@ uint64_t copy_key(uint64_t id, unsigned k);
 struct IdKey {
   uint64_t key;
   uint64_t label;
+  unsigned copy = 0;  // k of copy_key(label, k)
   IdKey(uint64_t id) : key(id), label(id) {}  // NOLINT(google-explicit-constructor): an id is its own key
-  static IdKey copy(uint64_t id, unsigned k) {
+  static IdKey copy_of(uint64_t id, unsigned k) {
     IdKey r(id);
     r.key = copy_key(id, k);
+    r.copy = k;
     return r;
   }
 };
@@ -73,11 +75,15 @@ struct IdHash {
   uint32_t fingerprint;
 };
 IdHash hash_id(uint64_t id, const IdTable& t);
+/// An IdKey's buckets (from its key) and fingerprint: a copy k's is the id's own XOR k, so the
+/// keys of one id never share a fingerprint (their entries all name words holding the id, so
+/// the label alone cannot tell them apart).
+IdHash hash_key(const IdKey& k, const IdTable& t);
 
 /// The table's words on each memnode for `entries` (id, the place its entry names), each put as
 /// IdIndex::insert would (the emptier of its two buckets). Throws std::invalid_argument naming
 /// `what` for an id twice, a place no slot can name, or a full pair of buckets.
-std::vector<std::vector<uint64_t>> fill_id_table(const IdTable& t, std::span<const std::pair<uint64_t, RemotePtr>> entries,
+std::vector<std::vector<uint64_t>> fill_id_table(const IdTable& t, std::span<const std::pair<IdKey, RemotePtr>> entries,
                                                  const std::string& what);
 
 }  // namespace dmhnsw

@@ -69,7 +69,7 @@ compute::Task<std::vector<unsigned>> IdIndex::matches(const IdKey& id, const IdH
 }
 
 compute::Task<RemotePtr> IdIndex::find(IdKey id, compute::IoStats* io) {
-  const IdHash h = hash_id(id.key, t_);
+  const IdHash h = hash_key(id, t_);
   const Slots s = co_await read_buckets(h, io);
   const auto m = co_await matches(id, h, s, io);
   co_return m.empty() ? RemotePtr{} : IdSlot::node(s.word[m.front()]);
@@ -109,7 +109,7 @@ compute::Task<IdIndex::PutResult> IdIndex::insert(IdKey id, RemotePtr node, bool
   if (!IdSlot::fits(node))
     throw std::invalid_argument("id index: memnode " + std::to_string(node.node()) + " offset " +
                                 std::to_string(node.offset()) + " cannot be named by an entry");
-  const IdHash h = hash_id(id.key, t_);
+  const IdHash h = hash_key(id, t_);
   const uint64_t entry = IdSlot::make(h.fingerprint, node);
   const uint64_t mine = co_await lock(h, io);
   // A failure below leaves the lock held: the next writer of this bucket takes it over after
@@ -148,7 +148,7 @@ compute::Task<IdIndex::PutResult> IdIndex::insert(IdKey id, RemotePtr node, bool
 }
 
 compute::Task<RemotePtr> IdIndex::erase(IdKey id, RemotePtr only, compute::IoStats* io) {
-  const IdHash h = hash_id(id.key, t_);
+  const IdHash h = hash_key(id, t_);
   const uint64_t mine = co_await lock(h, io);
   for (int attempt = 0; attempt < kMaxAttempts; ++attempt) {
     const Slots s = co_await read_buckets(h, io);

@@ -91,6 +91,7 @@ void check_options(size_t n, uint32_t dim, const BuildOptions& opts) {
        "--max-copies: " + std::to_string(b.max_copies) + " outside [1, " + std::to_string(kMaxCopies) + "]");
   need(!b.enabled() || opts.partition_metric == Metric::L2,
        "--boundary-ratio: boundary copies need --partition-metric l2 (a ratio of distances)");
+  need(!b.enabled() || opts.id_index, "--boundary-ratio: boundary copies need the id index (deletes find copies there)");
 }
 
 /// The rows of each partition, in increasing row (the sub's local ids follow it), and which copy
@@ -305,14 +306,15 @@ void lay_out(uint32_t dim, Metric metric, const BuildOptions& opts, uint32_t thr
   });
   if (plan.id_buckets > 0) {  // each id -> its label entry in its sub's labels array
     const IdTable t = id_table(out.header);
-    std::vector<std::pair<uint64_t, RemotePtr>> entries;
+    std::vector<std::pair<IdKey, RemotePtr>> entries;
     entries.reserve(out.num_vectors + out.copies);
     for (uint32_t p = 0; p < P; ++p) {
       const SubDesc& d = plan.subs[p];
       const uint64_t at = d.block_offset + d.arrays[kLabels].offset;
       for (size_t i = 0; i < members[p].size(); ++i) {
         const int64_t id = labels != nullptr ? labels[members[p][i]] : members[p][i];
-        entries.emplace_back(copy_key(static_cast<uint64_t>(id), part_members.copy[p][i]), RemotePtr(d.memnode, at + 8 * i));
+        entries.emplace_back(IdKey::copy_of(static_cast<uint64_t>(id), part_members.copy[p][i]),
+                             RemotePtr(d.memnode, at + 8 * i));
       }
     }
     const auto words = fill_id_table(t, entries, "build");
@@ -421,7 +423,7 @@ nlohmann::json BuiltIndex::report() const {
                    {"copy_bytes", copy_bytes}};
   j["codes"] = quantizer ? nlohmann::json{{"kind", quantizer->spec().to_string()},
                                           {"code_size", quantizer->code_size()},
-                                          {"bytes", num_vectors * quantizer->code_size()}}
+                                          {"bytes", (num_vectors + copies) * quantizer->code_size()}}
                          : nlohmann::json(nullptr);
   uint64_t blocks = 0, gaps = 0;
   for (const SubDesc& d : subs) {

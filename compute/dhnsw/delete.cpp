@@ -32,10 +32,18 @@ std::vector<int64_t> Inserter::remove(const int64_t* ids, size_t n) {
   }
   std::vector<int64_t> missing, later;
   std::unordered_set<int64_t> touched;  // ids with an entry marked: found, whatever a later round sees
+  // With boundary copies, an id whose entries were marked is looked up again until none is left:
+  // an insert maps a row's copies after its own entry, so a round may miss copies mapped
+  // meanwhile; an insert that maps one after the last look finds its own label marked and
+  // withdraws its copies (Inserter::own_gone).
+  std::vector<int64_t> verify;
   bool rebuild = false;
-  while (!pending.empty() || !later.empty()) {
+  while (!pending.empty() || !later.empty() || !verify.empty()) {
     uint64_t phase;
-    if (pending.empty()) {
+    if (pending.empty() && later.empty()) {
+      pending.swap(verify);
+      phase = wait_for_idle(true);
+    } else if (pending.empty()) {
       // Ids the id index lacked while a rebuild ran may be in its insert buffer, which the merge
       // empties into the index: they are looked up again once it is idle.
       pending.swap(later);
@@ -48,7 +56,7 @@ std::vector<int64_t> Inserter::remove(const int64_t* ids, size_t n) {
     std::vector<IdKey> keys;
     keys.reserve(pending.size() * K);
     for (int64_t id : pending)
-      for (unsigned k = 0; k < K; ++k) keys.push_back(IdKey::copy(static_cast<uint64_t>(id), k));
+      for (unsigned k = 0; k < K; ++k) keys.push_back(IdKey::copy_of(static_cast<uint64_t>(id), k));
     const std::vector<RemotePtr> at = lookup(keys);
     std::vector<std::pair<int64_t, RemotePtr>> e;
     std::vector<IdKey> ekeys;
@@ -70,8 +78,10 @@ std::vector<int64_t> Inserter::remove(const int64_t* ids, size_t n) {
     unmap_ids(ekeys, e, done);
     pending.clear();
     std::unordered_set<int64_t> again, found;
+    std::unordered_set<int64_t> verified;
     for (size_t i = 0; i < e.size(); ++i) {
       if (done[i]) touched.insert(e[i].first);
+      if (done[i] && K > 1 && verified.insert(e[i].first).second) verify.push_back(e[i].first);
       if (!gone[i]) found.insert(e[i].first);
       if (!gone[i] && !done[i] && again.insert(e[i].first).second)
         pending.push_back(e[i].first);  // the epoch moved or a rebuild began: again
@@ -195,7 +205,11 @@ Inserter::Marked Inserter::mark_deleted(const std::vector<std::pair<int64_t, Rem
         rebuild = true;
     for (size_t j = 0; j < rows.size(); ++j)
       if (!gone[rows[j]]) done[rows[j]] = 1;
-    st_.deleted += writes.size();
+    {  // vectors: an id's copies (compute/dhnsw/boundary.hpp) count once
+      std::unordered_set<int64_t> ids;
+      for (const auto& [at, label] : writes) ids.insert(static_cast<int64_t>(static_cast<uint64_t>(label) & ~kDeletedLabel));
+      st_.deleted += ids.size();
+    }
   }
   return Marked::Done;
 }

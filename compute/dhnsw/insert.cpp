@@ -145,7 +145,9 @@ void Inserter::map_ids(const std::vector<IdKey>& keys, const std::vector<std::pa
     if (r[i].what == IdIndex::Put::Replaced && r[i].old != placed[i].second) {
       replaced_.emplace_back(placed[i].first, r[i].old);
     } else if (r[i].what == IdIndex::Put::Present && r[i].old != placed[i].second) {
-      lost_.push_back(placed[i]);  // another computenode inserted the id meanwhile: it keeps it
+      // Another computenode inserted the id meanwhile: it keeps it. A copy key taken by another's
+      // copy loses only that copy of ours; the id is lost when its own key was.
+      (keys[i].copy == 0 ? lost_ : unmapped_copies_).push_back(placed[i]);
     }
   }
 }
@@ -381,11 +383,21 @@ Inserter::Outcome Inserter::commit_rows(uint32_t sub, const float* x, const int6
       keys.reserve(placed_.size());
       for (const auto& [id, at] : placed_) {
         const auto it = copy_of.find(id);
-        keys.push_back(IdKey::copy(static_cast<uint64_t>(id), it == copy_of.end() ? 0 : it->second));
+        keys.push_back(IdKey::copy_of(static_cast<uint64_t>(id), it == copy_of.end() ? 0 : it->second));
       }
       map_ids(keys, placed_);
       for (size_t slot : rows) done[slot] = 1;
-      for (const IdKey& key : keys) ++(key.key == key.label ? st_.inserted : st_.copies);
+      for (size_t j = 0; j < keys.size(); ++j) ++(keys[j].copy == 0 ? st_.inserted : st_.copies);
+      // Which copies of each row are in, and in which epoch its own partition took it.
+      for (size_t slot : rows) {
+        const size_t row = slot / kMaxCopies, k = slot % kMaxCopies;
+        if (k == 0) {
+          row_epoch_[row] = index_->header.epoch;
+          placed_copies_[row] = 1;
+        } else if (row_epoch_[row] == index_->header.epoch) {
+          placed_copies_[row] |= static_cast<uint8_t>(1u << k);
+        }
+      }
     }
     return r;
   } catch (const CommitDoesNotFit&) {
@@ -403,7 +415,6 @@ Inserter::Outcome Inserter::commit_rows(uint32_t sub, const float* x, const int6
 void Inserter::insert(const float* x, const int64_t* ids, size_t n, bool upsert) {
   if (n == 0) return;
   begin_batch(ids, n, upsert);
-  const uint64_t epoch = index_->header.epoch;
   std::vector<size_t> pending(n);
   for (size_t i = 0; i < n; ++i) pending[i] = i;
   std::vector<char> done(n * kMaxCopies, 0);
@@ -426,14 +437,11 @@ void Inserter::insert(const float* x, const int64_t* ids, size_t n, bool upsert)
       for (const auto& [sub, slots] : copies)
         if (!place(sub, x, ids, slots, done)) break;
     std::vector<size_t> next;
-    for (size_t i : pending) {
+    for (size_t i : pending)
       if (!done[i * kMaxCopies]) next.push_back(i);
-      for (size_t k = 0; k < kMaxCopies; ++k)
-        if (done[i * kMaxCopies + k]) placed_copies_[i] |= 1u << k;
-    }
     pending.swap(next);
   }
-  finish_batch(x, ids, n, epoch);
+  finish_batch(x, ids, n);
 }
 
 void Inserter::begin_batch(const int64_t* ids, size_t n, bool upsert) {
@@ -450,6 +458,8 @@ void Inserter::begin_batch(const int64_t* ids, size_t n, bool upsert) {
   lost_.clear();
   mapped_.clear();
   placed_copies_.assign(n, 0);
+  row_epoch_.assign(n, 0);
+  unmapped_copies_.clear();
   if (upsert_) wait_for_idle();  // the buffer takes no upserts: they go in place
   if (ids_ && !merge_ && !upsert_) {
     // Refused before anything is inserted: an id the index holds.
@@ -556,33 +566,69 @@ bool Inserter::append_to_buffer(const float* x, const int64_t* ids, const std::v
   return all;
 }
 
-void Inserter::finish_batch(const float* x, const int64_t* ids, size_t n, uint64_t epoch) {
+std::vector<int64_t> Inserter::own_gone() {
+  std::unordered_map<int64_t, RemotePtr> own;  // ids with copies mapped -> their own label entry
+  std::unordered_set<int64_t> with_copies;
+  for (const auto& [key, at] : mapped_) {
+    if (key.copy == 0) own.emplace(static_cast<int64_t>(key.label), at);
+    else with_copies.insert(static_cast<int64_t>(key.label));
+  }
+  std::vector<std::pair<int64_t, RemotePtr>> check;
+  for (const auto& [id, at] : own)
+    if (with_copies.count(id) != 0) check.emplace_back(id, at);
+  std::vector<int64_t> gone;
+  constexpr size_t kPerDoorbell = 256;
+  fabric::Buffer buf = ep_.alloc(8 * kPerDoorbell);
+  for (size_t first = 0; first < check.size(); first += kPerDoorbell) {
+    const size_t m = std::min(kPerDoorbell, check.size() - first);
+    std::vector<fabric::Op> ops;
+    for (size_t j = 0; j < m; ++j) ops.push_back(fabric::Op::read(check[first + j].second, buf.data() + 8 * j, 8, j));
+    if (ep_.post(ops) != fabric::Status::Ok) throw fabric::FabricError("dhnsw insert: reading label entries failed");
+    ep_.wait_all(ops.size());
+    for (size_t j = 0; j < m; ++j) {
+      int64_t label;
+      std::memcpy(&label, buf.data() + 8 * j, 8);
+      if (label != check[first + j].first) gone.push_back(check[first + j].first);
+    }
+  }
+  return gone;
+}
+
+void Inserter::finish_batch(const float* x, const int64_t* ids, size_t n) {
   // Upserted ids: their old vectors are marked deleted now that the new ones answer; and a
   // vector of ours whose id another computenode inserted meanwhile is withdrawn.
   const size_t n_replaced = replaced_.size();
   std::vector<std::pair<int64_t, RemotePtr>> drop = replaced_;
   const std::vector<std::pair<int64_t, RemotePtr>> lost = lost_;
   drop.insert(drop.end(), lost.begin(), lost.end());
-  // With boundary copies: every copy of a lost id that this batch mapped is withdrawn as well
-  // (its keys removed after the marks); an upserted id's old copies beyond its new ones, which no
-  // key of this batch replaced, are marked too, unless a rebuild placed copies anew meanwhile.
+  // With boundary copies (compute/dhnsw/boundary.hpp):
+  // - every copy of a lost id that this batch mapped is withdrawn as well, and each copy whose key
+  //   another computenode's copy took;
+  // - a row whose own vector was deleted (or moved by an upsert) meanwhile withdraws the copies it
+  //   mapped: a delete that looked the id's keys up before they were mapped did not see them, but
+  //   it marked the row's own label before its last look (Inserter::remove), so this READ sees it;
+  // - an upserted id's old copies beyond its new ones, which no key of this batch replaced, are
+  //   marked too (rows placed in the live epoch; a rebuild since placed copies anew).
   std::vector<IdKey> unmap_keys;
   std::vector<std::pair<int64_t, RemotePtr>> unmap_at;
+  drop.insert(drop.end(), unmapped_copies_.begin(), unmapped_copies_.end());
   if (copies_max() > 1 || !lost.empty()) {
-    std::unordered_set<int64_t> lost_ids;
-    for (const auto& [id, at] : lost) lost_ids.insert(id);
+    std::unordered_set<int64_t> gone_ids;
+    for (const auto& [id, at] : lost) gone_ids.insert(id);
+    for (const int64_t id : own_gone()) gone_ids.insert(id);
     for (const auto& [key, at] : mapped_)
-      if (lost_ids.count(static_cast<int64_t>(key.label)) != 0) {
+      if (key.copy != 0 && gone_ids.count(static_cast<int64_t>(key.label)) != 0) {
         drop.emplace_back(static_cast<int64_t>(key.label), at);
         unmap_keys.push_back(key);
         unmap_at.emplace_back(static_cast<int64_t>(key.label), at);
       }
   }
-  if (upsert_ && copies_max() > 1 && index_->header.epoch == epoch) {
+  if (upsert_ && copies_max() > 1) {
     std::vector<IdKey> keys;
     for (size_t i = 0; i < n; ++i)
-      for (unsigned k = 1; k < copies_max(); ++k)
-        if ((placed_copies_[i] & (1u << k)) == 0) keys.push_back(IdKey::copy(static_cast<uint64_t>(ids[i]), k));
+      if (row_epoch_[i] == index_->header.epoch)
+        for (unsigned k = 1; k < copies_max(); ++k)
+          if ((placed_copies_[i] & (1u << k)) == 0) keys.push_back(IdKey::copy_of(static_cast<uint64_t>(ids[i]), k));
     const std::vector<RemotePtr> old = lookup(keys);
     for (size_t j = 0; j < keys.size(); ++j)
       if (!old[j].is_null()) {
@@ -618,10 +664,11 @@ void Inserter::finish_batch(const float* x, const int64_t* ids, size_t n, uint64
     std::vector<float> xr;
     const uint32_t dim = index_->header.dim;
     for (int64_t id : redo) xr.insert(xr.end(), x + row.at(id) * dim, x + (row.at(id) + 1) * dim);
-    const uint64_t acknowledged = st_.inserted;  // these were counted once already
+    const uint64_t acknowledged = st_.inserted, copies = st_.copies;  // these were counted once already
     insert(xr.data(), redo.data(), redo.size(), true);
     st_.redone += redo.size();
     st_.inserted = acknowledged;
+    st_.copies = copies;
   }
   if (many_deleted) rebuild_for_deletes();
   ack();  // the epoch this computenode uses, and a sign of life

@@ -97,8 +97,10 @@ class Inserter {
   /// rebuild started or ended).
   bool place(uint32_t sub, const float* x, const int64_t* ids, const std::vector<size_t>& slots, std::vector<char>& done);
   bool append_to_buffer(const float* x, const int64_t* ids, const std::vector<size_t>& slots, std::vector<char>& done);
-  /// `epoch`: the live epoch when the batch began.
-  void finish_batch(const float* x, const int64_t* ids, size_t n, uint64_t epoch);
+  void finish_batch(const float* x, const int64_t* ids, size_t n);
+  /// Ids whose copies this batch mapped but whose own label entry no longer holds them (deleted,
+  /// or moved by another's upsert, meanwhile): one READ of each label entry.
+  std::vector<int64_t> own_gone();
 
   enum class Outcome { Done, EpochMoved, UseBuffer };
   /// Under the group's lock: the live epoch checked, then steps 1-4 above.
@@ -152,6 +154,8 @@ class Inserter {
   BoundaryRule rule_;                 // the index's boundary copies
   std::vector<float> centroids_;      // the partitions' centroids (the meta-HNSW's vectors), with copies
   std::vector<uint8_t> placed_copies_;  // per row of the batch: bit k set once copy k is committed
+  std::vector<uint64_t> row_epoch_;     // per row of the batch: the epoch its own partition took it in
+  std::vector<std::pair<int64_t, RemotePtr>> unmapped_copies_;  // copies of ours whose key another's copy took
   std::vector<std::pair<int64_t, RemotePtr>> placed_;    // label entries of the last commit's vectors
   /// Every key this batch mapped and the entry it names, to withdraw a row another computenode's
   /// insert of the same id won (all its copies), and an upsert's old copies beyond the new ones.

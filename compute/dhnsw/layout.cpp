@@ -54,9 +54,14 @@ uint64_t aoff(const MetaHeader& h, size_t i, uint32_t a, size_t field) {
 void check_header_fields(const MetaHeader& h, uint64_t region_size, const std::string& what) {
   if (std::memcmp(h.magic, kMetaMagic, sizeof h.magic) != 0)
     fail(what, hoff(h, offsetof(MetaHeader, magic)), "bad magic (not a d-HNSW metadata block)");
-  if (h.version != kMetaFormatVersion)
+  if (h.version != kMetaFormatVersion && h.version != kMetaFormatVersionNoCopies)
     fail(what, hoff(h, offsetof(MetaHeader, version)),
-         "format version " + num(h.version) + ", this build reads version " + num(kMetaFormatVersion));
+         "format version " + num(h.version) + ", this build reads versions " + num(kMetaFormatVersionNoCopies) +
+             " and " + num(kMetaFormatVersion));
+  if ((h.max_copies > 1) != (h.version == kMetaFormatVersion))
+    fail(what, hoff(h, offsetof(MetaHeader, version)),
+         "format version " + num(h.version) + " with boundary copies in at most " + num(h.max_copies) +
+             " partitions (version 4 has copies, version 3 none)");
   if (h.dim == 0 || h.dim > kMaxDimension)
     fail(what, hoff(h, offsetof(MetaHeader, dim)), "dimension " + num(h.dim) + " outside [1, " + num(kMaxDimension) + "]");
   if (h.metric > 1) fail(what, hoff(h, offsetof(MetaHeader, metric)), "unknown metric code " + num(h.metric));
@@ -87,7 +92,10 @@ void check_header_fields(const MetaHeader& h, uint64_t region_size, const std::s
              num(h.block_bytes) + " bytes");
   if (h.max_copies > kMaxCopies)
     fail(what, hoff(h, offsetof(MetaHeader, max_copies)),
-         "boundary copies: at most " + num(h.max_copies) + " partitions per vector, above " + num(kMaxCopies));
+         "boundary copies in up to " + num(h.max_copies) + " partitions per vector; the bound is " + num(kMaxCopies));
+  if (h.max_copies > 1 && h.id_buckets == 0)
+    fail(what, hoff(h, offsetof(MetaHeader, max_copies)),
+         "boundary copies without an id index (deletes and rebuilds find copies through it)");
   if (h.max_copies > 1 && (h.boundary_ratio_ppm < 1000000 || h.boundary_ratio_ppm > 100000000))
     fail(what, hoff(h, offsetof(MetaHeader, boundary_ratio_ppm)),
          "boundary copies: ratio " + num(h.boundary_ratio_ppm) + " ppm outside [1, 100]");
@@ -421,7 +429,7 @@ std::vector<char> encode_metadata(const MetaHeader& header, std::span<const SubD
                                   uint64_t meta_index_bytes, std::span<const char> codes) {
   MetaHeader h = header;
   std::memcpy(h.magic, kMetaMagic, sizeof h.magic);
-  h.version = kMetaFormatVersion;
+  h.version = h.max_copies > 1 ? kMetaFormatVersion : kMetaFormatVersionNoCopies;
   h.num_subs = static_cast<uint32_t>(subs.size());
   h.sub_table_offset = sizeof(MetaHeader);
   h.meta_index_offset = sizeof(MetaHeader) + subs.size() * sizeof(SubDesc);

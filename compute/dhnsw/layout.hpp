@@ -68,7 +68,10 @@
 namespace dmhnsw::dhnsw {
 
 inline constexpr char kMetaMagic[8] = {'D', 'M', 'H', 'D', 'H', 'N', 'S', 'W'};
-inline constexpr uint32_t kMetaFormatVersion = 3;  // 3: the codes array and block (2: live descriptors)
+// 4: boundary copies (MetaHeader::max_copies > 1), which a reader of version 3 would not delete;
+// 3: the codes array and block (2: live descriptors). An index without copies is written as 3.
+inline constexpr uint32_t kMetaFormatVersion = 4;
+inline constexpr uint32_t kMetaFormatVersionNoCopies = 3;
 inline constexpr uint32_t kMaxCopies = 8;  // partitions a vector may be in (boundary copies)
 inline constexpr uint64_t kAlign = 64;  // every block, array and gap starts 64-byte aligned
 

@@ -17,7 +17,8 @@ void add_engine_flags(CLI::App& cmd, EngineOptions& o) {
       ->capture_default_str()
       ->check(CLI::Validator(
           [](std::string& v) {
-            const double r = std::stod(v);
+            double r = -1;
+            if (!CLI::detail::lexical_cast(v, r)) return "not a number: " + v;
             return r == 0 || (r >= 1 && r <= 100) ? std::string() : "neither 0 (off) nor in [1, 100]: " + v;
           },
           "0 or [1, 100]"));

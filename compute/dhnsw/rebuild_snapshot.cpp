@@ -84,7 +84,7 @@ compute::Task<void> carry_lane(IdIndex& x, const std::vector<int64_t>& ids, unsi
                                std::vector<std::vector<RemotePtr>>& at) {
   for (size_t i = lane; i < ids.size(); i += kLanes)
     for (unsigned k = 0; k < K; ++k) {
-      const IdKey key = IdKey::copy(static_cast<uint64_t>(ids[i]), k);
+      const IdKey key = IdKey::copy_of(static_cast<uint64_t>(ids[i]), k);
       const RemotePtr p = co_await x.find(key);
       if (p.is_null()) continue;
       co_await x.erase(key, p);

@@ -307,7 +307,7 @@ Placement place(const fabric::Cluster& c, const std::vector<RegionHeader>& hs, c
 
 /// The id index's words on each memnode: every live element's label -> its record.
 std::vector<std::vector<uint64_t>> fill_id_table(const IdTable& t, const HnswlibFile& f, const Placement& p) {
-  std::vector<std::pair<uint64_t, RemotePtr>> entries;
+  std::vector<std::pair<IdKey, RemotePtr>> entries;
   entries.reserve(f.count());
   for (uint64_t i = 0; i < f.count(); ++i)
     if (!f.deleted(i)) entries.emplace_back(f.label(i), RemotePtr::from_raw(p.addr[i]));

@@ -5,6 +5,9 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <barrier>
+#include <chrono>
+#include <thread>
 #include <cstring>
 #include <numeric>
 #include <set>
@@ -51,7 +54,20 @@ size_t keys_of(fabric::Cluster& c, int64_t id) {
   IdIndex x(id_table(idx.header), 0, s, 1);
   size_t n = 0;
   for (unsigned k = 0; k < kMaxCopies; ++k)
-    n += !compute::run_sync(s, x.find(IdKey::copy(static_cast<uint64_t>(id), k))).is_null();
+    n += !compute::run_sync(s, x.find(IdKey::copy_of(static_cast<uint64_t>(id), k))).is_null();
+  return n;
+}
+
+/// The id index's keys of every id in `live`, in all (each copy of an id counts).
+uint64_t keys_of_all(fabric::Cluster& c, const Live& live) {
+  auto ep = c.make_endpoint();
+  const Index idx = load_index(c, *ep);
+  compute::Scheduler s(*ep);
+  IdIndex x(id_table(idx.header), 0, s, 1);
+  uint64_t n = 0;
+  for (const auto& [id, v] : live)
+    for (unsigned k = 0; k < kMaxCopies; ++k)
+      n += !compute::run_sync(s, x.find(IdKey::copy_of(static_cast<uint64_t>(id), k))).is_null();
   return n;
 }
 
@@ -130,6 +146,7 @@ TEST_CASE("dhnsw boundary copies: inserts, upserts and deletes reach every copy,
   for (size_t i = 0; i < 200; ++i) with_copies += keys_of(*cluster, ids[i]) > 1;
   CHECK(with_copies > 20);  // the build mapped the copies
   CHECK(live_entries(*cluster) > live.size());
+  CHECK(live_entries(*cluster) == keys_of_all(*cluster, live));  // every live copy mapped, no dead one
 
   auto ep = cluster->make_endpoint();
   InsertTuning t;
@@ -165,6 +182,7 @@ TEST_CASE("dhnsw boundary copies: inserts, upserts and deletes reach every copy,
   CHECK(ins.stats().replaced == up.size());
   check_live(*cluster, live);
   CHECK(live_entries(*cluster) > live.size());
+  CHECK(live_entries(*cluster) == keys_of_all(*cluster, live));  // every live copy mapped, no dead one
 
   // A rebuild keeps one vector per id and places its copies anew; deletes while it builds are
   // carried into every copy of the new epoch.
@@ -185,6 +203,7 @@ TEST_CASE("dhnsw boundary copies: inserts, upserts and deletes reach every copy,
   for (size_t i = 0; i < 20; ++i) CHECK(keys_of(*cluster, late[i]) == 0);
   check_live(*cluster, live);
   CHECK(live_entries(*cluster) > live.size());
+  CHECK(live_entries(*cluster) == keys_of_all(*cluster, live));  // every live copy mapped, no dead one
 
   // In the new epoch, a delete finds every copy through the rebuilt id index.
   Inserter after(*cluster, *ep, 2, t);
@@ -228,4 +247,61 @@ TEST_CASE("dhnsw --probe-ratio: a query searches those of its top b partitions n
   CHECK(mid < kP);
   CHECK(recall10(data, q, some) >= recall10(data, q, one));
   CHECK(recall10(data, q, all) >= recall10(data, q, some));
+}
+
+TEST_CASE("dhnsw boundary copies: deletes racing inserts of the same ids leave no copy of a deleted id",
+          "[dhnsw][boundary][delete]") {
+  const std::vector<float> data = blobs(kN, 51, 1.5f);
+  std::vector<int64_t> ids(kN);
+  std::iota(ids.begin(), ids.end(), 0);
+  BoundaryRule rule;
+  rule.ratio = 1.3;
+  rule.max_copies = 4;
+  auto cluster = place(data, ids, rule);
+  const std::vector<float> more = blobs(400, 52, 1.5f);
+  std::vector<int64_t> more_ids(400);
+  std::iota(more_ids.begin(), more_ids.end(), 1'000'000);
+  InsertTuning t;
+  t.rebuild_deleted = 0;
+  // Batch by batch, one delete of a batch's ids starts with its insert (each id raced once, and
+  // never deleted again: a copy left mapped would stay).
+  std::barrier both(2);
+  std::thread deleter([&] {
+    auto ep = cluster->make_endpoint();
+    Inserter del(*cluster, *ep, 1, t);
+    for (size_t at = 0; at < more_ids.size(); at += 10) {
+      both.arrive_and_wait();
+      std::this_thread::sleep_for(std::chrono::microseconds(at % 70 * 20));  // into the insert, more or less
+      del.remove(more_ids.data() + at, 10);
+    }
+  });
+  {
+    auto ep = cluster->make_endpoint();
+    Inserter ins(*cluster, *ep, 0, t);
+    for (size_t at = 0; at < more_ids.size(); at += 10) {
+      both.arrive_and_wait();
+      ins.insert(more.data() + at * kDim, more_ids.data() + at, 10);
+    }
+  }
+  deleter.join();
+  // Each new id is either live with its own key mapped, or gone with no key at all.
+  Live live;
+  for (size_t i = 0; i < kN; ++i) live[ids[i]] = std::vector<float>(data.begin() + i * kDim, data.begin() + (i + 1) * kDim);
+  size_t kept = 0;
+  for (size_t i = 0; i < more_ids.size(); ++i) {
+    const size_t keys = keys_of(*cluster, more_ids[i]);
+    auto ep = cluster->make_endpoint();
+    const Index idx = load_index(*cluster, *ep);
+    compute::Scheduler sc(*ep);
+    IdIndex x(id_table(idx.header), 0, sc, 1);
+    const bool own = !compute::run_sync(sc, x.find(static_cast<uint64_t>(more_ids[i]))).is_null();
+    if (keys > 0) {
+      live[more_ids[i]] = std::vector<float>(more.begin() + i * kDim, more.begin() + (i + 1) * kDim);
+      ++kept;
+    }
+    CHECK((keys == 0 || own));
+  }
+  WARN(kept << " of 400 racing inserts outlived the deletes");
+  CHECK(live_entries(*cluster) == keys_of_all(*cluster, live));  // no unmapped live copy, no dead mapped one
+  check_live(*cluster, live);
 }

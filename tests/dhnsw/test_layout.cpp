@@ -300,6 +300,20 @@ TEST_CASE("layout: validate_metadata refuses corrupted metadata naming the offse
     h.version = 7;
     expect_refused(h, subs, region, kMetadataOffset + 8, "format version 7");
   }
+  SECTION("boundary copies") {
+    h.max_copies = 4;
+    h.boundary_ratio_ppm = 1050000;
+    expect_refused(h, subs, region, kMetadataOffset + 8, "version 4 has copies");  // written as version 3
+    h.version = kMetaFormatVersion;
+    h.id_buckets = 0;
+    expect_refused(h, subs, region, kMetadataOffset + offsetof(MetaHeader, max_copies), "without an id index");
+    h.max_copies = kMaxCopies + 1;
+    expect_refused(h, subs, region, kMetadataOffset + offsetof(MetaHeader, max_copies), "the bound is 8");
+    h.max_copies = 4;
+    h.id_buckets = 64;
+    h.boundary_ratio_ppm = 999999;
+    expect_refused(h, subs, region, kMetadataOffset + offsetof(MetaHeader, boundary_ratio_ppm), "ratio 999999 ppm");
+  }
   SECTION("table size disagrees with the header") {
     subs.pop_back();
     expect_refused(h, subs, region, kMetadataOffset + 12, "table holds 3");

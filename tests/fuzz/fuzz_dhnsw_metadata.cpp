@@ -28,7 +28,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     MetaHeader h;
     std::memcpy(&h, block.data(), sizeof h);
     std::memcpy(h.magic, kMetaMagic, sizeof h.magic);
-    h.version = kMetaFormatVersion;
+    h.version = h.max_copies > 1 ? kMetaFormatVersion : kMetaFormatVersionNoCopies;
     if (fix & 2) h.block_bytes = block.size() / kAlign * kAlign;
     std::memcpy(block.data(), &h, sizeof h);
     if (h.block_bytes <= block.size()) {
