@@ -168,33 +168,24 @@ if not wl.exists():
     dmh.run([dmh.BIN / "workload", "--queries", pool, "--groundtruth", gt, "--dist", "uniform", "--count", a.queries,
              "--warmup", 500, "--seed", 5, "--out", wl])
 
-# ---- hnswlib: the single-machine reference
-if "hnswlib" not in skip:
-    dmh.log("hnswlib-bench")
-    hj = work / "hnswlib.json"
-    secs, mem = timed([dmh.BIN / "hnswlib-bench", "--base", base, "--workload", wl, "--metric", metric, "--m", a.m,
+# ---- the single-machine references: hnswlib, and Faiss IndexHNSWFlat (same M, efConstruction, threads)
+def reference(name, tool, extra):
+    """Builds and queries with TOOL (hnswlib-bench or faiss-bench) on the same data and workload."""
+    dmh.log(tool)
+    rj = work / f"{name}.json"
+    secs, mem = timed([dmh.BIN / tool, "--base", base, "--workload", wl, "--metric", metric, "--m", a.m,
                        "--ef-construction", a.ef_construction, "--ef-search", a.ef_search, "--k", 10,
-                       "--threads", a.threads, "--json", hj, "--save", work / "hnswlib.idx"],
-                      work / "logs" / "hnswlib.log")
-    h = json.loads(hj.read_text())
-    results["hnswlib"] = {"build_s": h["build_seconds"], "inserts_per_s": a.n / h["build_seconds"], "memory": mem,
-                          "runs": [{"ef_search": r["ef_search"], "recall": r["recall"], "qps": r["qps"],
-                                    "p50_us": r["latency_us"]["p50"], "p99_us": r["latency_us"]["p99"]}
-                                   for r in h["runs"]]}
+                       "--threads", a.threads, "--json", rj] + extra, work / "logs" / f"{name}.log")
+    r = json.loads(rj.read_text())
+    results[name] = {"build_s": r["build_seconds"], "inserts_per_s": a.n / r["build_seconds"], "memory": mem,
+                     "runs": [{"ef_search": x["ef_search"], "recall": x["recall"], "qps": x["qps"],
+                               "p50_us": x["latency_us"]["p50"], "p99_us": x["latency_us"]["p99"]} for x in r["runs"]]}
 
-# ---- Faiss IndexHNSWFlat: the other single-machine reference (same M, efConstruction, threads)
+
+if "hnswlib" not in skip:
+    reference("hnswlib", "hnswlib-bench", ["--save", work / "hnswlib.idx"])
 if "faiss" not in skip:
-    dmh.log("faiss-bench (IndexHNSWFlat)")
-    fj = work / "faiss.json"
-    secs, mem = timed([dmh.BIN / "faiss-bench", "--base", base, "--workload", wl, "--metric", metric, "--m", a.m,
-                       "--ef-construction", a.ef_construction, "--ef-search", a.ef_search, "--k", 10,
-                       "--threads", a.threads, "--index", "hnsw-flat", "--json", fj],
-                      work / "logs" / "faiss.log")
-    fr = json.loads(fj.read_text())
-    results["faiss"] = {"build_s": fr["build_seconds"], "inserts_per_s": a.n / fr["build_seconds"], "memory": mem,
-                        "runs": [{"ef_search": r["ef_search"], "recall": r["recall"], "qps": r["qps"],
-                                  "p50_us": r["latency_us"]["p50"], "p99_us": r["latency_us"]["p99"]}
-                                 for r in fr["runs"]]}
+    reference("faiss", "faiss-bench", ["--index", "hnsw-flat"])
 
 common = ["--workload", wl, "--k", 10, "--ef-search", a.ef_search, "--threads", a.threads]
 
