@@ -172,7 +172,7 @@ TEST_CASE("replica sets: a copy SIGKILLed during a shine build and another durin
       // its own nearest neighbour (2,000 draws of the 2,000 rows). A node cache of the whole
       // index: each vector is read once from the surviving copies, the lists on every hop (over
       // tcp half the READs and time of no cache).
-      auto self = run(cn({"query", "--workload", self_workload(d, dir, 0, 2000), "--k", "1", "--ef-search", "400",
+      auto self = run(cn({"query", "--workload", self_workload(d, dir, 0, 2000), "--k", "1", "--ef-search", "200",
                           "--threads", "2", "--coroutines", "32", "--cache-ratio", "1", "--report",
                           dir.file("self.json")}),
                       dir, "q-self", seconds(180));
@@ -412,17 +412,17 @@ TEST_CASE("replica sets: a new memnode rejoins twice while d-HNSW inserts go on,
 
 TEST_CASE("replica sets: a copy stopped and resumed stays out, also for a computenode that joins after it resumed",
           "[integration][replicas]") {
-  SmallData d(300, 2000);
+  SmallData d(300, 1200);
   TempDir dir;
   Sets s(dir, 2, 2, "tcp");
   auto cn = [&](std::vector<std::string> rest) { return computenode_args("shine", "tcp", s.list(), 0, 1, rest); };
-  REQUIRE(run(cn({"build", "--data", d.base, "--max-elements", "1000", "--m", "12", "--ef-construction", "64",
+  REQUIRE(run(cn({"build", "--data", d.base, "--max-elements", "600", "--m", "12", "--ef-construction", "64",
                   "--threads", "2"}),
               dir, "build", seconds(120))
               .code == 0);
-  // Memnode 1's first copy stops: the inserts of the other 1,000 rows fence it and go on.
+  // Memnode 1's first copy stops: the inserts of the other 600 rows fence it and go on.
   s.at(1, 0).proc->signal(SIGSTOP);
-  auto ins = run(cn({"--heartbeat-timeout-ms", "1000", "insert", "--data", d.base, "--begin", "1000", "--threads", "2"}),
+  auto ins = run(cn({"--heartbeat-timeout-ms", "1000", "insert", "--data", d.base, "--begin", "600", "--threads", "2"}),
                  dir, "insert", seconds(120));
   s.at(1, 0).proc->signal(SIGCONT);  // back, with none of those inserts
   INFO(ins.output);
@@ -433,7 +433,7 @@ TEST_CASE("replica sets: a copy stopped and resumed stays out, also for a comput
                dir.file("self.ivecs")},
               dir, "self-gt")
               .code == 0);
-  REQUIRE(run({bin("workload"), "--queries", d.base, "--groundtruth", dir.file("self.ivecs"), "--count", "1500",
+  REQUIRE(run({bin("workload"), "--queries", d.base, "--groundtruth", dir.file("self.ivecs"), "--count", "1000",
                "--seed", "2", "--out", dir.file("self.wl")},
               dir, "self-wl")
               .code == 0);
