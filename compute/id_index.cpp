@@ -75,6 +75,23 @@ compute::Task<RemotePtr> IdIndex::find(IdKey id, compute::IoStats* io) {
   co_return m.empty() ? RemotePtr{} : IdSlot::node(s.word[m.front()]);
 }
 
+namespace {
+compute::Task<void> find_lane(IdIndex& x, const std::vector<IdKey>& keys, size_t lane, size_t lanes,
+                              std::vector<RemotePtr>& out) {
+  for (size_t i = lane; i < keys.size(); i += lanes) {
+    const RemotePtr p = co_await x.find(keys[i]);
+    out[i] = p;
+  }
+}
+}  // namespace
+
+std::vector<RemotePtr> IdIndex::find_all(const std::vector<IdKey>& keys, size_t lanes) {
+  std::vector<RemotePtr> out(keys.size());
+  for (size_t l = 0; l < std::min(keys.size(), lanes); ++l) s_.spawn(find_lane(*this, keys, l, lanes, out));
+  s_.run();
+  return out;
+}
+
 compute::Task<uint64_t> IdIndex::lock(const IdHash& h, compute::IoStats* io) {
   const RemotePtr word = t_.bucket(h.bucket[0]);
   const uint64_t mine = rng_() | 1;  // never 0 (free), and another word for each holding

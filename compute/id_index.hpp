@@ -38,8 +38,10 @@ class IdIndex {
   IdIndex(const IdTable& t, uint64_t label_offset, compute::Scheduler& s, uint64_t seed)
       : t_(t), label_offset_(label_offset), s_(s), rng_(seed) {}
 
-  /// The node holding `id`, or null. An IdKey::copy finds a boundary copy of the id.
+  /// The node holding `id`, or null. An IdKey::copy_of finds a boundary copy of the id.
   compute::Task<RemotePtr> find(IdKey id, compute::IoStats* io = nullptr);
+  /// find() of every key, `lanes` in flight at once; runs the scheduler until all are done.
+  std::vector<RemotePtr> find_all(const std::vector<IdKey>& keys, size_t lanes = 16);
 
   enum class Put : uint8_t { Inserted, Present, Replaced };
   struct PutResult {

@@ -8,22 +8,30 @@
 
 namespace dmhnsw::dhnsw {
 
-std::vector<std::vector<uint32_t>> place_with_copies(const float* x, size_t n, uint32_t dim, const float* centroids,
-                                                     uint32_t P, const uint32_t* primary, const BoundaryRule& rule) {
+CopyPlacement::CopyPlacement(const float* centroids, uint32_t P, uint32_t dim, const BoundaryRule& rule)
+    : flat_(std::make_unique<faiss::IndexFlatL2>(static_cast<faiss::Index::idx_t>(dim))), P_(P), dim_(dim), rule_(rule) {
+  flat_->add(static_cast<faiss::Index::idx_t>(P), centroids);
+}
+
+CopyPlacement::~CopyPlacement() = default;
+CopyPlacement::CopyPlacement(CopyPlacement&&) noexcept = default;
+CopyPlacement& CopyPlacement::operator=(CopyPlacement&&) noexcept = default;
+
+std::vector<std::vector<uint32_t>> CopyPlacement::place(const float* x, size_t n, const uint32_t* primary) const {
+  const uint32_t P = P_, dim = dim_;
+  const BoundaryRule& rule = rule_;
   std::vector<std::vector<uint32_t>> out(n);
-  const uint32_t K = rule.enabled() ? std::min(rule.max_copies, P) : 1;
+  const uint32_t K = std::min(rule.partitions(), P);
   // The nearest K + 1 centroids: the primary need not be among the nearest K (a balanced
   // partitioning moves vectors out of full partitions).
   const uint32_t k = std::min(K + 1, P);
-  faiss::IndexFlatL2 flat(static_cast<faiss::Index::idx_t>(dim));
-  flat.add(static_cast<faiss::Index::idx_t>(P), centroids);
   const double r2 = rule.ratio * rule.ratio;
   constexpr size_t kChunk = 16384;  // rows per search: distances of a chunk x P stay small
   std::vector<float> D(kChunk * k);
   std::vector<faiss::Index::idx_t> I(kChunk * k);
   for (size_t first = 0; first < n; first += kChunk) {
     const size_t m = std::min(kChunk, n - first);
-    flat.search(static_cast<faiss::Index::idx_t>(m), x + first * dim, k, D.data(), I.data());
+    flat_->search(static_cast<faiss::Index::idx_t>(m), x + first * dim, k, D.data(), I.data());
     for (size_t i = 0; i < m; ++i) {
       const float* d = D.data() + i * k;
       const faiss::Index::idx_t* id = I.data() + i * k;

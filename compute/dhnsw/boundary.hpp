@@ -7,12 +7,17 @@
 // (common/id_table.hpp) so that deletes and upserts reach every one.
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include <CLI/CLI.hpp>
 
 #include "compute/dhnsw/layout.hpp"
+
+namespace faiss {
+struct IndexFlatL2;
+}
 
 namespace dmhnsw::dhnsw {
 
@@ -22,6 +27,8 @@ struct BoundaryRule {
   double ratio = 0;
   uint32_t max_copies = kMaxCopies;  // partitions a vector is in at most, the primary included
   bool enabled() const { return max_copies > 1 && ratio >= 1.0; }
+  /// Partitions a vector may be in: max_copies with copies, else 1 (the id index keys 0 .. this - 1).
+  unsigned partitions() const { return enabled() ? max_copies : 1; }
   static BoundaryRule of(const MetaHeader& h) {
     BoundaryRule r;
     if (h.max_copies > 1) {
@@ -32,11 +39,23 @@ struct BoundaryRule {
   }
 };
 
-/// For each of n vectors (n x dim), the partitions it goes to: its primary first (primary[i], or
-/// its nearest centroid when `primary` is null), then the other partitions within the rule, nearest
-/// first, at most rule.max_copies in all. Distances are exact L2 to the P centroids (P x dim).
-std::vector<std::vector<uint32_t>> place_with_copies(const float* x, size_t n, uint32_t dim, const float* centroids,
-                                                     uint32_t P, const uint32_t* primary, const BoundaryRule& rule);
+/// Where vectors go under a rule, over the P centroids (P x dim, copied once into a flat index).
+class CopyPlacement {
+ public:
+  CopyPlacement(const float* centroids, uint32_t P, uint32_t dim, const BoundaryRule& rule);
+  ~CopyPlacement();
+  CopyPlacement(CopyPlacement&&) noexcept;
+  CopyPlacement& operator=(CopyPlacement&&) noexcept;
+  /// For each of n vectors (n x dim), the partitions it goes to: its primary first (primary[i], or
+  /// its nearest centroid when `primary` is null), then the other partitions within the rule,
+  /// nearest first, at most rule.max_copies in all. Distances are exact L2 to the centroids.
+  std::vector<std::vector<uint32_t>> place(const float* x, size_t n, const uint32_t* primary) const;
+
+ private:
+  std::unique_ptr<faiss::IndexFlatL2> flat_;
+  uint32_t P_, dim_;
+  BoundaryRule rule_;
+};
 
 /// Registers --boundary-ratio and --max-copies on a build command; `prefix` starts their help
 /// ("dhnsw: " where the command builds both modes).

@@ -121,7 +121,7 @@ Members partition(const float* data, size_t n, uint32_t dim, uint32_t P, const B
   auto t0 = Clock::now();
   std::vector<std::vector<uint32_t>> to;
   if (opts.boundary.enabled())
-    to = place_with_copies(data, n, dim, part.centroids.data(), P, part.assignment.data(), opts.boundary);
+    to = CopyPlacement(part.centroids.data(), P, dim, opts.boundary).place(data, n, part.assignment.data());
   out.seconds_copies = seconds_since(t0);
   Members members;
   members.rows.resize(P);

@@ -77,19 +77,21 @@ std::vector<int64_t> Inserter::remove(const int64_t* ids, size_t n) {
     // Unmapped second: a delete cut short here leaves a marked entry, which no lookup matches.
     unmap_ids(ekeys, e, done);
     pending.clear();
-    std::unordered_set<int64_t> again, found;
-    std::unordered_set<int64_t> verified;
+    // Per id of this round: its entries all gone (deleted or moved meanwhile: not found), some
+    // marked (looked up again with copies), some neither (the epoch moved or a rebuild began).
+    std::unordered_set<int64_t> held, marked, again, reported;  // held: some entry still held the id
     for (size_t i = 0; i < e.size(); ++i) {
-      if (done[i]) touched.insert(e[i].first);
-      if (done[i] && K > 1 && verified.insert(e[i].first).second) verify.push_back(e[i].first);
-      if (!gone[i]) found.insert(e[i].first);
-      if (!gone[i] && !done[i] && again.insert(e[i].first).second)
-        pending.push_back(e[i].first);  // the epoch moved or a rebuild began: again
+      const int64_t id = e[i].first;
+      if (!gone[i]) held.insert(id);
+      if (done[i] && marked.insert(id).second) {
+        touched.insert(id);
+        if (K > 1) verify.push_back(id);
+      }
+      if (!gone[i] && !done[i] && again.insert(id).second) pending.push_back(id);
     }
-    // An id whose every entry no longer holds it (deleted or moved meanwhile) was not found.
-    for (size_t i = 0; i < e.size(); ++i)
-      if (gone[i] && found.count(e[i].first) == 0 && touched.count(e[i].first) == 0 && found.insert(e[i].first).second)
-        missing.push_back(e[i].first);
+    for (const auto& entry : e)
+      if (held.count(entry.first) == 0 && touched.count(entry.first) == 0 && reported.insert(entry.first).second)
+        missing.push_back(entry.first);
     if (m == Marked::EpochMoved) {
       ++st_.epoch_moves;
       reload();

@@ -82,14 +82,13 @@ void Inserter::reload() {
   if (index_->header.id_buckets > 0)
     ids_ = std::make_unique<IdIndex>(id_table(index_->header), 0, *sched_, ticket_ ^ 0x1d1d);
   rule_ = BoundaryRule::of(index_->header);
-  centroids_.clear();
+  placement_.reset();
   if (rule_.enabled()) {
     const auto* st = dynamic_cast<const faiss::IndexFlatCodes*>(index_->meta->storage);
-    const size_t P = index_->header.num_subs, dim = index_->header.dim;
-    if (st == nullptr || static_cast<size_t>(st->ntotal) != P || st->codes.size() != 4 * P * dim)
+    const uint32_t P = index_->header.num_subs, dim = index_->header.dim;
+    if (st == nullptr || static_cast<size_t>(st->ntotal) != P || st->codes.size() != size_t{4} * P * dim)
       throw std::runtime_error("dhnsw insert: the meta-HNSW does not hold the " + num(P) + " partitions' centroids");
-    const float* c = reinterpret_cast<const float*>(st->codes.data());
-    centroids_.assign(c, c + P * dim);
+    placement_.emplace(reinterpret_cast<const float*>(st->codes.data()), P, dim, rule_);
   }
   ack();
 }
@@ -97,13 +96,6 @@ void Inserter::reload() {
 namespace {
 
 constexpr size_t kIdLanes = 16;  // id index operations in flight at once
-
-compute::Task<void> find_lane(IdIndex& x, const std::vector<IdKey>& keys, size_t lane, std::vector<RemotePtr>& out) {
-  for (size_t i = lane; i < keys.size(); i += kIdLanes) {
-    const RemotePtr p = co_await x.find(keys[i]);
-    out[i] = p;
-  }
-}
 
 compute::Task<void> map_lane(IdIndex& x, const std::vector<IdKey>& keys, const std::vector<std::pair<int64_t, RemotePtr>>& items,
                              bool replace, size_t lane, std::vector<IdIndex::PutResult>& out) {
@@ -125,13 +117,9 @@ compute::Task<void> erase_lane(IdIndex& x, const std::vector<IdKey>& keys, const
 }  // namespace
 
 std::vector<RemotePtr> Inserter::lookup(const std::vector<IdKey>& keys) {
-  const size_t n = keys.size();
-  std::vector<RemotePtr> out(n);
-  if (!ids_ || n == 0) return out;
-  for (size_t l = 0; l < std::min(n, kIdLanes); ++l) sched_->spawn(find_lane(*ids_, keys, l, out));
-  sched_->run();
-  st_.id_lookups += n;
-  return out;
+  if (!ids_) return std::vector<RemotePtr>(keys.size());
+  st_.id_lookups += keys.size();
+  return ids_->find_all(keys, kIdLanes);
 }
 
 void Inserter::map_ids(const std::vector<IdKey>& keys, const std::vector<std::pair<int64_t, RemotePtr>>& placed) {
@@ -475,12 +463,10 @@ std::map<uint32_t, std::vector<size_t>> Inserter::route(const float* x, const st
   std::vector<float> xs(rows.size() * dim);
   for (size_t j = 0; j < rows.size(); ++j) std::memcpy(xs.data() + j * dim, x + rows[j] * dim, 4ull * dim);
   std::map<uint32_t, std::vector<size_t>> by_sub;
-  if (rule_.enabled()) {  // exact distances to the centroids, as the build placed copies
-    const auto to = place_with_copies(xs.data(), rows.size(), dim, centroids_.data(), index_->header.num_subs, nullptr,
-                                      rule_);
-    for (size_t j = 0; j < rows.size(); ++j) {
+  if (placement_) {  // exact distances to the centroids, as the build placed copies
+    const auto to = placement_->place(xs.data(), rows.size(), nullptr);
+    for (size_t j = 0; j < rows.size(); ++j)
       for (size_t k = 0; k < to[j].size(); ++k) by_sub[to[j][k]].push_back(rows[j] * kMaxCopies + k);
-    }
     return by_sub;
   }
   std::vector<float> D(rows.size());
@@ -611,31 +597,28 @@ void Inserter::finish_batch(const float* x, const int64_t* ids, size_t n) {
   //   marked too (rows placed in the live epoch; a rebuild since placed copies anew).
   std::vector<IdKey> unmap_keys;
   std::vector<std::pair<int64_t, RemotePtr>> unmap_at;
+  auto withdraw = [&](const IdKey& key, RemotePtr at) {  // marked with the drops, unmapped after
+    drop.emplace_back(static_cast<int64_t>(key.label), at);
+    unmap_keys.push_back(key);
+    unmap_at.emplace_back(static_cast<int64_t>(key.label), at);
+  };
   drop.insert(drop.end(), unmapped_copies_.begin(), unmapped_copies_.end());
-  if (copies_max() > 1 || !lost.empty()) {
+  if (copies_max() > 1) {
     std::unordered_set<int64_t> gone_ids;
     for (const auto& [id, at] : lost) gone_ids.insert(id);
     for (const int64_t id : own_gone()) gone_ids.insert(id);
     for (const auto& [key, at] : mapped_)
-      if (key.copy != 0 && gone_ids.count(static_cast<int64_t>(key.label)) != 0) {
-        drop.emplace_back(static_cast<int64_t>(key.label), at);
-        unmap_keys.push_back(key);
-        unmap_at.emplace_back(static_cast<int64_t>(key.label), at);
-      }
-  }
-  if (upsert_ && copies_max() > 1) {
-    std::vector<IdKey> keys;
-    for (size_t i = 0; i < n; ++i)
-      if (row_epoch_[i] == index_->header.epoch)
-        for (unsigned k = 1; k < copies_max(); ++k)
-          if ((placed_copies_[i] & (1u << k)) == 0) keys.push_back(IdKey::copy_of(static_cast<uint64_t>(ids[i]), k));
-    const std::vector<RemotePtr> old = lookup(keys);
-    for (size_t j = 0; j < keys.size(); ++j)
-      if (!old[j].is_null()) {
-        drop.emplace_back(static_cast<int64_t>(keys[j].label), old[j]);
-        unmap_keys.push_back(keys[j]);
-        unmap_at.emplace_back(static_cast<int64_t>(keys[j].label), old[j]);
-      }
+      if (key.copy != 0 && gone_ids.count(static_cast<int64_t>(key.label)) != 0) withdraw(key, at);
+    if (upsert_) {
+      std::vector<IdKey> keys;
+      for (size_t i = 0; i < n; ++i)
+        if (row_epoch_[i] == index_->header.epoch)
+          for (unsigned k = 1; k < copies_max(); ++k)
+            if ((placed_copies_[i] & (1u << k)) == 0) keys.push_back(IdKey::copy_of(static_cast<uint64_t>(ids[i]), k));
+      const std::vector<RemotePtr> old = lookup(keys);
+      for (size_t j = 0; j < keys.size(); ++j)
+        if (!old[j].is_null()) withdraw(keys[j], old[j]);
+    }
   }
   std::vector<char> done(drop.size(), 0), gone(drop.size(), 0);
   bool many_deleted = false;
@@ -645,9 +628,8 @@ void Inserter::finish_batch(const float* x, const int64_t* ids, size_t n) {
   {  // per id: an upserted id's old copies were all marked, or it is upserted again
     std::unordered_map<int64_t, bool> marked;
     for (size_t i = 0; i < n_replaced; ++i) {
-      auto [it, fresh] = marked.emplace(drop[i].first, true);
-      it->second = it->second && (done[i] || gone[i]);
-      (void)fresh;
+      bool& all = marked.try_emplace(drop[i].first, true).first->second;
+      all = all && (done[i] || gone[i]);
     }
     for (const auto& [id, all] : marked) {
       if (all) ++st_.replaced;

@@ -130,7 +130,7 @@ class Inserter {
   void unmap_ids(const std::vector<IdKey>& keys, const std::vector<std::pair<int64_t, RemotePtr>>& e,
                  const std::vector<char>& which);
   /// Partitions a vector is in at most: the index's max_copies with boundary copies, else 1.
-  unsigned copies_max() const { return rule_.enabled() ? rule_.max_copies : 1; }
+  unsigned copies_max() const { return rule_.partitions(); }
   enum class Marked { Done, EpochMoved, NotIdle };
   /// Marks the label entries `e` (id, entry) deleted, group by group under each group's lock;
   /// sets done[i] for each marked and gone[i] for each whose entry no longer holds its id.
@@ -152,7 +152,7 @@ class Inserter {
   std::unique_ptr<IdIndex> ids_;               // null when the index has none
   bool upsert_ = false;
   BoundaryRule rule_;                 // the index's boundary copies
-  std::vector<float> centroids_;      // the partitions' centroids (the meta-HNSW's vectors), with copies
+  std::optional<CopyPlacement> placement_;  // over the meta-HNSW's centroids, with copies
   std::vector<uint8_t> placed_copies_;  // per row of the batch: bit k set once copy k is committed
   std::vector<uint64_t> row_epoch_;     // per row of the batch: the epoch its own partition took it in
   std::vector<std::pair<int64_t, RemotePtr>> unmapped_copies_;  // copies of ours whose key another's copy took

@@ -25,13 +25,6 @@ namespace {
 
 constexpr size_t kLanes = 16;  // id index operations in flight at once
 
-compute::Task<void> find_lane(IdIndex& x, const std::vector<int64_t>& ids, size_t lane, std::vector<RemotePtr>& at) {
-  for (size_t i = lane; i < ids.size(); i += kLanes) {
-    const RemotePtr p = co_await x.find(static_cast<uint64_t>(ids[i]));
-    at[i] = p;
-  }
-}
-
 /// An id live twice: a vector's boundary copies (compute/dhnsw/boundary.hpp; the new epoch places
 /// them anew), an upsert whose old vector this snapshot read before it was marked, or two
 /// computenodes inserting one id at once. Keeps the vector the id index names, drops the others.
@@ -47,9 +40,7 @@ void drop_duplicates(fabric::Endpoint& ep, const Index& idx, Snapshot& s) {
   if (twice.empty() || idx.header.id_buckets == 0) return;
   compute::Scheduler sched(ep);
   IdIndex ids(id_table(idx.header), 0, sched, 7);
-  std::vector<RemotePtr> named(twice.size());
-  for (size_t l = 0; l < std::min(twice.size(), kLanes); ++l) sched.spawn(find_lane(ids, twice, l, named));
-  sched.run();
+  const std::vector<RemotePtr> named = ids.find_all(std::vector<IdKey>(twice.begin(), twice.end()), kLanes);
   const uint32_t dim = idx.header.dim;
   std::vector<char> keep(s.ids.size(), 1);
   for (size_t t = 0; t < twice.size(); ++t) {
@@ -171,7 +162,7 @@ std::vector<int64_t> carry_deletes(fabric::Endpoint& ep, const Index& idx, uint3
   if (gone.empty()) return gone;
   compute::Scheduler sched(ep);
   IdIndex ids(id_table(b.header), 0, sched, ticket);
-  const unsigned K = b.header.max_copies > 1 ? b.header.max_copies : 1;
+  const unsigned K = BoundaryRule::of(b.header).partitions();
   std::vector<std::vector<RemotePtr>> at(gone.size());
   for (size_t l = 0; l < std::min(gone.size(), kLanes); ++l) sched.spawn(carry_lane(ids, gone, K, l, at));
   sched.run();

@@ -36,6 +36,20 @@ inline std::vector<float> blobs(size_t n, uint64_t seed, float spread = 4.f) {
   return x;
 }
 
+/// A built index in 2 LocalFabric memnodes, each region `region_size` bytes.
+inline std::shared_ptr<fabric::LocalCluster> into_local_cluster(const BuiltIndex& b, uint64_t region_size) {
+  auto c = fabric::LocalCluster::create(static_cast<uint16_t>(b.regions.size()), region_size);
+  for (uint16_t m = 0; m < b.regions.size(); ++m) {
+    std::memcpy(c->region(m), b.regions[m].data(), b.regions[m].size());
+    RegionHeader h;
+    std::memcpy(&h, c->region(m), sizeof h);
+    h.region_size = region_size;
+    std::memcpy(c->region(m), &h, sizeof h);
+  }
+  c->refresh_headers();
+  return c;
+}
+
 /// The index in 2 LocalFabric memnodes with room for two more epochs.
 inline std::shared_ptr<fabric::LocalCluster> place(const std::vector<float>& data, const std::vector<int64_t>& ids,
                                                    const BoundaryRule& copies = {}) {
@@ -50,16 +64,7 @@ inline std::shared_ptr<fabric::LocalCluster> place(const std::vector<float>& dat
   REQUIRE(b.header.id_buckets > 0);
   uint64_t size = 0;
   for (uint64_t s : b.region_bytes) size = std::max(size, 4 * s);
-  auto c = fabric::LocalCluster::create(2, size);
-  for (uint16_t m = 0; m < 2; ++m) {
-    std::memcpy(c->region(m), b.regions[m].data(), b.regions[m].size());
-    RegionHeader h;
-    std::memcpy(&h, c->region(m), sizeof h);
-    h.region_size = size;
-    std::memcpy(c->region(m), &h, sizeof h);
-  }
-  c->refresh_headers();
-  return c;
+  return into_local_cluster(b, size);
 }
 
 /// The live set: id -> vector.

@@ -13,6 +13,7 @@
 #include "common/region.hpp"
 #include "compute/dhnsw/build.hpp"
 #include "compute/dhnsw/pipeline.hpp"
+#include "tests/dhnsw/local_index.hpp"
 
 using namespace dmhnsw;
 using namespace dmhnsw::dhnsw;
@@ -52,15 +53,7 @@ struct Fixture {
       std::memcpy(&h, r.data(), sizeof h);
       size = std::max(size, h.region_size);
     }
-    cluster = fabric::LocalCluster::create(2, size);
-    for (uint16_t m = 0; m < 2; ++m) {
-      std::memcpy(cluster->region(m), b.regions[m].data(), b.regions[m].size());
-      RegionHeader h;
-      std::memcpy(&h, cluster->region(m), sizeof h);
-      h.region_size = size;
-      std::memcpy(cluster->region(m), &h, sizeof h);
-    }
-    cluster->refresh_headers();
+    cluster = testing::into_local_cluster(b, size);
   }
   /// Exact top-k ids of query q.
   std::vector<int64_t> exact(uint32_t q, uint32_t k) const {
