@@ -8,10 +8,12 @@
 #include <cstdio>
 
 #include "common/fabric/cluster.hpp"
+#include "common/fabric/pages.hpp"
 #include "common/region.hpp"
 #include "common/units.hpp"
 #include "compute/board.hpp"
 #include "compute/commands/commands.hpp"
+#include "compute/pinning.hpp"
 #include "compute/serve/serve.hpp"
 
 using namespace dmhnsw;
@@ -69,7 +71,11 @@ int main(int argc, char** argv) {
     // if a provider call stays stuck on the dead peer. The service stays up and answers errors.
     co.fatal_exit_ms = *serve_cmd ? 0 : 3000;
     const fabric::WireModel wm = fabric::parse_wire(flags.wire);
+    fabric::set_pool_pages(flags.hugepages      ? fabric::PoolPages::Huge
+                           : flags.no_hugepages ? fabric::PoolPages::Normal
+                                                : fabric::PoolPages::Auto);
     auto cluster = fabric::with_wire(fabric::connect_cluster(co), wm);
+    compute::configure_pinning(compute::parse_pin(flags.pin), cluster->nic_numa_node());
     spdlog::info("connected to {} memnode(s) over {}", cluster->memnodes().size(), flags.provider);
     if (!index.selected() && !query.selected() && !*serve_cmd && !rejoin.selected()) print_headers(*cluster);
     commands::RunEnv env{flags, *cluster, {cluster.get(), flags.cn_id, flags.num_cns, flags.provider, {}}, wm, nullptr};

@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "common/fabric/cluster.hpp"
+#include "common/fabric/pages.hpp"
 #include "common/fabric/rejoin_layout.hpp"
 #include "common/presence.hpp"
 #include "common/region.hpp"
@@ -257,7 +258,7 @@ int main(int argc, char** argv) {
     if (!f.dax.empty() && prov != fabric::Provider::Cxl)
       throw std::invalid_argument("--dax " + f.dax + ": only with --provider cxl (computenodes map the device)");
     bool huge = f.hugepages;
-    if (const uint64_t free_huge = memory::free_hugepage_bytes();
+    if (const uint64_t free_huge = fabric::free_hugepage_bytes();
         !f.hugepages && !f.no_hugepages && f.dax.empty() && free_huge >= bytes + (2u << 20)) {
       huge = true;
       spdlog::info("the host has {} of free hugepages: the region uses them (--no-hugepages: normal pages)",

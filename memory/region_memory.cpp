@@ -9,7 +9,6 @@
 
 #include <cerrno>
 #include <cstring>
-#include <fstream>
 #include <stdexcept>
 
 #include "common/units.hpp"
@@ -18,19 +17,6 @@ namespace dmhnsw::memory {
 
 namespace {
 constexpr uint64_t kHugePage = 2u << 20;
-}
-
-uint64_t free_hugepage_bytes() {
-  std::ifstream in("/proc/meminfo");
-  uint64_t free_pages = 0, page_kib = 0;
-  for (std::string key; in >> key;) {
-    uint64_t v = 0;
-    in >> v;
-    if (key == "HugePages_Free:") free_pages = v;
-    if (key == "Hugepagesize:") page_kib = v;
-    in.ignore(1 << 10, '\n');
-  }
-  return page_kib == kHugePage / 1024 ? free_pages * kHugePage : 0;
 }
 
 RegionMemory::RegionMemory(uint64_t bytes, bool hugepages, int numa_node, bool shared, const std::string& dax)

@@ -6,10 +6,6 @@
 
 namespace dmhnsw::memory {
 
-/// Bytes of 2 MiB hugepages this host has reserved and not handed out (HugePages_Free x
-/// Hugepagesize in /proc/meminfo; 0 when it has none or says nothing).
-uint64_t free_hugepage_bytes();
-
 class RegionMemory {
  public:
   /// `numa_node` < 0: no binding. Hugepages fall back to normal pages with a warning.

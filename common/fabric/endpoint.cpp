@@ -1,13 +1,17 @@
 // Provider-independent parts of the transport: buffer pool, counters, synchronous helpers.
+#include <spdlog/spdlog.h>
 #include <sys/mman.h>
 
 #include <algorithm>
+#include <atomic>
+#include <cerrno>
 #include <bit>
 #include <chrono>
 #include <cstring>
 #include <optional>
 #include <utility>
 
+#include "common/fabric/pages.hpp"
 #include "common/fabric/transport.hpp"
 
 namespace dmhnsw::fabric {
@@ -73,14 +77,35 @@ void Buffer::reset() {
   size_ = 0;
 }
 
-BufferPool::BufferPool(size_t arena_bytes) : arena_bytes_(arena_bytes) {
-  void* p = ::mmap(nullptr, arena_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (p == MAP_FAILED) throw FabricError("buffer pool: cannot map " + std::to_string(arena_bytes) + " bytes");
+BufferPool::BufferPool(size_t arena_bytes) : arena_bytes_(arena_bytes), mapped_bytes_(arena_bytes) {
+  constexpr size_t kHuge = 2u << 20;
+  const PoolPages pages = pool_pages();
+  void* p = MAP_FAILED;
+  const size_t huge_bytes = (arena_bytes + kHuge - 1) / kHuge * kHuge;
+  // Reserved hugepages are taken only when enough are free: a memnode on this host sized its
+  // reservation for its region, and an endpoint's pool is not worth a failed mapping there.
+  if (pages == PoolPages::Huge || (pages == PoolPages::Auto && free_hugepage_bytes() >= huge_bytes)) {
+    p = ::mmap(nullptr, huge_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_HUGETLB, -1, 0);
+    if (p != MAP_FAILED) {
+      mapped_bytes_ = huge_bytes;
+      huge_ = true;
+    } else if (static std::atomic<bool> warned{false}; pages == PoolPages::Huge && !warned.exchange(true)) {
+      spdlog::warn("--hugepages: cannot map a {}-byte buffer pool on 2 MiB hugepages ({}); normal pages instead "
+                   "(reserve some with: echo N > /proc/sys/vm/nr_hugepages)",
+                   huge_bytes, std::strerror(errno));
+    }
+  }
+  if (p == MAP_FAILED) {
+    p = ::mmap(nullptr, arena_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) throw FabricError("buffer pool: cannot map " + std::to_string(arena_bytes) + " bytes");
+    if (pages != PoolPages::Normal) ::madvise(p, arena_bytes, MADV_HUGEPAGE);  // transparent hugepages, best effort
+  }
   arena_ = static_cast<char*>(p);
+  count_pool(huge_);
   free_.resize(48);
 }
 
-BufferPool::~BufferPool() { ::munmap(arena_, arena_bytes_); }
+BufferPool::~BufferPool() { ::munmap(arena_, mapped_bytes_); }
 
 Buffer BufferPool::alloc(size_t bytes) {
   unsigned cls = size_class(bytes);

@@ -112,6 +112,7 @@ class ReplicatedCluster final : public Cluster {
   void declare_dead(uint16_t node, const std::string& why) override {
     for (unsigned c = 0; c < r_; ++c) fence(node, c, why);
   }
+  int nic_numa_node() const override { return p_->nic_numa_node(); }
 
   const std::shared_ptr<Cluster>& physical() const { return p_; }
   unsigned copies() const { return r_; }

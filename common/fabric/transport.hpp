@@ -120,12 +120,16 @@ class BufferPool {
   }
   char* arena() const { return arena_; }
   size_t arena_bytes() const { return arena_bytes_; }
+  /// On reserved 2 MiB hugepages (common/fabric/pages.hpp).
+  bool on_hugepages() const { return huge_; }
 
  private:
   friend class Buffer;
   void release(char* p, unsigned cls);
   char* arena_ = nullptr;
   size_t arena_bytes_ = 0;
+  size_t mapped_bytes_ = 0;
+  bool huge_ = false;
   size_t bump_ = 0;
   std::vector<std::vector<char*>> free_;  // by size class (64 B << cls)
 };
@@ -249,6 +253,9 @@ class Cluster {
     (void)node;
     (void)why;
   }
+  /// The NUMA node of the NIC this computenode reaches the memnodes through (worker threads
+  /// are pinned near it first); -1 when unknown or there is none (shm, tcp, cxl).
+  virtual int nic_numa_node() const { return -1; }
 };
 
 }  // namespace dmhnsw::fabric

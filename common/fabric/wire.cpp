@@ -166,6 +166,7 @@ class WireCluster final : public Cluster {
   bool alive(uint16_t node) const override { return inner_->alive(node); }
   std::string dead_reason(uint16_t node) const override { return inner_->dead_reason(node); }
   void declare_dead(uint16_t node, const std::string& why) override { inner_->declare_dead(node, why); }
+  int nic_numa_node() const override { return inner_->nic_numa_node(); }
 
  private:
   std::shared_ptr<Cluster> inner_;

@@ -25,7 +25,8 @@
 namespace dmhnsw::commands {
 
 struct GlobalFlags {
-  std::string mode = "shine", memnodes, provider = "shm", token_file, log_level = "info", wire = "none";
+  std::string mode = "shine", memnodes, provider = "shm", token_file, log_level = "info", wire = "none", pin = "auto";
+  bool hugepages = false, no_hugepages = false;
   uint32_t cn_id = 0, num_cns = 1;
   int heartbeat_ms = 4000, stall_ms = 10000;
   void add(CLI::App& app);

@@ -2,7 +2,9 @@
 #include <cstdio>
 
 #include "common/json_file.hpp"
+#include "common/fabric/pages.hpp"
 #include "common/fabric/providers.hpp"
+#include "compute/pinning.hpp"
 #include "compute/commands/commands.hpp"
 
 namespace dmhnsw::commands {
@@ -33,6 +35,18 @@ void GlobalFlags::add(CLI::App& app) {
                  "completes no sooner than latency + bytes / bandwidth after its post, the bandwidth shared per "
                  "memnode; waiting sleeps (docs/wire-model.md)")
       ->capture_default_str();
+  app.add_option("--pin", pin,
+                 "pin worker threads to cores (shine's query, build and serve workers), the NIC's NUMA node first, one "
+                 "hardware thread per physical core before any second: on, off, or auto (on where this process may "
+                 "run on more cores than it has workers)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"auto", "on", "off"}));
+  app.add_flag("--hugepages", hugepages,
+               "map the endpoints' registered buffer pools on 2 MiB hugepages (normal pages with a warning when too "
+               "few are reserved). By default they are whenever the host has enough reserved and free, else normal "
+               "pages advised for transparent hugepages");
+  app.add_flag("--no-hugepages", no_hugepages, "buffer pools on normal pages, no transparent hugepages")
+      ->excludes("--hugepages");
 }
 
 void RunEnv::write_report(std::string path, nlohmann::json r, bool per_process) const {
@@ -40,6 +54,11 @@ void RunEnv::write_report(std::string path, nlohmann::json r, bool per_process) 
   if (!per_process && flags.num_cns > 1 && flags.cn_id != 0) path += ".cn" + std::to_string(flags.cn_id);
   if (cpu) r["memnode_cpu"] = cpu->since_start();
   r["process_memory"] = compute::process_memory();
+  r["pinning"] = compute::pinning_json();
+  const fabric::PoolCounts pools = fabric::pool_counts();
+  r["buffer_pools"] = {{"pages", fabric::to_string(fabric::pool_pages())},
+                       {"on_hugepages", pools.hugepages},
+                       {"on_normal_pages", pools.normal}};
   r["wire"] = {{"model", fabric::describe(wire)}, {"latency_us", wire.latency_us}, {"gbytes_per_s", wire.gbytes_per_s}};
   if (!r.contains("provider")) r["provider"] = flags.provider;
   write_json_file(path, r, "--report");

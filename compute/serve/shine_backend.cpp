@@ -22,6 +22,7 @@
 #include "common/timing.hpp"
 #include "common/region.hpp"
 #include "compute/coro.hpp"
+#include "compute/pinning.hpp"
 #include "compute/serve/backend.hpp"
 #include "compute/shine/codes_log.hpp"
 #include "compute/serve/shine_router.hpp"
@@ -112,6 +113,7 @@ class ShineBackend final : public Backend {
       std::lock_guard g(control_mu_);
       router_ = std::make_unique<LiveRouter>(rc, g_, *control_, so.routing, o_.live, std::move(h), r);
     }
+    workers_ = so.threads;
     for (uint32_t t = 0; t < so.threads; ++t) threads_.emplace_back([this, t] { work(t); });
   }
   ~ShineBackend() override {
@@ -241,6 +243,7 @@ class ShineBackend final : public Backend {
   }
 
   void work(uint32_t t) {
+    compute::pin_worker(t, workers_);
     while (!stopping()) {
       try {
         rounds(t);
@@ -389,6 +392,7 @@ class ShineBackend final : public Backend {
   std::deque<Job> queue_;
   bool stop_ = false;
   std::vector<std::thread> threads_;
+  uint32_t workers_ = 0;
   std::unique_ptr<LiveRouter> router_;
 };
 

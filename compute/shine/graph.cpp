@@ -121,11 +121,21 @@ Task<Worker::Entry> Worker::read_entry(OpContext& ctx) {
                 shine_word::kDeleted > shine_word::kNodeCount && shine_word::kReused > shine_word::kDeleted &&
                 shine_word::kListChanges > shine_word::kReused);
   constexpr size_t kWords = shine_word::kListChanges - shine_word::kEntryPoint + 1;
-  Buffer b = s_.endpoint().alloc(8 * kWords);
-  Op op = Op::read(word_ptr(shine_word::kEntryPoint), b.data(), 8 * kWords);
-  fail(co_await s_.io(std::span<Op>(&op, 1), true, &ctx.io));
   uint64_t w[kWords];
-  std::memcpy(w, b.data(), sizeof w);
+  // Read per query, not kept per worker: the words say whether caches must drop what they hold
+  // (deletes, reuses, list changes). In place they cost what a copy kept per worker would.
+  const char* mapped = nullptr;
+  if (ctx.in_place) mapped = s_.endpoint().mapped(word_ptr(shine_word::kEntryPoint), sizeof w);
+  if (mapped != nullptr) {
+    std::memcpy(w, mapped, sizeof w);
+    ++ctx.io.reads;  // a load from far memory, counted as the READ it replaces
+    ctx.io.bytes += sizeof w;
+  } else {
+    Buffer b = s_.endpoint().alloc(sizeof w);
+    Op op = Op::read(word_ptr(shine_word::kEntryPoint), b.data(), sizeof w);
+    fail(co_await s_.io(std::span<Op>(&op, 1), true, &ctx.io));
+    std::memcpy(w, b.data(), sizeof w);
+  }
   const RemotePtr ep = RemotePtr::from_raw(w[0]);
   // Searches start there and inserts link into it: it must be a node's place in a data area
   // (as every neighbour pointer followed), its level one a node can have.
@@ -315,7 +325,81 @@ Task<std::vector<RemotePtr>> Worker::read_list(RemotePtr node, unsigned level, O
   co_return out;
 }
 
+template <class Take>
+bool Worker::hop_mapped(RemotePtr node, unsigned level, bool visit, const float* q, OpContext& ctx, Take&& take) {
+  const auto& L = g_.layout();
+  const fabric::Endpoint& ep = s_.endpoint();
+  const size_t list_bytes = L.list_bytes(level), vec_bytes = L.vector_read_bytes();
+  const char* list = ep.mapped(node + L.list_offset(level), list_bytes);
+  if (list == nullptr) return false;
+  ListFront f;
+  std::memcpy(&f, list, sizeof f);
+  const uint32_t count = std::min(f.count, L.capacity(level));  // a torn read never overruns the list
+  // No suspension from here to the end: per-thread scratch is this hop's alone.
+  thread_local std::vector<std::pair<RemotePtr, const char*>> where;
+  where.clear();
+  uint64_t skipped = 0;
+  for (uint32_t i = 0; i < count; ++i) {
+    uint64_t raw;
+    std::memcpy(&raw, list + sizeof f + 8 * i, 8);
+    const RemotePtr p = RemotePtr::from_raw(raw);
+    if (!g_.plausible(p)) {
+      if (!p.is_null()) ++skipped;
+      continue;
+    }
+    if (visit && !ctx.visited.insert(p)) continue;
+    const char* m = ep.mapped(p, vec_bytes);
+    if (m == nullptr) return false;
+    // Every record requested before the first distance (as hnswlib prefetches the next vectors).
+    for (size_t off = 0; off < std::min<size_t>(256, vec_bytes); off += 64) __builtin_prefetch(m + off);
+    where.emplace_back(p, m);
+  }
+  ++ctx.search.hops;
+  ++ctx.io.reads;  // loads from far memory, counted as the READs they replace
+  ctx.io.bytes += list_bytes;
+  ctx.search.list_bytes += list_bytes;
+  ctx.search.skipped += skipped;
+  ctx.io.reads += where.size();
+  ctx.io.bytes += where.size() * vec_bytes;
+  for (const auto& [p, m] : where) {
+    NodeFront nf;
+    std::memcpy(&nf, m, sizeof nf);
+    if (!NodeHeader::valid(nf.header)) {  // not (yet) a node: a pointer we must not follow
+      ++ctx.search.skipped;
+      continue;
+    }
+    ++ctx.search.visited;
+    const float* v = reinterpret_cast<const float*>(m + NodeLayout::vector_offset());
+    take(Neighbor{g_.distance()(q, v), p, nf.label, NodeHeader::deleted(nf.header), false,
+                  NodeHeader::generation(nf.header)});
+  }
+  return true;
+}
+
+std::optional<Neighbor> Worker::greedy_mapped(const float* q, Neighbor cur, unsigned level, OpContext& ctx) {
+  for (bool changed = true; changed;) {
+    changed = false;
+    Neighbor best = cur;
+    if (!hop_mapped(cur.node, level, false, q, ctx, [&](const Neighbor& n) {
+          if (n.dist < best.dist) {
+            best = n;
+            changed = true;
+          }
+        }))
+      return std::nullopt;
+    cur = best;
+  }
+  return cur;
+}
+
 Task<Neighbor> Worker::greedy(const float* q, Neighbor cur, unsigned level, OpContext& ctx, VecCache* cache) {
+  if (all_in_place(ctx, cache)) {
+    const IoStats io = ctx.io;
+    const SearchStats st = ctx.search;
+    if (const auto r = greedy_mapped(q, cur, level, ctx)) co_return *r;
+    ctx.io = io;  // searched again below by READs, counted there
+    ctx.search = st;
+  }
   for (bool changed = true; changed;) {
     changed = false;
     std::vector<RemotePtr> nbrs = co_await read_list(cur.node, level, ctx);
@@ -339,8 +423,49 @@ Task<Neighbor> Worker::descend(const float* q, RemotePtr ep, unsigned from, unsi
   co_return cur;
 }
 
+std::optional<std::vector<Neighbor>> Worker::search_layer_mapped(const float* q, const std::vector<Neighbor>& eps,
+                                                                 uint32_t ef, unsigned level, OpContext& ctx) {
+  const IoStats io = ctx.io;
+  const SearchStats st = ctx.search;
+  ctx.visited.clear();
+  // As search_layer: the same queues, order and bound, so the same answers.
+  std::priority_queue<Neighbor, std::vector<Neighbor>, ByDistGreater> cand;  // nearest first
+  std::priority_queue<Neighbor, std::vector<Neighbor>, ByDistLess> top;      // farthest first
+  for (const auto& e : eps) {
+    if (!ctx.visited.insert(e.node)) continue;
+    cand.push(e);
+    if (e.deleted) continue;
+    top.push(e);
+    if (top.size() > ef) top.pop();
+  }
+  float bound = top.empty() ? std::numeric_limits<float>::max() : top.top().dist;
+  while (!cand.empty()) {
+    const Neighbor c = cand.top();
+    if (c.dist > bound && top.size() >= ef) break;
+    cand.pop();
+    if (!hop_mapped(c.node, level, true, q, ctx, [&](const Neighbor& n) {
+          if (top.size() < ef || n.dist < bound) {
+            cand.push(n);
+            if (n.deleted) return;
+            top.push(n);
+            if (top.size() > ef) top.pop();
+            bound = top.top().dist;
+          }
+        })) {
+      ctx.io = io;
+      ctx.search = st;
+      return std::nullopt;
+    }
+  }
+  std::vector<Neighbor> out(top.size());
+  for (size_t i = out.size(); i-- > 0; top.pop()) out[i] = top.top();  // nearest first
+  return out;
+}
+
 Task<std::vector<Neighbor>> Worker::search_layer(const float* q, std::vector<Neighbor> eps, uint32_t ef,
                                                  unsigned level, OpContext& ctx, VecCache* cache, InEdges* in) {
+  if (in == nullptr && all_in_place(ctx, cache))
+    if (auto r = search_layer_mapped(q, eps, ef, level, ctx)) co_return std::move(*r);
   ctx.visited.clear();
   std::priority_queue<Neighbor, std::vector<Neighbor>, ByDistGreater> cand;  // nearest first
   std::priority_queue<Neighbor, std::vector<Neighbor>, ByDistLess> top;      // farthest first

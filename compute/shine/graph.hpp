@@ -8,6 +8,7 @@
 #include <array>
 #include <atomic>
 #include <memory>
+#include <optional>
 #include <random>
 #include <unordered_map>
 #include <vector>
@@ -343,6 +344,24 @@ class Worker {
   };
   Task<std::vector<Neighbor>> search_layer(const float* q, std::vector<Neighbor> eps, uint32_t ef, unsigned level,
                                            OpContext& ctx, VecCache* cache, InEdges* in = nullptr);
+  /// Whether a search with `cache` may take the in-place path below: records read where they
+  /// lie and nothing else between (no codes, node cache, vector cache).
+  bool all_in_place(const OpContext& ctx, const VecCache* cache) const {
+    return ctx.in_place && cache == nullptr && ctx.code_dist == nullptr && ctx.node_cache == nullptr &&
+           ctx.list_cache == nullptr;
+  }
+  /// search_layer and greedy without a suspension, a coroutine or a list per hop: each list and
+  /// its neighbours' records read where the endpoint maps them. Same answers and counts as
+  /// search_layer and greedy; nullopt (and the counts as before) when a record is not mapped
+  /// here (a memnode found dead): the caller then searches by READs, which report it.
+  std::optional<std::vector<Neighbor>> search_layer_mapped(const float* q, const std::vector<Neighbor>& eps,
+                                                           uint32_t ef, unsigned level, OpContext& ctx);
+  std::optional<Neighbor> greedy_mapped(const float* q, Neighbor cur, unsigned level, OpContext& ctx);
+  /// One hop in place: `node`'s list at `level`, then the records of its neighbours (those new
+  /// to ctx.visited when `visit`), each valid one handed to `take` in list order. False, having
+  /// handed none, when the list or a record is not mapped.
+  template <class Take>
+  bool hop_mapped(RemotePtr node, unsigned level, bool visit, const float* q, OpContext& ctx, Take&& take);
   /// For each level 0..level of deleted record `s` with vector `v`: the nodes near v that link
   /// to s, found by searching for v as an insert would (most of s's in-edges are one-way).
   Task<std::vector<std::vector<RemotePtr>>> find_in_edges(RemotePtr s, const float* v, unsigned level,

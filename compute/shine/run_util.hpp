@@ -14,6 +14,7 @@
 #include "common/timing.hpp"
 #include "common/fabric/transport.hpp"
 #include "compute/coro.hpp"
+#include "compute/pinning.hpp"
 
 namespace dmhnsw::shine {
 
@@ -36,6 +37,7 @@ void parallel(fabric::Cluster& c, uint32_t threads, std::atomic<bool>& stop, F b
   for (uint32_t t = 0; t < threads; ++t)
     ts.emplace_back([&, t] {
       try {
+        compute::pin_worker(t, threads);  // first: the endpoint's pool is then touched on its core's node
         auto ep = c.make_endpoint(64u << 20);
         body(t, *ep);
       } catch (...) {

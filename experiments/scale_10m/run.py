@@ -13,6 +13,7 @@ memnodes' peak RSS plus the querying computenode's own memory). One log-log plot
 with each curve's slope (least squares over the sizes measured).
 
   experiments/scale_10m/run.py [--sizes 10000,100000,1000000,10000000] [--d 96]
+  experiments/scale_10m/run.py --sizes 10000000 --skip faiss   # one size, without Faiss's build
   experiments/scale_10m/run.py --render-only        # tables and plots from the n<N>/ results
 """
 import argparse
@@ -34,6 +35,7 @@ ap.add_argument("--clusters", type=int, default=1000, help="mixture components (
 ap.add_argument("--ef-search", default="16,32,64,128,256,512", help="efSearch values (default %(default)s)")
 ap.add_argument("--queries", type=int, default=10000, help="measured queries per run (default %(default)s)")
 ap.add_argument("--threads", type=int, default=2, help="threads everywhere (default %(default)s)")
+ap.add_argument("--skip", default="", help="parts of ../vs_hnswlib/run.py to skip besides import (e.g. faiss)")
 ap.add_argument("--render-only", action="store_true", help="only the tables and plots, from existing results")
 a = ap.parse_args()
 sizes = [int(x) for x in a.sizes.split(",")]
@@ -60,7 +62,7 @@ if not a.render_only:
         subprocess.run([sys.executable, str(HERE.parent / "vs_hnswlib" / "run.py"), "--set", "syn", "--n", str(n),
                         "--d", str(a.d), "--clusters", str(a.clusters), "--queries", str(a.queries),
                         "--ef-search", a.ef_search, "--threads", str(a.threads), "--partitions", str(partitions(n)),
-                        "--probes", "2,4,8", "--wire", "none", "--skip", "import", "--region", region(n),
+                        "--probes", "2,4,8", "--wire", "none", "--skip", ",".join(["import"] + list(filter(None, a.skip.split(",")))), "--region", region(n),
                         "--work", str(dmh.ROOT / "runs" / "scale_10m" / f"n{n}"), "--out", str(out)], check=True)
 
 

@@ -58,6 +58,8 @@ ap.add_argument("--read-modes", default="batch", help="shine --read-mode values:
                 "(default %(default)s)")
 ap.add_argument("--work", default=None, help="data, images, logs (default runs/vs_hnswlib/SET)")
 ap.add_argument("--out", default=None, help="results.json/results.md (default: this folder's SET/)")
+ap.add_argument("--keep-references", action="store_true", help="take hnswlib's and Faiss's results from an earlier "
+                "run with the same settings in the work folder instead of building them again")
 ap.add_argument("--render-only", action="store_true", help="only write OUT/results.md again from OUT/results.json")
 ap.add_argument("--skip", default="", help="comma list of parts to skip: hnswlib, faiss, import, shine, dhnsw; the parts "
                 "run replace theirs in an existing OUT/results.json")
@@ -170,7 +172,18 @@ if not wl.exists():
 
 # ---- the single-machine references: hnswlib, and Faiss IndexHNSWFlat (same M, efConstruction, threads)
 def reference(name, tool, extra):
-    """Builds and queries with TOOL (hnswlib-bench or faiss-bench) on the same data and workload."""
+    """Builds and queries with TOOL (hnswlib-bench or faiss-bench) on the same data and workload;
+    with --keep-references, takes the results a run with the same settings left in the work folder."""
+    kept = work / f"{name}_result.json"
+    settings = {k: getattr(a, k) for k in ("set", "n", "d", "clusters", "queries", "m", "ef_construction",
+                                            "ef_search", "threads")}
+    if a.keep_references and kept.exists():
+        prior = json.loads(kept.read_text())
+        if prior.get("settings") == settings:
+            dmh.log(f"{tool}: the results in {kept} (--keep-references)")
+            results[name] = prior["results"]
+            return
+        dmh.log(f"{tool}: {kept} was made with other settings; run again")
     dmh.log(tool)
     rj = work / f"{name}.json"
     secs, mem = timed([dmh.BIN / tool, "--base", base, "--workload", wl, "--metric", metric, "--m", a.m,
@@ -180,6 +193,9 @@ def reference(name, tool, extra):
     results[name] = {"build_s": r["build_seconds"], "inserts_per_s": a.n / r["build_seconds"], "memory": mem,
                      "runs": [{"ef_search": x["ef_search"], "recall": x["recall"], "qps": x["qps"],
                                "p50_us": x["latency_us"]["p50"], "p99_us": x["latency_us"]["p99"]} for x in r["runs"]]}
+    tmp = kept.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"settings": settings, "results": results[name]}, indent=2) + "\n")
+    tmp.rename(kept)
 
 
 if "hnswlib" not in skip:

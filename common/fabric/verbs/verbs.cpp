@@ -5,6 +5,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <fstream>
 
 namespace dmhnsw::fabric::verbs {
 
@@ -38,6 +39,13 @@ DeviceLimits query_device(ibv_context* ctx) {
   d.max_srq_wr = a.max_srq_wr;
   d.atomics = a.atomic_cap != IBV_ATOMIC_NONE;
   return d;
+}
+
+int device_numa_node(ibv_device* dev) {
+  std::ifstream in(std::string(dev->ibdev_path) + "/device/numa_node");
+  int node = -1;
+  if (!(in >> node)) return -1;
+  return node;
 }
 
 std::string describe(const DeviceLimits& d) {

@@ -31,6 +31,9 @@ struct DeviceLimits {
   bool atomics = false;         // 8-byte FETCH_ADD and COMPARE_SWAP executed by the device
 };
 DeviceLimits query_device(ibv_context* ctx);
+/// The NUMA node of the device's PCI function (sysfs device/numa_node); -1 when it has none
+/// (soft-RoCE) or the host does not say.
+int device_numa_node(ibv_device* dev);
 std::string describe(const DeviceLimits& d);
 
 // The computenode's proof, carried in rdma_cm's connect private data: its id and the random

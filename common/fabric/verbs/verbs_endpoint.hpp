@@ -69,6 +69,7 @@ class VerbsCluster final : public ControlledCluster, public std::enable_shared_f
   }
 
   std::unique_ptr<Endpoint> make_endpoint(size_t pool_bytes) override;
+  int nic_numa_node() const override { return verbs::device_numa_node(context()->device); }
 
   ibv_context* context() const { return probe_.id->verbs; }
   ibv_pd* pd() const { return pd_.get(); }
