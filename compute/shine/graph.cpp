@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <array>
+#include <bit>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -39,8 +40,24 @@ Graph::Graph(fabric::Cluster& c, const GraphParams& p)
 }
 
 // ------------------------------------------------------------------ visited set
+void VisitedSet::use_areas(const std::vector<RegionBounds>& areas, unsigned shift) {
+  areas_.clear();
+  shift_ = shift;
+  uint64_t bits = 0;
+  for (const RegionBounds& b : areas) {
+    areas_.push_back({b.data_offset, b.size, bits});
+    bits += (b.size - std::min(b.size, b.data_offset)) >> shift;
+    ++bits;
+  }
+  bits_.assign((bits + 63) / 64, 0);
+  touched_.clear();
+}
+
 void VisitedSet::clear() {
+  for (const uint32_t w : touched_) bits_[w] = 0;
+  touched_.clear();
   size_ = 0;
+  hashed_ = 0;
   if (++cur_ == 0) {
     for (Slot& s : slots_) s.gen = 0;
     cur_ = 1;
@@ -51,13 +68,15 @@ void VisitedSet::grow() {
   std::vector<Slot> old;
   old.swap(slots_);
   slots_.assign(std::max<size_t>(1024, old.size() * 2), Slot{});
-  size_ = 0;
+  const size_t size = size_;
+  hashed_ = 0;
   for (const Slot& s : old)
-    if (s.gen == cur_) insert(RemotePtr::from_raw(s.key));
+    if (s.gen == cur_) insert_hashed(RemotePtr::from_raw(s.key));
+  size_ = size;  // the keys moved, none added
 }
 
-bool VisitedSet::insert(RemotePtr p) {
-  if ((size_ + 1) * 2 > slots_.size()) grow();
+bool VisitedSet::insert_hashed(RemotePtr p) {
+  if ((hashed_ + 1) * 2 > slots_.size()) grow();
   const size_t mask = slots_.size() - 1;
   const uint64_t k = p.raw();
   size_t i = static_cast<size_t>((k * 0x9E3779B97F4A7C15ull) >> 20) & mask;
@@ -66,6 +85,7 @@ bool VisitedSet::insert(RemotePtr p) {
     i = (i + 1) & mask;
   }
   slots_[i] = {k, cur_};
+  ++hashed_;
   ++size_;
   return true;
 }
@@ -325,6 +345,12 @@ Task<std::vector<RemotePtr>> Worker::read_list(RemotePtr node, unsigned level, O
   co_return out;
 }
 
+void Worker::use_record_bits(VisitedSet& v) const {
+  if (v.has_areas()) return;
+  // Every record is at least a level-0 node long: one bit per largest power of two not above that.
+  v.use_areas(g_.all_bounds(), static_cast<unsigned>(std::bit_width(g_.layout().node_bytes(0)) - 1));
+}
+
 template <class Take>
 bool Worker::hop_mapped(RemotePtr node, unsigned level, bool visit, const float* q, OpContext& ctx, Take&& take) {
   const auto& L = g_.layout();
@@ -427,6 +453,7 @@ std::optional<std::vector<Neighbor>> Worker::search_layer_mapped(const float* q,
                                                                  uint32_t ef, unsigned level, OpContext& ctx) {
   const IoStats io = ctx.io;
   const SearchStats st = ctx.search;
+  use_record_bits(ctx.visited);
   ctx.visited.clear();
   // As search_layer: the same queues, order and bound, so the same answers.
   std::priority_queue<Neighbor, std::vector<Neighbor>, ByDistGreater> cand;  // nearest first
@@ -466,6 +493,7 @@ Task<std::vector<Neighbor>> Worker::search_layer(const float* q, std::vector<Nei
                                                  unsigned level, OpContext& ctx, VecCache* cache, InEdges* in) {
   if (in == nullptr && all_in_place(ctx, cache))
     if (auto r = search_layer_mapped(q, eps, ef, level, ctx)) co_return std::move(*r);
+  use_record_bits(ctx.visited);
   ctx.visited.clear();
   std::priority_queue<Neighbor, std::vector<Neighbor>, ByDistGreater> cand;  // nearest first
   std::priority_queue<Neighbor, std::vector<Neighbor>, ByDistLess> top;      // farthest first

@@ -137,6 +137,7 @@ class Graph {
     return p.offset() >= b.data_offset && p.offset() + layout_.vector_part_bytes() <= b.size;
   }
   const RegionBounds& bounds(uint16_t node) const { return bounds_[node]; }
+  const std::vector<RegionBounds>& all_bounds() const { return bounds_; }
   fabric::Cluster& cluster() const { return cluster_; }
 
  private:
@@ -147,16 +148,46 @@ class Graph {
   std::vector<RegionBounds> bounds_;
 };
 
-/// Open-addressing set of RemotePtrs, cleared in O(1) between queries.
+/// The node records a search has met. Over the data areas of a graph (use_areas): one bit per
+/// 2^shift bytes of them, as hnswlib's visited array has one tag per element, which a record at
+/// least 2^shift bytes long owns alone; clear() zeroes the words it set. Else, and for a key
+/// outside the areas, an open-addressing table cleared in O(1).
 class VisitedSet {
  public:
+  void use_areas(const std::vector<RegionBounds>& areas, unsigned shift);
+  bool has_areas() const { return !areas_.empty(); }
   void clear();
-  /// True when newly inserted.
-  bool insert(RemotePtr p);
+  /// True when newly inserted. Inline: a search calls it for every neighbour it meets.
+  bool insert(RemotePtr p) {
+    if (p.node() < areas_.size()) {
+      const Area& a = areas_[p.node()];
+      if (p.offset() >= a.begin && p.offset() < a.end) {
+        const uint64_t bit = a.first_bit + ((p.offset() - a.begin) >> shift_);
+        uint64_t& w = bits_[bit >> 6];
+        const uint64_t m = uint64_t{1} << (bit & 63);
+        if (w & m) return false;
+        if (w == 0) touched_.push_back(static_cast<uint32_t>(bit >> 6));
+        w |= m;
+        ++size_;
+        return true;
+      }
+    }
+    return insert_hashed(p);
+  }
   size_t size() const { return size_; }
 
  private:
+  bool insert_hashed(RemotePtr p);
   void grow();
+  struct Area {
+    uint64_t begin = 0, end = 0;  // region offsets
+    uint64_t first_bit = 0;
+  };
+  std::vector<Area> areas_;
+  unsigned shift_ = 0;
+  std::vector<uint64_t> bits_;
+  std::vector<uint32_t> touched_;  // words of bits_ set since clear()
+  size_t hashed_ = 0;              // keys in the table
   // A key and the clear() generation it was inserted in, side by side: one cache line per probe.
   struct Slot {
     uint64_t key = 0;
@@ -360,6 +391,8 @@ class Worker {
   /// One hop in place: `node`'s list at `level`, then the records of its neighbours (those new
   /// to ctx.visited when `visit`), each valid one handed to `take` in list order. False, having
   /// handed none, when the list or a record is not mapped.
+  /// ctx.visited keyed by bits over this graph's data areas (once per context).
+  void use_record_bits(VisitedSet& v) const;
   template <class Take>
   bool hop_mapped(RemotePtr node, unsigned level, bool visit, const float* q, OpContext& ctx, Take&& take);
   /// For each level 0..level of deleted record `s` with vector `v`: the nodes near v that link

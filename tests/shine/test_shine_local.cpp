@@ -796,3 +796,27 @@ TEST_CASE("shine: consolidation while another thread inserts into deleted record
   }
   CHECK(static_cast<double>(self) >= 0.99 * static_cast<double>(live));
 }
+
+TEST_CASE("shine: the visited set's bits over data areas tell records apart and clear between searches", "[shine]") {
+  // Two memnodes' data areas; records 792 bytes apart (a level-0 node of d = 128, M = 16), one
+  // bit per 512 bytes.
+  std::vector<RegionBounds> areas{{4096, 4096 + 792 * 1000}, {8192, 8192 + 792 * 1000}};
+  VisitedSet v;
+  v.use_areas(areas, 9);
+  REQUIRE(v.has_areas());
+  for (int round = 0; round < 3; ++round) {
+    v.clear();
+    for (uint16_t node = 0; node < 2; ++node)
+      for (uint64_t i = 0; i < 1000; i += 1 + round) CHECK(v.insert(RemotePtr(node, areas[node].data_offset + 792 * i)));
+    for (uint16_t node = 0; node < 2; ++node)
+      for (uint64_t i = 0; i < 1000; i += 1 + round) CHECK_FALSE(v.insert(RemotePtr(node, areas[node].data_offset + 792 * i)));
+    // Outside the areas (a third memnode, a header word): the table, as before.
+    CHECK(v.insert(RemotePtr(2, 4096)));
+    CHECK(v.insert(RemotePtr(0, 64)));
+    CHECK_FALSE(v.insert(RemotePtr(2, 4096)));
+    CHECK(v.size() == static_cast<size_t>(2 * ((1000 + round) / (1 + round)) + 2));
+  }
+  v.clear();
+  CHECK(v.size() == 0);
+  CHECK(v.insert(RemotePtr(1, 8192)));
+}
