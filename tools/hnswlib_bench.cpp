@@ -42,6 +42,7 @@
 #include <exception>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <mutex>
 #include <stdexcept>
 #include <string>
@@ -189,7 +190,7 @@ extern "C" __attribute__((no_sanitize("thread"), visibility("default"), used)) c
 namespace {
 
 struct Flags : dmhnsw::bench::BenchFlags {
-  std::string save_path, ids_path;
+  std::string save_path, load_path, ids_path;
   std::vector<std::string> steps;
   bool replace_deleted = true;
 
@@ -211,6 +212,9 @@ struct Flags : dmhnsw::bench::BenchFlags {
                  "behaviour; by default they reuse deleted elements as 0.7's replace_deleted)");
     app.add_option("--save,--save-index", save_path,
                    "save the built index with hnswlib's saveIndex (for shine-import --hnswlib)");
+    app.add_option("--load", load_path,
+                   "search the index --save wrote from the same --base, --metric and --m instead of building one "
+                   "(report: build_seconds 0, loaded_from; not with --save, --ids or --step)");
   }
 };
 
@@ -233,6 +237,31 @@ double build(hnswlib::HierarchicalNSW<float>& index, const dmhnsw::FloatMatrix& 
               static_cast<double>(n) / build_seconds, threads);
   std::fflush(stdout);
   return build_seconds;
+}
+
+/// The index --save wrote, checked against the base it must index (hnswlib's loadIndex checks
+/// only that the file's lists add up to its size).
+std::unique_ptr<hnswlib::HierarchicalNSW<float>> load_index(hnswlib::SpaceInterface<float>& space, const Flags& f,
+                                                            std::size_t n, std::size_t dim) {
+  auto refuse = [&](const std::string& what) {
+    throw std::invalid_argument("--load " + f.load_path + ": " + what);
+  };
+  std::unique_ptr<hnswlib::HierarchicalNSW<float>> index;
+  try {
+    index = std::make_unique<hnswlib::HierarchicalNSW<float>>(&space, f.load_path, false, n);
+  } catch (const std::exception& e) {
+    refuse(std::string("hnswlib cannot load it: ") + e.what());
+  }
+  if (index->cur_element_count != n)
+    refuse("holds " + std::to_string(index->cur_element_count) + " vectors, --base " + f.base_path + " has " +
+           std::to_string(n));
+  if (index->label_offset_ - index->offsetData_ != dim * sizeof(float))
+    refuse("its vectors are " + std::to_string((index->label_offset_ - index->offsetData_) / sizeof(float)) +
+           " floats long, --base has d = " + std::to_string(dim));
+  if (index->M_ != f.m) refuse("was built with M " + std::to_string(index->M_) + ", not --m " + std::to_string(f.m));
+  std::printf("loaded %zu vectors from %s (M %zu, efConstruction %zu)\n", n, f.load_path.c_str(), index->M_,
+              index->ef_construction_);
+  return index;
 }
 
 void save_index(hnswlib::HierarchicalNSW<float>& index, const std::string& save_path) {
@@ -342,6 +371,7 @@ void write_report(const Flags& f, const QuerySet& qs, std::size_t n, std::size_t
                                {"seconds", s.seconds},
                                {"per_s", static_cast<double>(s.done) / std::max(s.seconds, 1e-9)},
                                {"elements", s.elements}});
+  if (!f.load_path.empty()) report["loaded_from"] = f.load_path;
   report["elements"] = index.cur_element_count;
   report["deleted_elements"] = index.num_deleted_;
   report["element_bytes"] = dmhnsw::hnswlib_churn::element_bytes(index);
@@ -395,8 +425,14 @@ int main(int argc, char** argv) {
                 f.ef_construction, f.threads, f.seed, space.kernel_name().c_str());
     std::fflush(stdout);
 
-    hnswlib::HierarchicalNSW<float> index(&space, capacity, f.m, f.ef_construction, f.seed);
-    const double build_seconds = build(index, base, labels, f.threads);
+    if (!f.load_path.empty() && (!f.save_path.empty() || !f.ids_path.empty() || !f.steps.empty()))
+      throw std::invalid_argument("--load: not with --save, --ids or --step (it searches a saved index as it is)");
+    std::unique_ptr<hnswlib::HierarchicalNSW<float>> loaded =
+        f.load_path.empty() ? std::make_unique<hnswlib::HierarchicalNSW<float>>(&space, capacity, f.m,
+                                                                                 f.ef_construction, f.seed)
+                            : load_index(space, f, n, dim);
+    hnswlib::HierarchicalNSW<float>& index = *loaded;
+    const double build_seconds = f.load_path.empty() ? build(index, base, labels, f.threads) : 0.0;
     if (!f.save_path.empty()) save_index(index, f.save_path);
 
     ChurnIndex churn(index, f.replace_deleted);

@@ -45,6 +45,10 @@ void IndexCommands::add(CLI::App& app) {
     sc->add_option("--max-elements", bo_.max_elements, "use only the first N rows (0 = all)")->capture_default_str();
     sc->add_option("--threads", bo_.threads, "worker threads (each with its own endpoint)")->capture_default_str();
     sc->add_option("--coroutines", bo_.coroutines, "inserts in flight per thread")->capture_default_str();
+    sc->add_flag("--in-place,!--no-in-place", bo_.in_place,
+                 "shine: where the provider maps the memnodes' regions into this process (cxl), the inserts' searches "
+                 "read neighbour lists and vectors where they lie (--no-in-place: copy them out by READs)")
+        ->capture_default_str();
     sc->add_option("--report", report_,
                    "write the build report (JSON) here (shine: computenode 0, merged; dhnsw: each computenode, "
                    "PATH.cn<id> when --num-cns > 1)");

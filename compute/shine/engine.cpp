@@ -83,7 +83,11 @@ ShareStats insert_share(const RunContext& rc, const BuildOptions& o, Graph& g, c
       compute::Scheduler s(ep);
       Worker w(g, s, p.seed * 1000003 + rc.cn_id * 1009 + t, vcache);
       std::vector<OpContext> ctxs(o.coroutines);
-      for (auto& x : ctxs) x.mode = o.mode;
+      const bool in_place = o.in_place && ep.mapped(RemotePtr(0, 0), 8) != nullptr;
+      for (auto& x : ctxs) {
+        x.mode = o.mode;
+        x.in_place = in_place;
+      }
       auto loop = [&](OpContext& ctx) -> compute::Task<void> {
         for (;;) {
           if (stop.load()) co_return;
@@ -226,7 +230,8 @@ json run_build(const RunContext& rc, const BuildOptions& o) {
                  {"provider", rc.provider}, {"data", o.data},
                  {"n", end - o.begin}, {"dim", p.dim}, {"m", p.m}, {"ef_construction", p.ef_construction},
                  {"metric", std::string(to_string(p.metric))}, {"num_cns", rc.num_cns}, {"threads", o.threads},
-                 {"coroutines", o.coroutines}, {"memnodes", c.memnodes().size()}};
+                 {"coroutines", o.coroutines}, {"memnodes", c.memnodes().size()},
+                 {"in_place", o.in_place && control->mapped(RemotePtr(0, 0), 8) != nullptr}};
   if (p.codes)
     report["codes"] = {{"kind", p.codes->spec().to_string()}, {"code_size", p.codes->code_size()},
                        {"log_capacity", p.codes_log.capacity}, {"block_bytes", p.codes_block_bytes}};

@@ -24,6 +24,9 @@ struct BuildOptions {
   uint32_t threads = 2;
   uint32_t coroutines = 1;
   ReadMode mode = ReadMode::Batch;
+  // Where the provider maps the memnodes' regions (cxl): the inserts' searches read lists and
+  // vectors where they lie (locks, list writes and headers stay one-sided operations).
+  bool in_place = true;
   bool format = true;        // false: the index must exist (insert into it)
   uint64_t cache_bytes = 2ull << 30;  // process-wide cache of vectors read while inserting
   bool progress = true;

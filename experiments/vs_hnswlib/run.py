@@ -177,22 +177,33 @@ def reference(name, tool, extra):
     kept = work / f"{name}_result.json"
     settings = {k: getattr(a, k) for k in ("set", "n", "d", "clusters", "queries", "m", "ef_construction",
                                             "ef_search", "threads")}
+    load = None
     if a.keep_references and kept.exists():
         prior = json.loads(kept.read_text())
         if prior.get("settings") == settings:
             dmh.log(f"{tool}: the results in {kept} (--keep-references)")
             results[name] = prior["results"]
             return
-        dmh.log(f"{tool}: {kept} was made with other settings; run again")
+        same_index = {k: v for k, v in prior.get("settings", {}).items() if k != "ef_search"} == \
+            {k: v for k, v in settings.items() if k != "ef_search"}
+        if name == "hnswlib" and same_index and (work / "hnswlib.idx").exists():
+            # Only efSearch differs: the saved index is searched again, its build kept.
+            load = prior["results"]
+            extra = ["--load", work / "hnswlib.idx"]
+            dmh.log(f"{tool}: searching {work / 'hnswlib.idx'} again (--keep-references; build from {kept})")
+        else:
+            dmh.log(f"{tool}: {kept} was made with other settings; run again")
     dmh.log(tool)
     rj = work / f"{name}.json"
     secs, mem = timed([dmh.BIN / tool, "--base", base, "--workload", wl, "--metric", metric, "--m", a.m,
                        "--ef-construction", a.ef_construction, "--ef-search", a.ef_search, "--k", 10,
                        "--threads", a.threads, "--json", rj] + extra, work / "logs" / f"{name}.log")
     r = json.loads(rj.read_text())
-    results[name] = {"build_s": r["build_seconds"], "inserts_per_s": a.n / r["build_seconds"], "memory": mem,
+    results[name] = {"build_s": r["build_seconds"], "inserts_per_s": a.n / max(r["build_seconds"], 1e-9), "memory": mem,
                      "runs": [{"ef_search": x["ef_search"], "recall": x["recall"], "qps": x["qps"],
                                "p50_us": x["latency_us"]["p50"], "p99_us": x["latency_us"]["p99"]} for x in r["runs"]]}
+    if load is not None:  # the build's time and memory, from the run that built it
+        results[name].update({k: load[k] for k in ("build_s", "inserts_per_s", "memory")})
     tmp = kept.with_suffix(".tmp")
     tmp.write_text(json.dumps({"settings": settings, "results": results[name]}, indent=2) + "\n")
     tmp.rename(kept)

@@ -272,3 +272,30 @@ TEST_CASE("hnswlib-bench churn steps: labels, deletes, inserts into deleted elem
                  tmp.file("q.fvecs") + ":" + tmp.file("new_ids.txt"),
              "q.fvecs");
 }
+
+TEST_CASE("hnswlib-bench --load searches a saved index as the run that built it, and refuses one of other data", "[tools]") {
+  TempDir tmp;
+  const std::string common = "--base " + kBase + " --queries " + kQueries + " --groundtruth " + kTruth +
+                             " --metric l2 --ef-construction 40 --ef-search 32 --k 10 --threads 2";
+  const auto built = run_bench(tmp, common + " --m 8 --save " + tmp.file("i.idx") + " --json " + tmp.file("b.json"));
+  INFO("stdout: " << built.out << "\nstderr: " << built.err);
+  REQUIRE(built.code == 0);
+  const auto loaded = run_bench(tmp, common + " --m 8 --load " + tmp.file("i.idx") + " --json " + tmp.file("l.json"));
+  INFO("stdout: " << loaded.out << "\nstderr: " << loaded.err);
+  REQUIRE(loaded.code == 0);
+  const auto b = nlohmann::json::parse(slurp(tmp.file("b.json"))), l = nlohmann::json::parse(slurp(tmp.file("l.json")));
+  CHECK(l.at("build_seconds") == 0);
+  CHECK(l.at("loaded_from") == tmp.file("i.idx"));
+  CHECK_FALSE(b.contains("loaded_from"));
+  CHECK(l.at("runs").at(0).at("recall") == b.at("runs").at(0).at("recall"));
+  CHECK(l.at("runs").at(0).at("dist_comps_per_query") == b.at("runs").at(0).at("dist_comps_per_query"));
+  auto refused = [&](const std::string& args, const std::string& needle) {
+    const auto r = run_bench(tmp, common + " " + args);
+    INFO(args << "\nstdout: " << r.out << "\nstderr: " << r.err);
+    CHECK(r.code != 0);
+    CHECK(r.err.find(needle) != std::string::npos);
+  };
+  refused("--m 16 --load " + tmp.file("i.idx"), "not --m 16");
+  refused("--m 8 --load " + tmp.file("i.idx") + " --save " + tmp.file("j.idx"), "--load: not with --save");
+  refused("--m 8 --load " + tmp.file("nothing.idx"), "--load " + tmp.file("nothing.idx") + ": hnswlib cannot load it");
+}
