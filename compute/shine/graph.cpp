@@ -449,44 +449,67 @@ Task<Neighbor> Worker::descend(const float* q, RemotePtr ep, unsigned from, unsi
   co_return cur;
 }
 
+namespace {
+
+/// hnswlib's two queues of a layer search, shared by search_layer and search_layer_mapped so
+/// that both expand the same candidates in the same order. Deleted nodes are expanded like the
+/// others (they keep the graph connected, as in hnswlib) but never enter the results.
+struct LayerQueues {
+  uint32_t ef;
+  std::priority_queue<Neighbor, std::vector<Neighbor>, ByDistGreater> cand;  // nearest first
+  std::priority_queue<Neighbor, std::vector<Neighbor>, ByDistLess> top;      // farthest first
+  float bound = std::numeric_limits<float>::max();
+
+  LayerQueues(const std::vector<Neighbor>& eps, uint32_t ef_, VisitedSet& visited) : ef(ef_) {
+    for (const auto& e : eps) {
+      if (!visited.insert(e.node)) continue;
+      cand.push(e);
+      if (e.deleted) continue;
+      top.push(e);
+      if (top.size() > ef) top.pop();
+    }
+    if (!top.empty()) bound = top.top().dist;
+  }
+  /// The next candidate to expand; false once none is nearer than the ef-th result.
+  bool next(Neighbor& c) {
+    if (cand.empty()) return false;
+    c = cand.top();
+    if (c.dist > bound && top.size() >= ef) return false;
+    cand.pop();
+    return true;
+  }
+  void offer(const Neighbor& n) {
+    if (!(top.size() < ef || n.dist < bound)) return;  // as hnswlib's test (a NaN distance never enters)
+    cand.push(n);
+    if (n.deleted) return;
+    top.push(n);
+    if (top.size() > ef) top.pop();
+    bound = top.top().dist;
+  }
+  std::vector<Neighbor> results() {
+    std::vector<Neighbor> out(top.size());
+    for (size_t i = out.size(); i-- > 0; top.pop()) out[i] = top.top();  // nearest first
+    return out;
+  }
+};
+
+}  // namespace
+
 std::optional<std::vector<Neighbor>> Worker::search_layer_mapped(const float* q, const std::vector<Neighbor>& eps,
                                                                  uint32_t ef, unsigned level, OpContext& ctx) {
   const IoStats io = ctx.io;
   const SearchStats st = ctx.search;
   use_record_bits(ctx.visited);
   ctx.visited.clear();
-  // As search_layer: the same queues, order and bound, so the same answers.
-  std::priority_queue<Neighbor, std::vector<Neighbor>, ByDistGreater> cand;  // nearest first
-  std::priority_queue<Neighbor, std::vector<Neighbor>, ByDistLess> top;      // farthest first
-  for (const auto& e : eps) {
-    if (!ctx.visited.insert(e.node)) continue;
-    cand.push(e);
-    if (e.deleted) continue;
-    top.push(e);
-    if (top.size() > ef) top.pop();
-  }
-  float bound = top.empty() ? std::numeric_limits<float>::max() : top.top().dist;
-  while (!cand.empty()) {
-    const Neighbor c = cand.top();
-    if (c.dist > bound && top.size() >= ef) break;
-    cand.pop();
-    if (!hop_mapped(c.node, level, true, q, ctx, [&](const Neighbor& n) {
-          if (top.size() < ef || n.dist < bound) {
-            cand.push(n);
-            if (n.deleted) return;
-            top.push(n);
-            if (top.size() > ef) top.pop();
-            bound = top.top().dist;
-          }
-        })) {
+  LayerQueues qs(eps, ef, ctx.visited);
+  for (Neighbor c{}; qs.next(c);) {
+    if (!hop_mapped(c.node, level, true, q, ctx, [&](const Neighbor& n) { qs.offer(n); })) {
       ctx.io = io;
       ctx.search = st;
       return std::nullopt;
     }
   }
-  std::vector<Neighbor> out(top.size());
-  for (size_t i = out.size(); i-- > 0; top.pop()) out[i] = top.top();  // nearest first
-  return out;
+  return qs.results();
 }
 
 Task<std::vector<Neighbor>> Worker::search_layer(const float* q, std::vector<Neighbor> eps, uint32_t ef,
@@ -495,22 +518,9 @@ Task<std::vector<Neighbor>> Worker::search_layer(const float* q, std::vector<Nei
     if (auto r = search_layer_mapped(q, eps, ef, level, ctx)) co_return std::move(*r);
   use_record_bits(ctx.visited);
   ctx.visited.clear();
-  std::priority_queue<Neighbor, std::vector<Neighbor>, ByDistGreater> cand;  // nearest first
-  std::priority_queue<Neighbor, std::vector<Neighbor>, ByDistLess> top;      // farthest first
-  // Deleted nodes are expanded like the others (they keep the graph connected, as in hnswlib)
-  // but never enter the results.
-  for (const auto& e : eps) {
-    if (!ctx.visited.insert(e.node)) continue;
-    cand.push(e);
-    if (e.deleted) continue;
-    top.push(e);
-    if (top.size() > ef) top.pop();
-  }
-  float bound = top.empty() ? std::numeric_limits<float>::max() : top.top().dist;
-  while (!cand.empty()) {
-    Neighbor c = cand.top();
-    if (c.dist > bound && top.size() >= ef) break;
-    cand.pop();
+  LayerQueues qs(eps, ef, ctx.visited);
+  Neighbor c{};
+  while (qs.next(c)) {
     std::vector<RemotePtr> nbrs = co_await read_list(c.node, level, ctx);
     if (in != nullptr && c.node != in->target && std::find(nbrs.begin(), nbrs.end(), in->target) != nbrs.end())
       in->found.push_back(c.node);
@@ -521,24 +531,9 @@ Task<std::vector<Neighbor>> Worker::search_layer(const float* q, std::vector<Nei
     for (RemotePtr p : nbrs)
       if (ctx.visited.insert(p)) fresh.push_back(p);
     std::vector<Neighbor> got = co_await read_vectors(fresh, q, ctx, cache);
-    for (const auto& n : got) {
-      if (top.size() < ef || n.dist < bound) {
-        cand.push(n);
-        if (n.deleted) continue;
-        top.push(n);
-        if (top.size() > ef) top.pop();
-        bound = top.top().dist;
-      }
-    }
+    for (const auto& n : got) qs.offer(n);
   }
-  std::vector<Neighbor> out;
-  out.reserve(top.size());
-  while (!top.empty()) {
-    out.push_back(top.top());
-    top.pop();
-  }
-  std::reverse(out.begin(), out.end());  // nearest first
-  co_return out;
+  co_return qs.results();
 }
 
 // hnswlib's neighbour-selection heuristic: keep a candidate only if it is closer to the base

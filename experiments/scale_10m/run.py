@@ -36,6 +36,8 @@ ap.add_argument("--ef-search", default="16,32,64,128,256,512", help="efSearch va
 ap.add_argument("--queries", type=int, default=10000, help="measured queries per run (default %(default)s)")
 ap.add_argument("--threads", type=int, default=2, help="threads everywhere (default %(default)s)")
 ap.add_argument("--skip", default="", help="parts of ../vs_hnswlib/run.py to skip besides import (e.g. faiss)")
+ap.add_argument("--keep-references", action="store_true", help="../vs_hnswlib/run.py --keep-references: hnswlib's "
+                "results (or its saved index, searched again) from an earlier run in runs/scale_10m/n<N>/")
 ap.add_argument("--render-only", action="store_true", help="only the tables and plots, from existing results")
 a = ap.parse_args()
 sizes = [int(x) for x in a.sizes.split(",")]
@@ -63,7 +65,8 @@ if not a.render_only:
                         "--d", str(a.d), "--clusters", str(a.clusters), "--queries", str(a.queries),
                         "--ef-search", a.ef_search, "--threads", str(a.threads), "--partitions", str(partitions(n)),
                         "--probes", "2,4,8", "--wire", "none", "--skip", ",".join(["import"] + list(filter(None, a.skip.split(",")))), "--region", region(n),
-                        "--work", str(dmh.ROOT / "runs" / "scale_10m" / f"n{n}"), "--out", str(out)], check=True)
+                        "--work", str(dmh.ROOT / "runs" / "scale_10m" / f"n{n}"), "--out", str(out)]
+                       + (["--keep-references"] if a.keep_references else []), check=True)
 
 
 def frontier(runs):
