@@ -75,7 +75,7 @@ int main(int argc, char** argv) {
                            : flags.no_hugepages ? fabric::PoolPages::Normal
                                                 : fabric::PoolPages::Auto);
     auto cluster = fabric::with_wire(fabric::connect_cluster(co), wm);
-    compute::configure_pinning(compute::parse_pin(flags.pin), cluster->nic_numa_node());
+    compute::configure_pinning(compute::parse_pin(flags.pin), cluster->nic_numa_node(), flags.cn_id);
     spdlog::info("connected to {} memnode(s) over {}", cluster->memnodes().size(), flags.provider);
     if (!index.selected() && !query.selected() && !*serve_cmd && !rejoin.selected()) print_headers(*cluster);
     commands::RunEnv env{flags, *cluster, {cluster.get(), flags.cn_id, flags.num_cns, flags.provider, {}}, wm, nullptr};

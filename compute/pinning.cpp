@@ -23,6 +23,7 @@ struct State {
   std::mutex mu;
   PinMode mode = PinMode::Auto;
   int nic_node = -1;
+  uint32_t cn_id = 0;
   std::vector<int> order;
   bool configured = false;
   std::set<int> pinned;
@@ -93,11 +94,12 @@ std::vector<int> core_order(int nic_node) {
   return out;
 }
 
-void configure_pinning(PinMode mode, int nic_node) {
+void configure_pinning(PinMode mode, int nic_node, uint32_t cn_id) {
   State& s = state();
   std::lock_guard g(s.mu);
   s.mode = mode;
   s.nic_node = nic_node;
+  s.cn_id = cn_id;
   s.order = core_order(nic_node);
   s.configured = true;
   s.pinned.clear();
@@ -114,7 +116,7 @@ int pin_worker(uint32_t index, uint32_t workers) {
     }
     if (s.mode == PinMode::Off || s.order.empty()) return -1;
     if (s.mode == PinMode::Auto && s.order.size() <= workers) return -1;
-    core = s.order[index % s.order.size()];
+    core = s.order[(static_cast<uint64_t>(s.cn_id) * workers + index) % s.order.size()];
   }
   cpu_set_t one;
   CPU_ZERO(&one);

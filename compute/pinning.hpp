@@ -22,11 +22,13 @@ const char* to_string(PinMode m);
 /// before any core's second.
 std::vector<int> core_order(int nic_node);
 
-/// Process-wide, once the cluster is known (computenode --pin, Cluster::nic_numa_node()).
-void configure_pinning(PinMode mode, int nic_node);
+/// Process-wide, once the cluster is known (computenode --pin, Cluster::nic_numa_node(),
+/// --cn-id).
+void configure_pinning(PinMode mode, int nic_node, uint32_t cn_id = 0);
 
-/// Pins the calling thread, worker `index` of `workers`, to core `index` of the order (modulo
-/// its length). Returns that core, or -1 when it does not pin (off, or auto without a spare
+/// Pins the calling thread, worker `index` of `workers`, to core `cn_id x workers + index` of the
+/// order (modulo its length): the computenodes of one run sharing a host take distinct cores
+/// while there are enough. Returns that core, or -1 when it does not pin (off, or auto without a spare
 /// core) or the kernel refused (logged once).
 int pin_worker(uint32_t index, uint32_t workers);
 
