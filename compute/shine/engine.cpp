@@ -10,6 +10,7 @@
 #include "common/dataset.hpp"
 #include "common/progress.hpp"
 #include "common/workload.hpp"
+#include "compute/shine/options.hpp"
 #include "compute/board.hpp"
 #include "compute/shine/run_util.hpp"
 
@@ -83,7 +84,7 @@ ShareStats insert_share(const RunContext& rc, const BuildOptions& o, Graph& g, c
       compute::Scheduler s(ep);
       Worker w(g, s, p.seed * 1000003 + rc.cn_id * 1009 + t, vcache);
       std::vector<OpContext> ctxs(o.coroutines);
-      const bool in_place = o.in_place && ep.mapped(RemotePtr(0, 0), 8) != nullptr;
+      const bool in_place = o.in_place && maps_regions(ep);
       for (auto& x : ctxs) {
         x.mode = o.mode;
         x.in_place = in_place;
@@ -231,7 +232,7 @@ json run_build(const RunContext& rc, const BuildOptions& o) {
                  {"n", end - o.begin}, {"dim", p.dim}, {"m", p.m}, {"ef_construction", p.ef_construction},
                  {"metric", std::string(to_string(p.metric))}, {"num_cns", rc.num_cns}, {"threads", o.threads},
                  {"coroutines", o.coroutines}, {"memnodes", c.memnodes().size()},
-                 {"in_place", o.in_place && control->mapped(RemotePtr(0, 0), 8) != nullptr}};
+                 {"in_place", o.in_place && maps_regions(*control)}};
   if (p.codes)
     report["codes"] = {{"kind", p.codes->spec().to_string()}, {"code_size", p.codes->code_size()},
                        {"log_capacity", p.codes_log.capacity}, {"block_bytes", p.codes_block_bytes}};

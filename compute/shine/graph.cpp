@@ -403,6 +403,8 @@ bool Worker::hop_mapped(RemotePtr node, unsigned level, bool visit, const float*
 }
 
 std::optional<Neighbor> Worker::greedy_mapped(const float* q, Neighbor cur, unsigned level, OpContext& ctx) {
+  const IoStats io = ctx.io;
+  const SearchStats st = ctx.search;
   for (bool changed = true; changed;) {
     changed = false;
     Neighbor best = cur;
@@ -411,21 +413,19 @@ std::optional<Neighbor> Worker::greedy_mapped(const float* q, Neighbor cur, unsi
             best = n;
             changed = true;
           }
-        }))
+        })) {
+      ctx.io = io;  // searched again by READs, counted there
+      ctx.search = st;
       return std::nullopt;
+    }
     cur = best;
   }
   return cur;
 }
 
 Task<Neighbor> Worker::greedy(const float* q, Neighbor cur, unsigned level, OpContext& ctx, VecCache* cache) {
-  if (all_in_place(ctx, cache)) {
-    const IoStats io = ctx.io;
-    const SearchStats st = ctx.search;
+  if (all_in_place(ctx, cache))
     if (const auto r = greedy_mapped(q, cur, level, ctx)) co_return *r;
-    ctx.io = io;  // searched again below by READs, counted there
-    ctx.search = st;
-  }
   for (bool changed = true; changed;) {
     changed = false;
     std::vector<RemotePtr> nbrs = co_await read_list(cur.node, level, ctx);

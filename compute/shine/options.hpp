@@ -23,6 +23,10 @@ struct RoutingOptions {
   std::string quota = "demand";
 };
 
+/// Whether `ep` maps the memnodes' regions into this process (cxl): the first bytes of memnode
+/// 0's, its header, are mapped whenever any are.
+inline bool maps_regions(const fabric::Endpoint& ep) { return ep.mapped(RemotePtr(0, 0), 8) != nullptr; }
+
 struct SearchOptions {
   uint32_t threads = 2;        // worker threads, each with its own endpoint
   uint32_t coroutines = 4;     // queries in flight per thread
@@ -47,9 +51,8 @@ struct SearchOptions {
 
   /// Whether the node cache holds neighbour lists (else vectors).
   bool cache_lists() const { return cache_holds == "lists" || (cache_holds == "auto" && rerank > 0); }
-  /// Whether searches read in place over `ep`: --in-place, and the provider maps the regions
-  /// (the first bytes of memnode 0's, its header, are there whenever any are).
-  bool reads_in_place(const fabric::Endpoint& ep) const { return in_place && ep.mapped(RemotePtr(0, 0), 8) != nullptr; }
+  /// Whether searches read in place over `ep`: --in-place, and the provider maps the regions.
+  bool reads_in_place(const fabric::Endpoint& ep) const { return in_place && maps_regions(ep); }
   /// The node cache's capacity for an index of `index_bytes`.
   uint64_t cache_capacity(uint64_t index_bytes) const {
     return cache_bytes > 0 ? cache_bytes : static_cast<uint64_t>(cache_ratio * static_cast<double>(index_bytes));
