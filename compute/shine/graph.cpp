@@ -351,12 +351,29 @@ void Worker::use_record_bits(VisitedSet& v) const {
   v.use_areas(g_.all_bounds(), static_cast<unsigned>(std::bit_width(g_.layout().node_bytes(0)) - 1));
 }
 
+bool Worker::map_regions() {
+  const auto& bounds = g_.all_bounds();
+  regions_.assign(bounds.size(), nullptr);
+  bool any = false;
+  // plausible() keeps every record read through these within [0, bounds.size).
+  for (uint16_t n = 0; n < bounds.size(); ++n)
+    any |= (regions_[n] = s_.endpoint().mapped(RemotePtr(n, 0), bounds[n].size)) != nullptr;
+  return any;
+}
+
+void Worker::prefetch_list(RemotePtr node, unsigned level) const {
+  const auto& L = g_.layout();
+  const char* b = regions_[node.node()];
+  if (b == nullptr) return;
+  const char* list = b + node.offset() + L.list_offset(level);
+  for (size_t off = 0; off < std::min<size_t>(256, L.list_bytes(level)); off += 64) __builtin_prefetch(list + off);
+}
+
 template <class Take>
 bool Worker::hop_mapped(RemotePtr node, unsigned level, bool visit, const float* q, OpContext& ctx, Take&& take) {
   const auto& L = g_.layout();
-  const fabric::Endpoint& ep = s_.endpoint();
   const size_t list_bytes = L.list_bytes(level), vec_bytes = L.vector_read_bytes();
-  const char* list = ep.mapped(node + L.list_offset(level), list_bytes);
+  const char* list = s_.endpoint().mapped(node + L.list_offset(level), list_bytes);
   if (list == nullptr) return false;
   ListFront f;
   std::memcpy(&f, list, sizeof f);
@@ -374,10 +391,9 @@ bool Worker::hop_mapped(RemotePtr node, unsigned level, bool visit, const float*
       continue;
     }
     if (visit && !ctx.visited.insert(p)) continue;
-    const char* m = ep.mapped(p, vec_bytes);
+    const char* m = mapped_record(p);
     if (m == nullptr) return false;
-    // Every record requested before the first distance (as hnswlib prefetches the next vectors).
-    for (size_t off = 0; off < std::min<size_t>(256, vec_bytes); off += 64) __builtin_prefetch(m + off);
+    __builtin_prefetch(m);  // the header and the vector's start: one line each, all asked at once
     where.emplace_back(p, m);
   }
   ++ctx.search.hops;
@@ -387,7 +403,13 @@ bool Worker::hop_mapped(RemotePtr node, unsigned level, bool visit, const float*
   ctx.search.skipped += skipped;
   ctx.io.reads += where.size();
   ctx.io.bytes += where.size() * vec_bytes;
-  for (const auto& [p, m] : where) {
+  // The rest of the next record is asked for while this one's distance is computed (as
+  // hnswlib does): asking for every line of every record up front stalls on the miss buffers.
+  const size_t lines = std::min<size_t>(8, (vec_bytes + 63) / 64);
+  for (size_t i = 0; i < where.size(); ++i) {
+    if (i + 1 < where.size())
+      for (size_t l = 1; l < lines; ++l) __builtin_prefetch(where[i + 1].second + 64 * l);
+    const auto& [p, m] = where[i];
     NodeFront nf;
     std::memcpy(&nf, m, sizeof nf);
     if (!NodeHeader::valid(nf.header)) {  // not (yet) a node: a pointer we must not follow
@@ -403,6 +425,7 @@ bool Worker::hop_mapped(RemotePtr node, unsigned level, bool visit, const float*
 }
 
 std::optional<Neighbor> Worker::greedy_mapped(const float* q, Neighbor cur, unsigned level, OpContext& ctx) {
+  if (!map_regions()) return std::nullopt;
   const IoStats io = ctx.io;
   const SearchStats st = ctx.search;
   for (bool changed = true; changed;) {
@@ -453,42 +476,67 @@ namespace {
 
 /// hnswlib's two queues of a layer search, shared by search_layer and search_layer_mapped so
 /// that both expand the same candidates in the same order. Deleted nodes are expanded like the
-/// others (they keep the graph connected, as in hnswlib) but never enter the results.
+/// others (they keep the graph connected, as in hnswlib) but never enter the results. The heaps
+/// hold a distance and an index into `seen` (8 bytes, as hnswlib's pairs), not whole Neighbors:
+/// a heap moves its entries log(ef) times per push and pop. Ties go as they would with Neighbors
+/// (the heaps compare distances only).
 struct LayerQueues {
+  struct Entry {
+    float dist;
+    uint32_t i;  // seen[i]
+  };
+  struct Nearer {
+    bool operator()(const Entry& a, const Entry& b) const { return a.dist > b.dist; }
+  };
+  struct Farther {
+    bool operator()(const Entry& a, const Entry& b) const { return a.dist < b.dist; }
+  };
   uint32_t ef;
-  std::priority_queue<Neighbor, std::vector<Neighbor>, ByDistGreater> cand;  // nearest first
-  std::priority_queue<Neighbor, std::vector<Neighbor>, ByDistLess> top;      // farthest first
+  std::vector<Neighbor> seen;  // every node that entered cand
+  std::priority_queue<Entry, std::vector<Entry>, Nearer> cand;  // nearest first
+  std::priority_queue<Entry, std::vector<Entry>, Farther> top;  // farthest first
   float bound = std::numeric_limits<float>::max();
 
   LayerQueues(const std::vector<Neighbor>& eps, uint32_t ef_, VisitedSet& visited) : ef(ef_) {
+    seen.reserve(4 * size_t{ef} + eps.size());
     for (const auto& e : eps) {
       if (!visited.insert(e.node)) continue;
-      cand.push(e);
+      const Entry x = keep(e);
+      cand.push(x);
       if (e.deleted) continue;
-      top.push(e);
+      top.push(x);
       if (top.size() > ef) top.pop();
     }
     if (!top.empty()) bound = top.top().dist;
   }
+  Entry keep(const Neighbor& n) {
+    seen.push_back(n);
+    return Entry{n.dist, static_cast<uint32_t>(seen.size() - 1)};
+  }
   /// The next candidate to expand; false once none is nearer than the ef-th result.
   bool next(Neighbor& c) {
     if (cand.empty()) return false;
-    c = cand.top();
-    if (c.dist > bound && top.size() >= ef) return false;
+    const Entry x = cand.top();
+    if (x.dist > bound && top.size() >= ef) return false;
     cand.pop();
+    c = seen[x.i];
     return true;
   }
-  void offer(const Neighbor& n) {
-    if (!(top.size() < ef || n.dist < bound)) return;  // as hnswlib's test (a NaN distance never enters)
-    cand.push(n);
-    if (n.deleted) return;
-    top.push(n);
+  /// True when n became the next candidate to expand.
+  bool offer(const Neighbor& n) {
+    if (!(top.size() < ef || n.dist < bound)) return false;  // as hnswlib's test (a NaN distance never enters)
+    const Entry x = keep(n);
+    cand.push(x);
+    const bool first = cand.top().i == x.i;
+    if (n.deleted) return first;
+    top.push(x);
     if (top.size() > ef) top.pop();
     bound = top.top().dist;
+    return first;
   }
   std::vector<Neighbor> results() {
     std::vector<Neighbor> out(top.size());
-    for (size_t i = out.size(); i-- > 0; top.pop()) out[i] = top.top();  // nearest first
+    for (size_t i = out.size(); i-- > 0; top.pop()) out[i] = seen[top.top().i];  // nearest first
     return out;
   }
 };
@@ -497,13 +545,16 @@ struct LayerQueues {
 
 std::optional<std::vector<Neighbor>> Worker::search_layer_mapped(const float* q, const std::vector<Neighbor>& eps,
                                                                  uint32_t ef, unsigned level, OpContext& ctx) {
+  if (!map_regions()) return std::nullopt;
   const IoStats io = ctx.io;
   const SearchStats st = ctx.search;
   use_record_bits(ctx.visited);
   ctx.visited.clear();
   LayerQueues qs(eps, ef, ctx.visited);
   for (Neighbor c{}; qs.next(c);) {
-    if (!hop_mapped(c.node, level, true, q, ctx, [&](const Neighbor& n) { qs.offer(n); })) {
+    if (!hop_mapped(c.node, level, true, q, ctx, [&](const Neighbor& n) {
+          if (qs.offer(n)) prefetch_list(n.node, level);
+        })) {
       ctx.io = io;
       ctx.search = st;
       return std::nullopt;

@@ -388,13 +388,25 @@ class Worker {
   std::optional<std::vector<Neighbor>> search_layer_mapped(const float* q, const std::vector<Neighbor>& eps,
                                                            uint32_t ef, unsigned level, OpContext& ctx);
   std::optional<Neighbor> greedy_mapped(const float* q, Neighbor cur, unsigned level, OpContext& ctx);
-  /// One hop in place: `node`'s list at `level`, then the records of its neighbours (those new
-  /// to ctx.visited when `visit`), each valid one handed to `take` in list order. False, having
-  /// handed none, when the list or a record is not mapped.
   /// ctx.visited keyed by bits over this graph's data areas (once per context).
   void use_record_bits(VisitedSet& v) const;
+  /// Each memnode's region as the endpoint maps it (null: not mapped here), looked up once per
+  /// layer search into regions_: a plausible record then lies at base + offset, with no virtual
+  /// call per record. False when no region is mapped.
+  bool map_regions();
+  const char* mapped_record(RemotePtr p) const {
+    const char* b = regions_[p.node()];
+    return b == nullptr ? nullptr : b + p.offset();
+  }
+  /// One hop in place: `node`'s list at `level` (mapped by the endpoint, which checks the
+  /// memnode is alive), then the records of its neighbours (those new to ctx.visited when
+  /// `visit`), each valid one handed to `take` in list order. False, having handed none, when
+  /// the list or a record is not mapped. Needs map_regions().
   template <class Take>
   bool hop_mapped(RemotePtr node, unsigned level, bool visit, const float* q, OpContext& ctx, Take&& take);
+  /// Asks for the first lines of `node`'s list at `level` (hnswlib's prefetch of the candidate
+  /// it will expand next, while the current hop's distances go on).
+  void prefetch_list(RemotePtr node, unsigned level) const;
   /// For each level 0..level of deleted record `s` with vector `v`: the nodes near v that link
   /// to s, found by searching for v as an insert would (most of s's in-edges are one-way).
   Task<std::vector<std::vector<RemotePtr>>> find_in_edges(RemotePtr s, const float* v, unsigned level,
@@ -428,6 +440,9 @@ class Worker {
   VectorCache* shared_;
   std::optional<IdIndex> ids_;  // when the index has an id index
   std::optional<FreeLists> free_;  // when it keeps deleted records for reuse
+  // map_regions(): per memnode, its region's mapping. Only the in-place layer searches use it,
+  // which never suspend, so the coroutines of this worker's thread cannot interleave on it.
+  std::vector<const char*> regions_;
 };
 
 }  // namespace dmhnsw::shine
