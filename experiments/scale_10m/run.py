@@ -130,6 +130,7 @@ def system_rows(res, work):
     return rows
 
 
+colors = {"hnswlib": "C0", "faiss": "C1", "shine": "C2", "dhnsw": "C3"}  # one per system in every panel
 names = {"hnswlib": "hnswlib", "faiss": "Faiss IndexHNSWFlat", "shine": "shine (cxl, in place)", "dhnsw": "d-HNSW (cxl)"}
 table = {}  # system -> n -> measures
 for n in sizes:
@@ -157,7 +158,7 @@ def slope(points):
 
 # Recall 0.90 beside 0.95: at 10M this data's graphs (M 16, efConstruction 100) stop short of 0.95.
 measures = [("build_s", "build time (s)"), ("qps@0.9", "QPS at recall@10 0.90"), ("qps@0.95", "QPS at recall@10 0.95"),
-            ("memory_mib", "memory (MiB): the index, and a querying computenode's own"),
+            ("memory_mib", "memory (MiB): index + querying computenode's own"),
             ("bytes@0.9", "remote bytes per query at recall@10 0.90"),
             ("bytes@0.95", "remote bytes per query at recall@10 0.95")]
 md = [f"Run {time.strftime('%Y-%m-%d %H:%M')}: `{dmh.command_line()}`\n\n",
@@ -190,7 +191,7 @@ if plt:
             if not pts:
                 continue
             s = slope(pts)
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o",
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", color=colors[sys_],
                     label=f"{names[sys_]}" + ("" if s is None else f" (slope {s:.2f})"))
         ax.set_xscale("log")
         ax.set_yscale("log")
