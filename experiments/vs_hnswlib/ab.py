@@ -1,0 +1,78 @@
+#!/usr/bin/python3
+"""Two computenode binaries against each other on one shine index, hnswlib beside them.
+
+On this host QPS moves by up to 30 % between runs of one command, as much as a step of the
+search's code. So the two binaries (OLD and NEW: a copy of build/bin/computenode made before
+a change, and the one after it) query the same index in the same memnodes, in alternating
+order, round after round, and hnswlib's saved index of the same data (vs_hnswlib/run.py's
+WORK/hnswlib.idx) is searched between them. Each query process runs every --ef-search value
+(repeat one to get several points per process). Prints recall and QPS per run and the median
+QPS of each binary and of hnswlib per efSearch and round, with the ratio to hnswlib.
+
+  cp build/bin/computenode /tmp/computenode.old   # then change, build
+  experiments/vs_hnswlib/ab.py --old /tmp/computenode.old --work runs/vs_hnswlib/syn1000k \\
+      --ef-search 64,64,64,256,256
+"""
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import dmh  # noqa: E402
+
+ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+ap.add_argument("--old", required=True, help="the computenode binary before the change")
+ap.add_argument("--new", default=str(dmh.BIN / "computenode"), help="the one after it (default %(default)s)")
+ap.add_argument("--work", required=True, help="a vs_hnswlib/run.py work folder: uniform.wl, hnswlib.idx, and "
+                "base.fvecs (syn sets) or --base")
+ap.add_argument("--base", default=None, help="the base vectors (default WORK/base.fvecs)")
+ap.add_argument("--metric", default="l2", help="l2 or ip, as the work folder's run (default %(default)s)")
+ap.add_argument("--ef-search", default="64,64,64,256,256", help="efSearch values of every process "
+                "(default %(default)s)")
+ap.add_argument("--rounds", type=int, default=2, help="rounds: each binary once, then hnswlib (default %(default)s)")
+ap.add_argument("--region", default="2GiB", help="each of the 2 memnodes' region (default %(default)s)")
+ap.add_argument("--threads", type=int, default=2, help="threads everywhere (default %(default)s)")
+a = ap.parse_args()
+work = Path(a.work)
+base = Path(a.base) if a.base else work / "base.fvecs"
+wl = work / "uniform.wl"
+for f in (base, wl, work / "hnswlib.idx", Path(a.old), Path(a.new)):
+    if not f.exists():
+        sys.exit(f"ab.py: {f} does not exist")
+common = ["--workload", wl, "--ef-search", a.ef_search, "--k", 10, "--threads", a.threads]
+runs = {"old": [], "new": [], "hnswlib": []}
+
+
+def points(report):
+    return [(x["ef_search"], x["recall"], x["qps"]) for x in json.loads(Path(report).read_text())["runs"]]
+
+
+with dmh.Memnodes(2, "cxl", a.region, work / "ab_mn") as mn:
+    cm = ["--memnodes", mn.list, "--provider", "cxl"]
+    dmh.log(f"shine build of {base} (the new binary)")
+    dmh.run([a.new] + cm + ["build", "--data", base, "--m", 16, "--ef-construction", 100, "--metric", a.metric,
+                            "--threads", a.threads])
+    for r in range(a.rounds):
+        for name in ("old", "new") if r % 2 == 0 else ("new", "old"):
+            rep = work / f"ab_{name}.json"
+            dmh.run([getattr(a, name)] + cm + ["query", "--coroutines", 4, "--report", rep] + common)
+            runs[name].append(points(rep))
+        hj = work / "ab_hnswlib.json"
+        dmh.run([dmh.BIN / "hnswlib-bench", "--base", base, "--metric", a.metric, "--m", 16, "--ef-construction", 100,
+                 "--load", work / "hnswlib.idx", "--json", hj] + common)
+        runs["hnswlib"].append(points(hj))
+        for name in ("old", "new", "hnswlib"):
+            print(f"round {r} {name:8}", " ".join(f"{ef}:{rc:.4f}/{q:,.0f}" for ef, rc, q in runs[name][-1]), flush=True)
+
+print("\nmedian QPS per round (x hnswlib's in the same round):")
+for ef in sorted({p[0] for p in runs["hnswlib"][0]}):
+    for name in ("old", "new"):
+        cells = []
+        for mine, ref in zip(runs[name], runs["hnswlib"]):
+            m = statistics.median(q for e, _, q in mine if e == ef)
+            h = statistics.median(q for e, _, q in ref if e == ef)
+            cells.append(f"{m:,.0f} ({m / h:.2f}x)")
+        print(f"efSearch {ef:5} {name}: " + ", ".join(cells))
