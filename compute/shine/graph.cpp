@@ -351,7 +351,7 @@ void Worker::use_record_bits(VisitedSet& v) const {
   v.use_areas(g_.all_bounds(), static_cast<unsigned>(std::bit_width(g_.layout().node_bytes(0)) - 1));
 }
 
-bool Worker::map_regions() {
+bool Worker::look_up_regions() {
   const auto& bounds = g_.all_bounds();
   regions_.assign(bounds.size(), nullptr);
   bool any = false;
@@ -363,9 +363,8 @@ bool Worker::map_regions() {
 
 void Worker::prefetch_list(RemotePtr node, unsigned level) const {
   const auto& L = g_.layout();
-  const char* b = regions_[node.node()];
-  if (b == nullptr) return;
-  const char* list = b + node.offset() + L.list_offset(level);
+  // `node` came out of mapped_record: its memnode's region is mapped.
+  const char* list = regions_[node.node()] + node.offset() + L.list_offset(level);
   for (size_t off = 0; off < std::min<size_t>(256, L.list_bytes(level)); off += 64) __builtin_prefetch(list + off);
 }
 
@@ -425,7 +424,7 @@ bool Worker::hop_mapped(RemotePtr node, unsigned level, bool visit, const float*
 }
 
 std::optional<Neighbor> Worker::greedy_mapped(const float* q, Neighbor cur, unsigned level, OpContext& ctx) {
-  if (!map_regions()) return std::nullopt;
+  if (!look_up_regions()) return std::nullopt;
   const IoStats io = ctx.io;
   const SearchStats st = ctx.search;
   for (bool changed = true; changed;) {
@@ -545,7 +544,7 @@ struct LayerQueues {
 
 std::optional<std::vector<Neighbor>> Worker::search_layer_mapped(const float* q, const std::vector<Neighbor>& eps,
                                                                  uint32_t ef, unsigned level, OpContext& ctx) {
-  if (!map_regions()) return std::nullopt;
+  if (!look_up_regions()) return std::nullopt;
   const IoStats io = ctx.io;
   const SearchStats st = ctx.search;
   use_record_bits(ctx.visited);

@@ -393,7 +393,7 @@ class Worker {
   /// Each memnode's region as the endpoint maps it (null: not mapped here), looked up once per
   /// layer search into regions_: a plausible record then lies at base + offset, with no virtual
   /// call per record. False when no region is mapped.
-  bool map_regions();
+  bool look_up_regions();
   const char* mapped_record(RemotePtr p) const {
     const char* b = regions_[p.node()];
     return b == nullptr ? nullptr : b + p.offset();
@@ -401,7 +401,7 @@ class Worker {
   /// One hop in place: `node`'s list at `level` (mapped by the endpoint, which checks the
   /// memnode is alive), then the records of its neighbours (those new to ctx.visited when
   /// `visit`), each valid one handed to `take` in list order. False, having handed none, when
-  /// the list or a record is not mapped. Needs map_regions().
+  /// the list or a record is not mapped. Needs look_up_regions().
   template <class Take>
   bool hop_mapped(RemotePtr node, unsigned level, bool visit, const float* q, OpContext& ctx, Take&& take);
   /// Asks for the first lines of `node`'s list at `level` (hnswlib's prefetch of the candidate
@@ -440,7 +440,7 @@ class Worker {
   VectorCache* shared_;
   std::optional<IdIndex> ids_;  // when the index has an id index
   std::optional<FreeLists> free_;  // when it keeps deleted records for reuse
-  // map_regions(): per memnode, its region's mapping. Only the in-place layer searches use it,
+  // look_up_regions(): per memnode, its region's mapping. Only the in-place layer searches use it,
   // which never suspend, so the coroutines of this worker's thread cannot interleave on it.
   std::vector<const char*> regions_;
 };

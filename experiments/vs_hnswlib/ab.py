@@ -26,10 +26,10 @@ import dmh  # noqa: E402
 ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
 ap.add_argument("--old", required=True, help="the computenode binary before the change")
 ap.add_argument("--new", default=str(dmh.BIN / "computenode"), help="the one after it (default %(default)s)")
-ap.add_argument("--work", required=True, help="a vs_hnswlib/run.py work folder: uniform.wl, hnswlib.idx, and "
-                "base.fvecs (syn sets) or --base")
+ap.add_argument("--work", required=True, help="a vs_hnswlib/run.py work folder: uniform.wl, hnswlib.idx and "
+                "hnswlib.json (its M, efConstruction and metric, which shine's build takes too), and base.fvecs "
+                "(syn sets) or --base")
 ap.add_argument("--base", default=None, help="the base vectors (default WORK/base.fvecs)")
-ap.add_argument("--metric", default="l2", help="l2 or ip, as the work folder's run (default %(default)s)")
 ap.add_argument("--ef-search", default="64,64,64,256,256", help="efSearch values of every process "
                 "(default %(default)s)")
 ap.add_argument("--rounds", type=int, default=2, help="rounds: each binary once, then hnswlib (default %(default)s)")
@@ -39,9 +39,11 @@ a = ap.parse_args()
 work = Path(a.work)
 base = Path(a.base) if a.base else work / "base.fvecs"
 wl = work / "uniform.wl"
-for f in (base, wl, work / "hnswlib.idx", Path(a.old), Path(a.new)):
+for f in (base, wl, work / "hnswlib.idx", work / "hnswlib.json", Path(a.old), Path(a.new)):
     if not f.exists():
         sys.exit(f"ab.py: {f} does not exist")
+ref = json.loads((work / "hnswlib.json").read_text())  # the saved index's build (its file does not say the metric)
+graph = ["--m", ref["m"], "--ef-construction", ref["ef_construction"], "--metric", ref["metric"]]
 common = ["--workload", wl, "--ef-search", a.ef_search, "--k", 10, "--threads", a.threads]
 runs = {"old": [], "new": [], "hnswlib": []}
 
@@ -53,16 +55,14 @@ def points(report):
 with dmh.Memnodes(2, "cxl", a.region, work / "ab_mn") as mn:
     cm = ["--memnodes", mn.list, "--provider", "cxl"]
     dmh.log(f"shine build of {base} (the new binary)")
-    dmh.run([a.new] + cm + ["build", "--data", base, "--m", 16, "--ef-construction", 100, "--metric", a.metric,
-                            "--threads", a.threads])
+    dmh.run([a.new] + cm + ["build", "--data", base, "--threads", a.threads] + graph)
     for r in range(a.rounds):
         for name in ("old", "new") if r % 2 == 0 else ("new", "old"):
             rep = work / f"ab_{name}.json"
             dmh.run([getattr(a, name)] + cm + ["query", "--coroutines", 4, "--report", rep] + common)
             runs[name].append(points(rep))
         hj = work / "ab_hnswlib.json"
-        dmh.run([dmh.BIN / "hnswlib-bench", "--base", base, "--metric", a.metric, "--m", 16, "--ef-construction", 100,
-                 "--load", work / "hnswlib.idx", "--json", hj] + common)
+        dmh.run([dmh.BIN / "hnswlib-bench", "--base", base, "--load", work / "hnswlib.idx", "--json", hj] + graph + common)
         runs["hnswlib"].append(points(hj))
         for name in ("old", "new", "hnswlib"):
             print(f"round {r} {name:8}", " ".join(f"{ef}:{rc:.4f}/{q:,.0f}" for ef, rc, q in runs[name][-1]), flush=True)
