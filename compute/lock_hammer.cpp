@@ -86,12 +86,12 @@ class Client {
     }
   }
 
- private:
   static std::string hex(uint64_t v) {
     char b[24];
     std::snprintf(b, sizeof b, "%#llx", static_cast<unsigned long long>(v));
     return b;
   }
+ private:
   /// One operation; returns the 8 bytes at its local buffer (the old value of an atomic, the word read).
   Task<uint64_t> op(Op o) {
     fabric::Buffer b = s_.endpoint().alloc(8);
@@ -163,7 +163,10 @@ LockHammerResult run_lock_hammer(fabric::Cluster& cluster, const LockHammerOptio
   for (uint32_t i = 0; i < o.words && r.failure.empty(); ++i) {
     uint64_t w = 0;
     ep->read(sh.word(i), &w, 8);
-    if (w != 0) r.failure = "lock word " + std::to_string(i) + " is still held after the run";
+    // Every client has released what it took, so a held word is a release overwritten.
+    if (w != 0)
+      r.failure = "lock word " + std::to_string(i) + " is still held as " + Client::hex(w) +
+                  " after every holder released it: its release was lost";
   }
   return r;
 }

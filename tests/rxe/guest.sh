@@ -70,7 +70,8 @@ case $CASE in
     # ($3, its workload $4) served by two more and queried; the host compares recall with shm.
     # Then lock hand-over under contention (docs/architecture.md, "Words that atomics touch"):
     # the release by COMPARE_SWAP holds (hammer $5 rounds); the plain-WRITE release is lost to a
-    # waiter's failed COMPARE_SWAP ($6 rounds). One guest for all: a boot costs seconds of the
+    # waiter's failed COMPARE_SWAP (within $6 s; the hammer stops at the first loss, which is a
+    # race: 8 coroutines a thread keep more COMPARE_SWAPs in flight against each release). One guest for all: a boot costs seconds of the
     # suite. (The node locks of shine builds under contention are tested over shm, tcp and cxl.)
     start_memnode 0; M0=$MN
     start_memnode 1; M1=$MN
@@ -86,7 +87,7 @@ case $CASE in
       --lock-threads 2 --lock-coroutines 4 --lock-release cas
     echo "hammer cas exit $?"
     "$B/computenode" --provider verbs --memnodes "$L0" selftest --atomics 10 --lock-hammer "$6" --lock-words 2 \
-      --lock-threads 2 --lock-coroutines 4 --lock-release write
+      --lock-threads 2 --lock-coroutines 8 --lock-release write
     echo "hammer write exit $?"
     ;;
   replicas)

@@ -123,7 +123,7 @@ TEST_CASE("verbs on soft-RoCE: a shine build and query and a d-HNSW query answer
                  dir, "dq");
     REQUIRE(q.code == 0);
   }
-  auto r = in_guest(dir, "shine-dhnsw", {d.base, d.wl, img, dd.wl, "3", "20"}, 420);
+  auto r = in_guest(dir, "shine-dhnsw", {d.base, d.wl, img, dd.wl, "3", "60"}, 480);
   INFO(r.output);
   REQUIRE(r.code == 0);
   auto br = load_json(dir.file("build.json"));
