@@ -57,7 +57,7 @@ def region(n):
 if not a.render_only:
     for n in sizes:
         out = HERE / f"n{n}"
-        if (out / "results.json").exists():
+        if (out / "results.json").exists() and not a.skip:  # with --skip, ../vs_hnswlib/run.py merges into it
             dmh.log(f"n = {n:,}: {out / 'results.json'} exists; kept")
             continue
         dmh.log(f"n = {n:,}: ../vs_hnswlib/run.py")
