@@ -6,6 +6,7 @@
 // graph_reuse.cpp.
 #include <cstdint>
 #include <array>
+#include <cstring>
 #include <atomic>
 #include <memory>
 #include <optional>
@@ -274,7 +275,8 @@ class Worker {
   Task<bool> retire_entry(RemotePtr old, uint64_t seen, const std::vector<RemotePtr>& live, OpContext& ctx);
 
  private:
-  /// The vectors one insert knows: the shared cache first, then its own overflow.
+  /// The vectors one insert knows: the shared cache first, then its own overflow; or, where
+  /// the regions are mapped here (`regions`), every record's vector where it lies, nothing copied.
   struct VecCache {
     struct Local {
       std::vector<float> v;
@@ -283,7 +285,20 @@ class Worker {
     };
     VectorCache* shared = nullptr;
     std::unordered_map<uint64_t, Local> local;  // what the shared cache had no room for
+    /// In place: each memnode's mapped region (null: not mapped). Pointers looked up are
+    /// plausible (in bounds), as every pointer a search follows.
+    std::vector<const char*> regions;
+    bool mapped() const { return !regions.empty(); }
     std::optional<VecEntry> find(RemotePtr p) const {
+      if (mapped()) {
+        const char* b = p.node() < regions.size() ? regions[p.node()] : nullptr;
+        if (b == nullptr) return std::nullopt;
+        NodeFront f;
+        std::memcpy(&f, b + p.offset(), sizeof f);
+        if (!NodeHeader::valid(f.header)) return std::nullopt;  // not (yet) a node
+        return VecEntry{reinterpret_cast<const float*>(b + p.offset() + NodeLayout::vector_offset()),
+                        NodeHeader::level(f.header), f.label};
+      }
       if (shared != nullptr)
         if (auto e = shared->find(p)) return e;
       if (local.empty()) return std::nullopt;
@@ -292,6 +307,7 @@ class Worker {
       return VecEntry{it->second.v.data(), it->second.level, it->second.label};
     }
     VecEntry add(RemotePtr p, const float* v, size_t dim, unsigned level, uint64_t label) {
+      if (mapped()) return find(p).value_or(VecEntry{v, level, label});  // `v` may be a READ's buffer: not kept
       if (shared != nullptr)
         if (auto e = shared->insert(p, v, level, label)) return *e;
       const Local& l = local.emplace(p.raw(), Local{std::vector<float>(v, v + dim), level, label}).first->second;
@@ -376,9 +392,9 @@ class Worker {
   Task<std::vector<Neighbor>> search_layer(const float* q, std::vector<Neighbor> eps, uint32_t ef, unsigned level,
                                            OpContext& ctx, VecCache* cache, InEdges* in = nullptr);
   /// Whether a search with `cache` may take the in-place path below: records read where they
-  /// lie and nothing else between (no codes, node cache, vector cache).
+  /// lie and nothing else between (no codes, node cache, or vector cache that copies).
   bool all_in_place(const OpContext& ctx, const VecCache* cache) const {
-    return ctx.in_place && cache == nullptr && ctx.code_dist == nullptr && ctx.node_cache == nullptr &&
+    return ctx.in_place && (cache == nullptr || cache->mapped()) && ctx.code_dist == nullptr && ctx.node_cache == nullptr &&
            ctx.list_cache == nullptr;
   }
   /// search_layer and greedy without a suspension, a coroutine or a list per hop: each list and

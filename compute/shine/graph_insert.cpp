@@ -202,9 +202,15 @@ Task<void> Worker::link_new(RemotePtr me, const float* v, unsigned level, uint64
   const auto& P = g_.params();
 
   const Entry entry = co_await read_entry(ctx);
-  if (shared_ != nullptr && entry.reused > shared_->applied()) co_await apply_reuse_log_to_vectors(entry.reused, ctx);
   VecCache cache;
-  cache.shared = shared_;
+  // In place, the searches, the pruning and the links compute on the records where they lie
+  // (a vector found there is always the record's current one); else vectors read are kept.
+  if (ctx.in_place && look_up_regions()) {
+    cache.regions = regions_;
+  } else {
+    if (shared_ != nullptr && entry.reused > shared_->applied()) co_await apply_reuse_log_to_vectors(entry.reused, ctx);
+    cache.shared = shared_;
+  }
   cache.add(me, v, L.dim(), level, label);
   RemotePtr ep = entry.node;
   unsigned max_level = entry.level;

@@ -9,6 +9,10 @@ WORK/hnswlib.idx) is searched between them. Each query process runs every --ef-s
 (repeat one to get several points per process). Prints recall and QPS per run and the median
 QPS of each binary and of hnswlib per efSearch and round, with the ratio to hnswlib.
 
+With --build, the builds are compared instead: each round, each binary builds the index into
+fresh memnodes and queries it, and hnswlib builds its own; prints inserts/s and recall per
+build and the ratio to hnswlib's inserts/s in the same round.
+
   cp build/bin/computenode /tmp/computenode.old   # then change, build
   experiments/vs_hnswlib/ab.py --old /tmp/computenode.old --work runs/vs_hnswlib/syn1000k \\
       --ef-search 64,64,64,256,256
@@ -35,6 +39,7 @@ ap.add_argument("--ef-search", default="64,64,64,256,256", help="efSearch values
 ap.add_argument("--rounds", type=int, default=2, help="rounds: each binary once, then hnswlib (default %(default)s)")
 ap.add_argument("--region", default="2GiB", help="each of the 2 memnodes' region (default %(default)s)")
 ap.add_argument("--threads", type=int, default=2, help="threads everywhere (default %(default)s)")
+ap.add_argument("--build", action="store_true", help="compare the builds (each binary builds its own index)")
 a = ap.parse_args()
 work = Path(a.work)
 base = Path(a.base) if a.base else work / "base.fvecs"
@@ -51,6 +56,26 @@ runs = {"old": [], "new": [], "hnswlib": []}
 def points(report):
     return [(x["ef_search"], x["recall"], x["qps"]) for x in json.loads(Path(report).read_text())["runs"]]
 
+
+if a.build:
+    builds = {"old": [], "new": [], "hnswlib": []}  # (inserts/s, [(efSearch, recall, QPS)])
+    for r in range(a.rounds):
+        for name in ("old", "new") if r % 2 == 0 else ("new", "old"):
+            with dmh.Memnodes(2, "cxl", a.region, work / "ab_mn") as mn:
+                cm = ["--memnodes", mn.list, "--provider", "cxl"]
+                b, q = work / f"ab_build_{name}.json", work / f"ab_{name}.json"
+                dmh.run([getattr(a, name)] + cm + ["build", "--data", base, "--threads", a.threads, "--report", b] + graph)
+                dmh.run([getattr(a, name)] + cm + ["query", "--coroutines", 4, "--report", q] + common)
+                builds[name].append((json.loads(b.read_text())["inserts_per_s"], points(q)))
+        hj = work / "ab_hnswlib_build.json"
+        dmh.run([dmh.BIN / "hnswlib-bench", "--base", base, "--json", hj] + graph + common)
+        h = json.loads(hj.read_text())
+        builds["hnswlib"].append((h["n"] / h["build_seconds"], points(hj)))
+        for name in ("old", "new", "hnswlib"):
+            ips, pts = builds[name][-1]
+            print(f"round {r} {name:8} {ips:,.0f} inserts/s ({ips / builds['hnswlib'][-1][0]:.2f}x hnswlib); recall/QPS",
+                  " ".join(f"{ef}:{rc:.4f}/{q:,.0f}" for ef, rc, q in pts), flush=True)
+    sys.exit(0)
 
 with dmh.Memnodes(2, "cxl", a.region, work / "ab_mn") as mn:
     cm = ["--memnodes", mn.list, "--provider", "cxl"]
