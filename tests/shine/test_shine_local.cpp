@@ -466,6 +466,8 @@ TEST_CASE("shine: under steady churn deleted records are reused, the region stay
   Scheduler s(*ep);
   Worker w(g, s, 9);
   OpContext ctx;
+  // In place, the inserts that reuse records compute on them where they lie.
+  ctx.in_place = GENERATE(false, true);
   // A node cache that holds everything, used by a second query context throughout.
   cache::NodeCache nc(caching_everything(kN, kD));
   OpContext cached;
@@ -724,6 +726,7 @@ TEST_CASE("shine: consolidation leaves no live list naming a deleted node, and i
 TEST_CASE("shine: consolidation while another thread inserts into deleted records and a third queries",
           "[shine][id_index][delete]") {
   constexpr size_t kN = 1500, kD = 16, kChurn = kN * 3 / 10;
+  const bool in_place = GENERATE(false, true);
   IdGraph ig(kN, kD);
   auto& c = ig.cluster;
   auto& ep = ig.ep;
@@ -761,6 +764,7 @@ TEST_CASE("shine: consolidation while another thread inserts into deleted record
     Scheduler s(*e);
     Worker w(g, s, 22);
     OpContext ctx;
+    ctx.in_place = in_place;  // reusing records beside the consolidation, read where they lie
     for (size_t i = kN; i < kN + kChurn / 2; ++i) compute::run_sync(s, w.insert(&base[i * kD], 1000 + i, ctx));
   });
   std::thread querier([&] {
