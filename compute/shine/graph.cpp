@@ -602,8 +602,10 @@ std::vector<Neighbor> Worker::select_heuristic(std::vector<Neighbor> cands, uint
     if (!ci) continue;
     bool good = true;
     for (const auto& s : kept) {
+      // In place a record found before may have stopped being a node since (its header is read
+      // again): it no longer rules a candidate out.
       const auto si = cache.find(s.node);
-      if (f * g_.distance()(ci->v, si->v) < c.dist) {
+      if (si && f * g_.distance()(ci->v, si->v) < c.dist) {
         good = false;
         break;
       }
