@@ -22,6 +22,12 @@ uint64_t lock_hammer_counter_offset(uint32_t i) { return 64 + 8 * uint64_t{LockH
 
 namespace {
 
+std::string hex(uint64_t v) {
+  char b[24];
+  std::snprintf(b, sizeof b, "%#llx", static_cast<unsigned long long>(v));
+  return b;
+}
+
 struct Shared {
   const LockHammerOptions& o;
   uint64_t scratch = 0;
@@ -86,11 +92,6 @@ class Client {
     }
   }
 
-  static std::string hex(uint64_t v) {
-    char b[24];
-    std::snprintf(b, sizeof b, "%#llx", static_cast<unsigned long long>(v));
-    return b;
-  }
  private:
   /// One operation; returns the 8 bytes at its local buffer (the old value of an atomic, the word read).
   Task<uint64_t> op(Op o) {
@@ -165,7 +166,7 @@ LockHammerResult run_lock_hammer(fabric::Cluster& cluster, const LockHammerOptio
     ep->read(sh.word(i), &w, 8);
     // Every client has released what it took, so a held word is a release overwritten.
     if (w != 0)
-      r.failure = "lock word " + std::to_string(i) + " is still held as " + Client::hex(w) +
+      r.failure = "lock word " + std::to_string(i) + " is still held as " + hex(w) +
                   " after every holder released it: its release was lost";
   }
   return r;

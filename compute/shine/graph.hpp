@@ -6,8 +6,8 @@
 // graph_reuse.cpp.
 #include <cstdint>
 #include <array>
-#include <cstring>
 #include <atomic>
+#include <cstring>
 #include <memory>
 #include <optional>
 #include <random>
@@ -456,8 +456,9 @@ class Worker {
   VectorCache* shared_;
   std::optional<IdIndex> ids_;  // when the index has an id index
   std::optional<FreeLists> free_;  // when it keeps deleted records for reuse
-  // look_up_regions(): per memnode, its region's mapping. Only the in-place layer searches use it,
-  // which never suspend, so the coroutines of this worker's thread cannot interleave on it.
+  // look_up_regions(): per memnode, its region's mapping. The in-place layer searches use it
+  // without a suspension and an insert copies it into its VecCache at once, so the coroutines of
+  // this worker's thread cannot interleave on it.
   std::vector<const char*> regions_;
 };
 

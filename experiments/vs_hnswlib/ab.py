@@ -44,7 +44,8 @@ a = ap.parse_args()
 work = Path(a.work)
 base = Path(a.base) if a.base else work / "base.fvecs"
 wl = work / "uniform.wl"
-for f in (base, wl, work / "hnswlib.idx", work / "hnswlib.json", Path(a.old), Path(a.new)):
+saved = [] if a.build else [work / "hnswlib.idx"]  # --build: hnswlib builds its own
+for f in [base, wl, work / "hnswlib.json", Path(a.old), Path(a.new)] + saved:
     if not f.exists():
         sys.exit(f"ab.py: {f} does not exist")
 ref = json.loads((work / "hnswlib.json").read_text())  # the saved index's build (its file does not say the metric)
@@ -57,10 +58,19 @@ def points(report):
     return [(x["ef_search"], x["recall"], x["qps"]) for x in json.loads(Path(report).read_text())["runs"]]
 
 
+def order(r):
+    """Which binary goes first in round r: they alternate."""
+    return ("old", "new") if r % 2 == 0 else ("new", "old")
+
+
+def shown(pts):
+    return " ".join(f"{ef}:{rc:.4f}/{q:,.0f}" for ef, rc, q in pts)
+
+
 if a.build:
     builds = {"old": [], "new": [], "hnswlib": []}  # (inserts/s, [(efSearch, recall, QPS)])
     for r in range(a.rounds):
-        for name in ("old", "new") if r % 2 == 0 else ("new", "old"):
+        for name in order(r):
             with dmh.Memnodes(2, "cxl", a.region, work / "ab_mn") as mn:
                 cm = ["--memnodes", mn.list, "--provider", "cxl"]
                 b, q = work / f"ab_build_{name}.json", work / f"ab_{name}.json"
@@ -74,7 +84,7 @@ if a.build:
         for name in ("old", "new", "hnswlib"):
             ips, pts = builds[name][-1]
             print(f"round {r} {name:8} {ips:,.0f} inserts/s ({ips / builds['hnswlib'][-1][0]:.2f}x hnswlib); recall/QPS",
-                  " ".join(f"{ef}:{rc:.4f}/{q:,.0f}" for ef, rc, q in pts), flush=True)
+                  shown(pts), flush=True)
     sys.exit(0)
 
 with dmh.Memnodes(2, "cxl", a.region, work / "ab_mn") as mn:
@@ -82,7 +92,7 @@ with dmh.Memnodes(2, "cxl", a.region, work / "ab_mn") as mn:
     dmh.log(f"shine build of {base} (the new binary)")
     dmh.run([a.new] + cm + ["build", "--data", base, "--threads", a.threads] + graph)
     for r in range(a.rounds):
-        for name in ("old", "new") if r % 2 == 0 else ("new", "old"):
+        for name in order(r):
             rep = work / f"ab_{name}.json"
             dmh.run([getattr(a, name)] + cm + ["query", "--coroutines", 4, "--report", rep] + common)
             runs[name].append(points(rep))
@@ -90,7 +100,7 @@ with dmh.Memnodes(2, "cxl", a.region, work / "ab_mn") as mn:
         dmh.run([dmh.BIN / "hnswlib-bench", "--base", base, "--load", work / "hnswlib.idx", "--json", hj] + graph + common)
         runs["hnswlib"].append(points(hj))
         for name in ("old", "new", "hnswlib"):
-            print(f"round {r} {name:8}", " ".join(f"{ef}:{rc:.4f}/{q:,.0f}" for ef, rc, q in runs[name][-1]), flush=True)
+            print(f"round {r} {name:8}", shown(runs[name][-1]), flush=True)
 
 print("\nmedian QPS per round (x hnswlib's in the same round):")
 for ef in sorted({p[0] for p in runs["hnswlib"][0]}):

@@ -71,8 +71,8 @@ case $CASE in
     # Then lock hand-over under contention (docs/architecture.md, "Words that atomics touch"):
     # the release by COMPARE_SWAP holds (hammer $5 rounds); the plain-WRITE release is lost to a
     # waiter's failed COMPARE_SWAP (within $6 s; the hammer stops at the first loss, which is a
-    # race: 8 coroutines a thread keep more COMPARE_SWAPs in flight against each release). One guest for all: a boot costs seconds of the
-    # suite. (The node locks of shine builds under contention are tested over shm, tcp and cxl.)
+    # race: 8 coroutines a thread keep more COMPARE_SWAPs in flight against each release). One
+    # guest for all: a boot costs seconds of the suite. (The node locks of shine builds under contention are tested over shm, tcp and cxl.)
     start_memnode 0; M0=$MN
     start_memnode 1; M1=$MN
     CN=("$B/computenode" --mode shine --provider verbs --memnodes "$M0,$M1" --cn-id 0 --num-cns 1)
