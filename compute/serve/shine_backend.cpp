@@ -285,8 +285,10 @@ class ShineBackend final : public Backend {
       for (size_t j = 0; j < jobs.size(); ++j) {
         before[j] = ctxs[j].io;
         searched[j] = ctxs[j].search;
-        const bool search = jobs[j].kind == Job::Kind::Search;  // inserts read through no node cache
-        shine::set_search_reads(ctxs[j], search ? ncache_.get() : nullptr, cache_lists_, search && in_place_);
+        // Inserts read through no node cache; they search and link in place where the regions are
+        // mapped, as the build does.
+        const bool search = jobs[j].kind == Job::Kind::Search;
+        shine::set_search_reads(ctxs[j], search ? ncache_.get() : nullptr, cache_lists_, in_place_);
         ctxs[j].codes = jobs[j].kind == Job::Kind::Search && codes_ ? &*codes_ : nullptr;
         ctxs[j].rerank = jobs[j].op.rerank;
         if (ctxs[j].rerank == 0) ctxs[j].codes = nullptr;  // full vectors throughout
@@ -376,7 +378,7 @@ class ShineBackend final : public Backend {
   BackendMetrics& m_;
   std::unique_ptr<cache::NodeCache> ncache_;
   bool cache_lists_ = false;  // ncache_ holds neighbour lists, else vectors
-  bool in_place_ = false;     // searches read lists and vectors where the endpoint maps them
+  bool in_place_ = false;     // searches and inserts read lists and vectors where the endpoint maps them
   std::optional<shine::LocalCodes> codes_;
   static constexpr std::chrono::milliseconds kCodesRefresh{100};
   std::shared_mutex codes_mu_;             // rounds read the codes shared, a refresh writes them
