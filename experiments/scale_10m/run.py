@@ -35,6 +35,9 @@ ap.add_argument("--clusters", type=int, default=1000, help="mixture components (
 ap.add_argument("--ef-search", default="16,32,64,128,256,512", help="efSearch values (default %(default)s)")
 ap.add_argument("--queries", type=int, default=10000, help="measured queries per run (default %(default)s)")
 ap.add_argument("--threads", type=int, default=2, help="threads everywhere (default %(default)s)")
+ap.add_argument("--probes", default="2,4,8", help="d-HNSW b values (default %(default)s)")
+ap.add_argument("--wire", default="none", help="a wire model whose query runs follow those without one, e.g. "
+                "rdma-100g; the plots and slopes take only the runs without (default %(default)s)")
 ap.add_argument("--skip", default="", help="parts of ../vs_hnswlib/run.py to skip besides import (e.g. faiss)")
 ap.add_argument("--keep-references", action="store_true", help="../vs_hnswlib/run.py --keep-references: hnswlib's "
                 "results (or its saved index, searched again) from an earlier run in runs/scale_10m/n<N>/")
@@ -64,7 +67,7 @@ if not a.render_only:
         subprocess.run([sys.executable, str(HERE.parent / "vs_hnswlib" / "run.py"), "--set", "syn", "--n", str(n),
                         "--d", str(a.d), "--clusters", str(a.clusters), "--queries", str(a.queries),
                         "--ef-search", a.ef_search, "--threads", str(a.threads), "--partitions", str(partitions(n)),
-                        "--probes", "2,4,8", "--wire", "none", "--skip", ",".join(["import"] + list(filter(None, a.skip.split(",")))), "--region", region(n),
+                        "--probes", a.probes, "--wire", a.wire, "--skip", ",".join(["import"] + list(filter(None, a.skip.split(",")))), "--region", region(n),
                         "--work", str(dmh.ROOT / "runs" / "scale_10m" / f"n{n}"), "--out", str(out)]
                        + (["--keep-references"] if a.keep_references else []), check=True)
 
@@ -111,7 +114,7 @@ def system_rows(res, work):
                          "memory_mib": m.get("peak_anon_mib") or m.get("peak_rss_mib")}
     if "shine" in res:
         s = res["shine"]
-        q = [v for k, v in s.items() if k.startswith("query_batch")]
+        q = [v for k, v in s.items() if k == "query_batch_none"]
         runs = q[0]["runs"] if q else []
         own = (q[0].get("computenode_memory") or {}).get("anon_mib") if q else None
         used = s["build"].get("memnode_bytes_used")
@@ -122,7 +125,7 @@ def system_rows(res, work):
         d = res["dhnsw"]
         runs, own = [], 0
         for k, v in d.items():
-            if k.startswith("query_"):
+            if k.startswith("query_") and k.endswith("_none"):  # on cxl itself, no wire model
                 runs += v["runs"]
                 own = max(own, mib((v.get("computenode_memory") or {}).get("anon_mib")))
         data = sum(d["build"]["report"].get("layout", {}).get("data_end", []))

@@ -308,7 +308,10 @@ if a.render_only:
                 setattr(a, k, v)
 elif skip and (out / "results.json").exists():  # a partial run: the other parts stay as they were
     merged = json.loads((out / "results.json").read_text())
-    merged.update({k: v for k, v in results.items() if k not in ("params", "command", "date")})
+    for k, v in results.items():  # a system's runs of other settings (e.g. another b or wire) stay
+        if k in ("params", "command", "date"):
+            continue
+        merged[k] = {**merged[k], **v} if isinstance(v, dict) and isinstance(merged.get(k), dict) else v
     merged.setdefault("partial_runs", []).append({"command": results["command"], "date": results["date"],
                                                   "params": results["params"]})
     merged["seconds"] = results["seconds"] + merged.get("full_seconds", 0)
@@ -316,7 +319,8 @@ elif skip and (out / "results.json").exists():  # a partial run: the other parts
 else:
     results["full_seconds"] = results["seconds"]
 if not a.render_only:
-    (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+    (out / "results.json.tmp").write_text(json.dumps(results, indent=2) + "\n")
+    (out / "results.json.tmp").replace(out / "results.json")
 
 
 # ---- results.md: one table of query runs, one of builds and memory
