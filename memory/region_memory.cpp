@@ -45,17 +45,28 @@ RegionMemory::RegionMemory(uint64_t bytes, bool hugepages, int numa_node, bool s
                                std::strerror(errno));
     dax_ = dax;
   }
-  if (shared && p == MAP_FAILED) {
-    // A memory object computenodes on this host map (--provider cxl): on hugetlbfs if asked.
-    mapped_ = (bytes + (hugepages ? kHugePage : 4096) - 1) / (hugepages ? kHugePage : 4096) * (hugepages ? kHugePage : 4096);
-    fd_ = hugepages ? ::memfd_create("dmhnsw-region", MFD_CLOEXEC | MFD_HUGETLB) : -1;
-    if (hugepages && fd_ < 0)
-      spdlog::warn("--hugepages: no hugetlbfs memory object ({}); falling back to normal pages", std::strerror(errno));
-    huge_ = fd_ >= 0;
-    if (fd_ < 0) {
-      mapped_ = (bytes + 4095) / 4096 * 4096;
-      fd_ = ::memfd_create("dmhnsw-region", MFD_CLOEXEC);
+  if (shared && p == MAP_FAILED && hugepages) {
+    // A memory object computenodes on this host map (--provider cxl), on hugetlbfs when asked:
+    // the pages are taken at the mapping, which fails when too few are free.
+    const uint64_t huge_bytes = (bytes + kHugePage - 1) / kHugePage * kHugePage;
+    const int fd = ::memfd_create("dmhnsw-region", MFD_CLOEXEC | MFD_HUGETLB);
+    if (fd >= 0 && ::ftruncate(fd, static_cast<off_t>(huge_bytes)) == 0)
+      p = ::mmap(nullptr, huge_bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+    if (p != MAP_FAILED) {
+      fd_ = fd;
+      mapped_ = huge_bytes;
+      huge_ = true;
+    } else {
+      const int err = errno;
+      spdlog::warn("--hugepages: cannot map {} of shared memory on 2 MiB hugepages ({}); falling back to normal "
+                   "pages (reserve some with: echo N > /proc/sys/vm/nr_hugepages)",
+                   format_bytes(huge_bytes), std::strerror(err));
+      if (fd >= 0) ::close(fd);
     }
+  }
+  if (shared && p == MAP_FAILED) {
+    mapped_ = (bytes + 4095) / 4096 * 4096;
+    fd_ = ::memfd_create("dmhnsw-region", MFD_CLOEXEC);
     if (fd_ < 0 || ::ftruncate(fd_, static_cast<off_t>(mapped_)) != 0)
       throw std::runtime_error("--region " + format_bytes(bytes) + ": cannot create a shared memory object: " +
                                std::strerror(errno));

@@ -1,10 +1,14 @@
 // Buffer pools' pages: hugepages where the host has them reserved, normal pages otherwise.
 #include <catch2/catch.hpp>
 
+#include <sys/mman.h>
+
 #include <cstring>
 
 #include "common/fabric/pages.hpp"
 #include "common/fabric/transport.hpp"
+#include "memory/region_memory.hpp"
+#include "../reserved_hugepages.hpp"
 
 using namespace dmhnsw;
 using namespace dmhnsw::fabric;
@@ -60,4 +64,57 @@ TEST_CASE("buffer pools: normal pages when asked, hugepages when asked and reser
     check_usable(pool);
   }
   CHECK(std::string(to_string(PoolPages::Auto)) == "auto");
+}
+
+TEST_CASE("hugepages the test reserves: pools and memnode regions (private and shared) take them, else normal pages",
+          "[pages]") {
+  constexpr uint64_t kMiB = 1u << 20;
+  test::ReservedHugepages reserved(12);
+  if (!reserved.ok()) {
+    WARN("cannot reserve hugepages on this host (/proc/sys/vm/nr_hugepages): the hugepage paths are not run");
+    return;
+  }
+  RestorePages restore;
+  const uint64_t free0 = free_hugepage_bytes();
+  REQUIRE(free0 >= 24 * kMiB);
+  for (PoolPages p : {PoolPages::Huge, PoolPages::Auto}) {
+    set_pool_pages(p);
+    BufferPool pool(4 * kMiB);
+    CHECK(pool.on_hugepages());
+    check_usable(pool);
+  }
+  {
+    memory::RegionMemory priv(6 * kMiB, true, -1);
+    CHECK(priv.on_hugepages());
+    CHECK_THAT(priv.describe(), Catch::Contains("on 2 MiB hugepages"));
+    CHECK(free_hugepage_bytes() == free0 - 6 * kMiB);  // populated up front
+    std::memset(priv.data(), 0x5a, 6 * kMiB);
+    CHECK(priv.data()[6 * kMiB - 1] == 0x5a);
+
+    // A cxl memnode's region: a memory object on hugetlbfs that another mapping (a computenode's)
+    // sees write for write.
+    memory::RegionMemory shared(6 * kMiB, true, -1, true);
+    CHECK(shared.on_hugepages());
+    REQUIRE(shared.fd() >= 0);
+    void* other = ::mmap(nullptr, 6 * kMiB, PROT_READ | PROT_WRITE, MAP_SHARED, shared.fd(), 0);
+    REQUIRE(other != MAP_FAILED);
+    shared.data()[12345] = 7;
+    static_cast<char*>(other)[6 * kMiB - 1] = 9;
+    CHECK(static_cast<char*>(other)[12345] == 7);
+    CHECK(shared.data()[6 * kMiB - 1] == 9);
+    ::munmap(other, 6 * kMiB);
+    CHECK(free_hugepage_bytes() == free0 - 12 * kMiB);
+
+    // More than the free hugepages: normal pages (with a warning), private or shared, usable.
+    const uint64_t more = free_hugepage_bytes() + 8 * kMiB;
+    memory::RegionMemory big(more, true, -1);
+    CHECK_FALSE(big.on_hugepages());
+    big.data()[more - 1] = 1;
+    memory::RegionMemory big_shared(more, true, -1, true);
+    CHECK_FALSE(big_shared.on_hugepages());
+    CHECK_THAT(big_shared.describe(), Catch::Contains("on normal pages"));
+    big_shared.data()[more - 1] = 1;
+    CHECK(free_hugepage_bytes() == free0 - 12 * kMiB);  // the fallbacks hold none
+  }
+  CHECK(free_hugepage_bytes() == free0);  // all given back
 }

@@ -10,6 +10,7 @@
 #include "common/region.hpp"
 #include "compute/selftest.hpp"
 #include "proc.hpp"
+#include "../reserved_hugepages.hpp"
 
 using namespace dmhnsw;
 using namespace dmhnsw::testing;
@@ -259,6 +260,29 @@ TEST_CASE("memnode exits 0 on SIGTERM, hugepages fall back, computenode reads a 
   std::string out = m.proc->output();
   CHECK((out.find("on 2 MiB hugepages") != std::string::npos || out.find("falling back to normal pages") != std::string::npos));
   CHECK_THAT(out, Contains("stopping"));
+}
+
+TEST_CASE("cxl on hugepages the test reserves: a memnode takes them unasked and a computenode checks them",
+          "[integration][pages]") {
+  dmhnsw::test::ReservedHugepages reserved(70);  // 140 MiB: one 128 MiB region and its margin
+  if (!reserved.ok()) {
+    WARN("cannot reserve hugepages on this host (/proc/sys/vm/nr_hugepages): not run");
+    return;
+  }
+  TempDir dir;
+  Memnode m(dir, 0, "cxl");
+  auto r = run(computenode("cxl", m.address, {"selftest", "--atomics", "200"}), dir, "cn");
+  INFO(r.output << m.proc->output());
+  CHECK(r.code == 0);
+  CHECK_THAT(r.output, Contains("all checks passed"));
+  CHECK_THAT(m.proc->output(), Contains("the region uses them") && Contains("on 2 MiB hugepages"));
+  // The hugepages left are too few for another: --hugepages falls back, saying so, and serves.
+  TempDir dir1;  // a cluster of its own
+  Memnode m1(dir1, 0, "cxl", "127.0.0.1:0", {"--hugepages"});
+  auto r1 = run(computenode("cxl", m1.address, {"selftest", "--atomics", "200"}), dir1, "cn");
+  INFO(r1.output << m1.proc->output());
+  CHECK(r1.code == 0);
+  CHECK_THAT(m1.proc->output(), Contains("falling back to normal pages") && Contains("on normal pages"));
 }
 
 TEST_CASE("cxl maps the region from a --dax file: selftest passes and the file holds the region", "[integration]") {
