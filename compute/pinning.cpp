@@ -59,31 +59,17 @@ const char* to_string(PinMode m) {
   return "?";
 }
 
-std::vector<int> core_order(int nic_node) {
-  cpu_set_t allowed;
-  CPU_ZERO(&allowed);
-  if (sched_getaffinity(0, sizeof allowed, &allowed) != 0) return {};
-  const bool numa = numa_available() >= 0;
-  struct Cpu {
-    int id, node, package, core;
-  };
-  std::vector<Cpu> cpus;
-  for (int c = 0; c < CPU_SETSIZE; ++c) {
-    if (!CPU_ISSET(c, &allowed)) continue;
-    const std::string topo = "/sys/devices/system/cpu/cpu" + std::to_string(c) + "/topology/";
-    const int node = numa ? std::max(numa_node_of_cpu(c), 0) : 0;
-    cpus.push_back({c, node, read_int(topo + "physical_package_id", 0), read_int(topo + "core_id", c)});
-  }
-  // A node's rank: the NIC's node first, then by distance from it (libnuma: 10 for itself).
+std::vector<int> order_cores(const std::vector<CpuInfo>& cpus, int nic_node,
+                             const std::function<int(int, int)>& distance) {
+  // A node's rank: the NIC's node first, then by distance from it.
   auto node_rank = [&](int node) {
-    if (nic_node < 0 || !numa) return std::make_tuple(0, node);
-    if (node == nic_node) return std::make_tuple(0, node);
-    return std::make_tuple(std::max(numa_distance(nic_node, node), 1), node);
+    if (nic_node < 0 || node == nic_node) return std::make_tuple(0, node);
+    return std::make_tuple(std::max(distance(nic_node, node), 1), node);
   };
   // Within a node: the first hardware thread of each physical core, then the second, ...
   std::map<std::tuple<int, int>, int> seen;  // (package, core) -> hardware threads so far
   std::vector<std::tuple<std::tuple<int, int>, int, int>> keyed;  // (node rank, sibling index, cpu)
-  for (const Cpu& c : cpus) {
+  for (const CpuInfo& c : cpus) {
     const int sibling = seen[{c.package, c.core}]++;
     keyed.emplace_back(node_rank(c.node), sibling, c.id);
   }
@@ -92,6 +78,21 @@ std::vector<int> core_order(int nic_node) {
   out.reserve(keyed.size());
   for (const auto& k : keyed) out.push_back(std::get<2>(k));
   return out;
+}
+
+std::vector<int> core_order(int nic_node) {
+  cpu_set_t allowed;
+  CPU_ZERO(&allowed);
+  if (sched_getaffinity(0, sizeof allowed, &allowed) != 0) return {};
+  const bool numa = numa_available() >= 0;
+  std::vector<CpuInfo> cpus;
+  for (int c = 0; c < CPU_SETSIZE; ++c) {
+    if (!CPU_ISSET(c, &allowed)) continue;
+    const std::string topo = "/sys/devices/system/cpu/cpu" + std::to_string(c) + "/topology/";
+    const int node = numa ? std::max(numa_node_of_cpu(c), 0) : 0;
+    cpus.push_back({c, node, read_int(topo + "physical_package_id", 0), read_int(topo + "core_id", c)});
+  }
+  return order_cores(cpus, numa ? nic_node : -1, [](int a, int b) { return numa_distance(a, b); });
 }
 
 void configure_pinning(PinMode mode, int nic_node, uint32_t cn_id) {

@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -16,10 +17,19 @@ enum class PinMode { Auto, On, Off };
 PinMode parse_pin(const std::string& text);  // throws std::invalid_argument naming --pin
 const char* to_string(PinMode m);
 
-/// The cores this process may run on (its affinity mask), in the order workers take them:
-/// the cores of the NIC's NUMA node first (`nic_node` >= 0), then the other nodes nearest
-/// first (libnuma's distances); within a node one hardware thread of every physical core
-/// before any core's second.
+/// One hardware thread as the host describes it (sysfs topology, libnuma).
+struct CpuInfo {
+  int id, node, package, core;
+};
+
+/// The order workers take `cpus` in: those of the NIC's NUMA node first (`nic_node` >= 0), then
+/// the other nodes nearest first (`distance(nic_node, node)`, libnuma's: 10 for itself); within a
+/// node one hardware thread of every physical core before any core's second.
+std::vector<int> order_cores(const std::vector<CpuInfo>& cpus, int nic_node,
+                             const std::function<int(int, int)>& distance);
+
+/// The cores this process may run on (its affinity mask), in order_cores' order over this host's
+/// topology.
 std::vector<int> core_order(int nic_node);
 
 /// Process-wide, once the cluster is known (computenode --pin, Cluster::nic_numa_node(),

@@ -85,3 +85,20 @@ TEST_CASE("pinning: the core order holds every allowed core once, and workers ar
   CHECK(pinning_json().at("pinned").size() == (allowed.size() >= 2 ? 1u : 0u));
   configure_pinning(PinMode::Auto, -1);
 }
+
+TEST_CASE("pinning: the order takes the NIC's node first, then the nearest, one thread of every core first",
+          "[pinning]") {
+  // Two sockets of two cores with two hardware threads each, numbered as Linux does: every
+  // core's first thread, then the second threads.
+  const std::vector<CpuInfo> two = {{0, 0, 0, 0}, {1, 0, 0, 1}, {2, 1, 1, 0}, {3, 1, 1, 1},
+                                    {4, 0, 0, 0}, {5, 0, 0, 1}, {6, 1, 1, 0}, {7, 1, 1, 1}};
+  const auto flat = [](int a, int b) { return a == b ? 10 : 20; };
+  CHECK(order_cores(two, 1, flat) == std::vector<int>{2, 3, 6, 7, 0, 1, 4, 5});
+  CHECK(order_cores(two, 0, flat) == std::vector<int>{0, 1, 4, 5, 2, 3, 6, 7});
+  CHECK(order_cores(two, -1, flat) == std::vector<int>{0, 1, 4, 5, 2, 3, 6, 7});  // no NIC: node by node
+  // Three nodes, one core each: from the NIC's node 0, node 2 is nearer than node 1.
+  const std::vector<CpuInfo> three = {{0, 0, 0, 0}, {1, 1, 1, 0}, {2, 2, 2, 0}};
+  const auto far = [](int a, int b) { return a == b ? 10 : (a + b == 2 ? 12 : 21); };
+  CHECK(order_cores(three, 0, far) == std::vector<int>{0, 2, 1});
+  CHECK(order_cores(three, 1, far) == std::vector<int>{1, 0, 2});  // 1 to 0: 21, 1 to 2: 21, by node
+}
