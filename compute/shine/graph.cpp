@@ -45,18 +45,18 @@ void VisitedSet::use_areas(const std::vector<RegionBounds>& areas, unsigned shif
   shift_ = shift;
   uint64_t bits = 0;
   for (const RegionBounds& b : areas) {
-    areas_.push_back({b.data_offset, b.size, bits});
-    bits += (b.size - std::min(b.size, b.data_offset)) >> shift;
-    ++bits;
+    const uint64_t span = b.size - std::min(b.size, b.data_offset);
+    areas_.push_back({b.data_offset, span, bits});
+    bits += (span >> shift) + 1;
   }
   bits_.assign((bits + 63) / 64, 0);
-  touched_.clear();
+  n_touched_ = 0;
+  n_areas_ = static_cast<uint32_t>(areas_.size());
 }
 
 void VisitedSet::clear() {
-  for (const uint32_t w : touched_) bits_[w] = 0;
-  touched_.clear();
-  size_ = 0;
+  for (size_t i = 0; i < n_touched_; ++i) bits_[touched_[i]] = 0;
+  n_touched_ = 0;
   hashed_ = 0;
   if (++cur_ == 0) {
     for (Slot& s : slots_) s.gen = 0;
@@ -64,15 +64,19 @@ void VisitedSet::clear() {
   }
 }
 
+size_t VisitedSet::size() const {
+  size_t n = hashed_;
+  for (size_t i = 0; i < n_touched_; ++i) n += static_cast<size_t>(std::popcount(bits_[touched_[i]]));
+  return n;
+}
+
 void VisitedSet::grow() {
   std::vector<Slot> old;
   old.swap(slots_);
   slots_.assign(std::max<size_t>(1024, old.size() * 2), Slot{});
-  const size_t size = size_;
   hashed_ = 0;
   for (const Slot& s : old)
     if (s.gen == cur_) insert_hashed(RemotePtr::from_raw(s.key));
-  size_ = size;  // the keys moved, none added
 }
 
 bool VisitedSet::insert_hashed(RemotePtr p) {
@@ -86,7 +90,6 @@ bool VisitedSet::insert_hashed(RemotePtr p) {
   }
   slots_[i] = {k, cur_};
   ++hashed_;
-  ++size_;
   return true;
 }
 
@@ -416,9 +419,7 @@ bool Worker::hop_mapped(RemotePtr node, unsigned level, bool visit, const float*
       continue;
     }
     ++ctx.search.visited;
-    const float* v = reinterpret_cast<const float*>(m + NodeLayout::vector_offset());
-    take(Neighbor{g_.distance()(q, v), p, nf.label, NodeHeader::deleted(nf.header), false,
-                  NodeHeader::generation(nf.header)});
+    take(g_.distance()(q, reinterpret_cast<const float*>(m + NodeLayout::vector_offset())), p, nf);
   }
   return true;
 }
@@ -430,9 +431,9 @@ std::optional<Neighbor> Worker::greedy_mapped(const float* q, Neighbor cur, unsi
   for (bool changed = true; changed;) {
     changed = false;
     Neighbor best = cur;
-    if (!hop_mapped(cur.node, level, false, q, ctx, [&](const Neighbor& n) {
-          if (n.dist < best.dist) {
-            best = n;
+    if (!hop_mapped(cur.node, level, false, q, ctx, [&](float d, RemotePtr p, const NodeFront& nf) {
+          if (d < best.dist) {
+            best = mapped_neighbor(d, p, nf);
             changed = true;
           }
         })) {
@@ -521,6 +522,8 @@ struct LayerQueues {
     c = seen[x.i];
     return true;
   }
+  /// Whether a node at distance d would enter (offer's first test, inlined into the hops).
+  [[gnu::always_inline]] bool wanted(float d) const { return top.size() < ef || d < bound; }
   /// True when n became the next candidate to expand.
   bool offer(const Neighbor& n) {
     if (!(top.size() < ef || n.dist < bound)) return false;  // as hnswlib's test (a NaN distance never enters)
@@ -551,8 +554,10 @@ std::optional<std::vector<Neighbor>> Worker::search_layer_mapped(const float* q,
   ctx.visited.clear();
   LayerQueues qs(eps, ef, ctx.visited);
   for (Neighbor c{}; qs.next(c);) {
-    if (!hop_mapped(c.node, level, true, q, ctx, [&](const Neighbor& n) {
-          if (qs.offer(n)) prefetch_list(n.node, level);
+    if (!hop_mapped(c.node, level, true, q, ctx, [&](float d, RemotePtr p, const NodeFront& nf) {
+          // Most neighbours are farther than the ef-th result: they are turned away before a
+          // Neighbor is made of them.
+          if (qs.wanted(d) && qs.offer(mapped_neighbor(d, p, nf))) prefetch_list(p, level);
         })) {
       ctx.io = io;
       ctx.search = st;

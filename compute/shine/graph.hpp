@@ -158,36 +158,44 @@ class VisitedSet {
   void use_areas(const std::vector<RegionBounds>& areas, unsigned shift);
   bool has_areas() const { return !areas_.empty(); }
   void clear();
-  /// True when newly inserted. Inline: a search calls it for every neighbour it meets.
-  bool insert(RemotePtr p) {
-    if (p.node() < areas_.size()) {
+  /// True when newly inserted. Inlined into the layer searches, which call it for every
+  /// neighbour they meet: over the areas it is a few loads and one bit, as hnswlib's tag check.
+  [[gnu::always_inline]] bool insert(RemotePtr p) {
+    const uint64_t off = p.offset();
+    if (p.node() < n_areas_) [[likely]] {
       const Area& a = areas_[p.node()];
-      if (p.offset() >= a.begin && p.offset() < a.end) {
-        const uint64_t bit = a.first_bit + ((p.offset() - a.begin) >> shift_);
+      if (off - a.begin < a.span) [[likely]] {  // unsigned: below begin wraps past span
+        const uint64_t bit = a.first_bit + ((off - a.begin) >> shift_);
         uint64_t& w = bits_[bit >> 6];
         const uint64_t m = uint64_t{1} << (bit & 63);
         if (w & m) return false;
-        if (w == 0) touched_.push_back(static_cast<uint32_t>(bit >> 6));
+        // A word's first bit notes the word, without a branch: that one would go either way.
+        touched_[n_touched_] = static_cast<uint32_t>(bit >> 6);
+        n_touched_ += w == 0;
+        if (n_touched_ == touched_.size()) [[unlikely]]
+          touched_.resize(2 * touched_.size());  // room for the next one, always
         w |= m;
-        ++size_;
         return true;
       }
     }
     return insert_hashed(p);
   }
-  size_t size() const { return size_; }
+  /// Keys inserted since clear() (counted, not kept: for tests).
+  size_t size() const;
 
  private:
-  bool insert_hashed(RemotePtr p);
+  [[gnu::noinline]] bool insert_hashed(RemotePtr p);
   void grow();
   struct Area {
-    uint64_t begin = 0, end = 0;  // region offsets
+    uint64_t begin = 0, span = 0;  // region offsets [begin, begin + span)
     uint64_t first_bit = 0;
   };
   std::vector<Area> areas_;
+  uint32_t n_areas_ = 0;  // areas_.size(), which insert would divide out of the vector's bounds
   unsigned shift_ = 0;
   std::vector<uint64_t> bits_;
-  std::vector<uint32_t> touched_;  // words of bits_ set since clear()
+  std::vector<uint32_t> touched_ = std::vector<uint32_t>(64);  // [0, n_touched_): words of bits_ set since clear()
+  size_t n_touched_ = 0;
   size_t hashed_ = 0;              // keys in the table
   // A key and the clear() generation it was inserted in, side by side: one cache line per probe.
   struct Slot {
@@ -196,7 +204,6 @@ class VisitedSet {
   };
   std::vector<Slot> slots_;
   uint32_t cur_ = 1;
-  size_t size_ = 0;
 };
 
 /// Per-coroutine state of one insert or query.
@@ -410,14 +417,17 @@ class Worker {
   /// layer search into regions_: a plausible record then lies at base + offset, with no virtual
   /// call per record. False when no region is mapped.
   bool look_up_regions();
+  static Neighbor mapped_neighbor(float d, RemotePtr p, const NodeFront& f) {
+    return Neighbor{d, p, f.label, NodeHeader::deleted(f.header), false, NodeHeader::generation(f.header)};
+  }
   const char* mapped_record(RemotePtr p) const {
     const char* b = regions_[p.node()];
     return b == nullptr ? nullptr : b + p.offset();
   }
   /// One hop in place: `node`'s list at `level` (mapped by the endpoint, which checks the
   /// memnode is alive), then the records of its neighbours (those new to ctx.visited when
-  /// `visit`), each valid one handed to `take` in list order. False, having handed none, when
-  /// the list or a record is not mapped. Needs look_up_regions().
+  /// `visit`), each valid one handed to `take(distance, node, its front)` in list order. False,
+  /// having handed none, when the list or a record is not mapped. Needs look_up_regions().
   template <class Take>
   bool hop_mapped(RemotePtr node, unsigned level, bool visit, const float* q, OpContext& ctx, Take&& take);
   /// Asks for the first lines of `node`'s list at `level` (hnswlib's prefetch of the candidate
