@@ -366,7 +366,7 @@ bool Worker::look_up_regions() {
 
 void Worker::prefetch_list(RemotePtr node, unsigned level) const {
   const auto& L = g_.layout();
-  // `node` came out of mapped_record: its memnode's region is mapped.
+  // `node` came out of a hop through regions_: its memnode's region is mapped.
   const char* list = regions_[node.node()] + node.offset() + L.list_offset(level);
   for (size_t off = 0; off < std::min<size_t>(256, L.list_bytes(level)); off += 64) __builtin_prefetch(list + off);
 }
@@ -384,17 +384,24 @@ bool Worker::hop_mapped(RemotePtr node, unsigned level, bool visit, const float*
   thread_local std::vector<std::pair<RemotePtr, const char*>> where;
   where.clear();
   uint64_t skipped = 0;
+  // What every neighbour is checked against, in locals (registers) for the whole list.
+  const RegionBounds* const bounds = g_.all_bounds().data();
+  const size_t n_bounds = g_.all_bounds().size();
+  const uint64_t vector_part = L.vector_part_bytes();
+  const char* const* const regions = regions_.data();
+  VisitedSet::Hop seen = ctx.visited.hop(visit ? count : 0);
   for (uint32_t i = 0; i < count; ++i) {
     uint64_t raw;
     std::memcpy(&raw, list + sizeof f + 8 * i, 8);
     const RemotePtr p = RemotePtr::from_raw(raw);
-    if (!g_.plausible(p)) {
+    if (!Graph::plausible(p, bounds, n_bounds, vector_part)) {
       if (!p.is_null()) ++skipped;
       continue;
     }
-    if (visit && !ctx.visited.insert(p)) continue;
-    const char* m = mapped_record(p);
-    if (m == nullptr) return false;
+    if (visit && !seen.insert(p)) continue;
+    const char* const b = regions[p.node()];
+    if (b == nullptr) return false;
+    const char* const m = b + p.offset();
     __builtin_prefetch(m);  // the header and the vector's start: one line each, all asked at once
     where.emplace_back(p, m);
   }

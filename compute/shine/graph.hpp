@@ -133,9 +133,13 @@ class Graph {
   uint16_t num_memnodes() const { return static_cast<uint16_t>(bounds_.size()); }
   /// A pointer is followed only if it lands in some memnode's data area, 8-byte aligned.
   bool plausible(RemotePtr p) const {
-    if (p.is_null() || p.node() >= bounds_.size() || p.offset() % 8 != 0) return false;
-    const auto& b = bounds_[p.node()];
-    return p.offset() >= b.data_offset && p.offset() + layout_.vector_part_bytes() <= b.size;
+    return plausible(p, bounds_.data(), bounds_.size(), layout_.vector_part_bytes());
+  }
+  /// The same over bounds the caller holds (a hop keeps them in registers).
+  static bool plausible(RemotePtr p, const RegionBounds* bounds, size_t n, uint64_t vector_part) {
+    if (p.is_null() || p.node() >= n || p.offset() % 8 != 0) return false;
+    const RegionBounds& b = bounds[p.node()];
+    return p.offset() >= b.data_offset && p.offset() + vector_part <= b.size;
   }
   const RegionBounds& bounds(uint16_t node) const { return bounds_[node]; }
   const std::vector<RegionBounds>& all_bounds() const { return bounds_; }
@@ -154,42 +158,69 @@ class Graph {
 /// least 2^shift bytes long owns alone; clear() zeroes the words it set. Else, and for a key
 /// outside the areas, an open-addressing table cleared in O(1).
 class VisitedSet {
- public:
-  void use_areas(const std::vector<RegionBounds>& areas, unsigned shift);
-  bool has_areas() const { return !areas_.empty(); }
-  void clear();
-  /// True when newly inserted. Inlined into the layer searches, which call it for every
-  /// neighbour they meet: over the areas it is a few loads and one bit, as hnswlib's tag check.
-  [[gnu::always_inline]] bool insert(RemotePtr p) {
-    const uint64_t off = p.offset();
-    if (p.node() < n_areas_) [[likely]] {
-      const Area& a = areas_[p.node()];
-      if (off - a.begin < a.span) [[likely]] {  // unsigned: below begin wraps past span
-        const uint64_t bit = a.first_bit + ((off - a.begin) >> shift_);
-        uint64_t& w = bits_[bit >> 6];
-        const uint64_t m = uint64_t{1} << (bit & 63);
-        if (w & m) return false;
-        // A word's first bit notes the word, without a branch: that one would go either way.
-        touched_[n_touched_] = static_cast<uint32_t>(bit >> 6);
-        n_touched_ += w == 0;
-        if (n_touched_ == touched_.size()) [[unlikely]]
-          touched_.resize(2 * touched_.size());  // room for the next one, always
-        w |= m;
-        return true;
-      }
-    }
-    return insert_hashed(p);
-  }
-  /// Keys inserted since clear() (counted, not kept: for tests).
-  size_t size() const;
-
- private:
-  [[gnu::noinline]] bool insert_hashed(RemotePtr p);
-  void grow();
   struct Area {
     uint64_t begin = 0, span = 0;  // region offsets [begin, begin + span)
     uint64_t first_bit = 0;
   };
+
+ public:
+  void use_areas(const std::vector<RegionBounds>& areas, unsigned shift);
+  bool has_areas() const { return !areas_.empty(); }
+  void clear();
+  /// True when newly inserted (a Hop of one).
+  bool insert(RemotePtr p) { return hop(1).insert(p); }
+  /// Keys inserted since clear() (counted, not kept: for tests).
+  size_t size() const;
+
+  /// insert for the neighbours of one hop, at most `max` of them, inlined into the layer search
+  /// (it runs for every neighbour, as hnswlib's tag check): the bit path's state is in locals,
+  /// which the stores into the bits cannot alias, so they stay in registers from one neighbour
+  /// to the next. A word's first bit notes the word without a branch (that one went either
+  /// way). What it noted is written back when it goes.
+  class Hop {
+   public:
+    Hop(const Hop&) = delete;
+    Hop& operator=(const Hop&) = delete;
+    ~Hop() { set_.n_touched_ = n_touched_; }
+    [[gnu::always_inline]] bool insert(RemotePtr p) {
+      const uint64_t off = p.offset();
+      if (p.node() < n_areas_) [[likely]] {
+        const Area& a = areas_[p.node()];
+        if (off - a.begin < a.span) [[likely]] {
+          const uint64_t bit = a.first_bit + ((off - a.begin) >> shift_);
+          uint64_t& w = bits_[bit >> 6];
+          const uint64_t m = uint64_t{1} << (bit & 63);
+          if (w & m) return false;
+          touched_[n_touched_] = static_cast<uint32_t>(bit >> 6);  // room made by hop()
+          n_touched_ += w == 0;
+          w |= m;
+          return true;
+        }
+      }
+      return set_.insert_hashed(p);
+    }
+
+   private:
+    friend class VisitedSet;
+    explicit Hop(VisitedSet& s)
+        : set_(s), areas_(s.areas_.data()), n_areas_(s.n_areas_), shift_(s.shift_), bits_(s.bits_.data()),
+          touched_(s.touched_.data()), n_touched_(s.n_touched_) {}
+    VisitedSet& set_;
+    const Area* areas_;
+    uint32_t n_areas_;
+    unsigned shift_;
+    uint64_t* bits_;
+    uint32_t* touched_;
+    size_t n_touched_;
+  };
+  Hop hop(size_t max) {
+    if (touched_.size() < n_touched_ + max + 1) touched_.resize(std::max(2 * touched_.size(), n_touched_ + max + 1));
+    return Hop(*this);
+  }
+
+ private:
+  [[gnu::noinline]] bool insert_hashed(RemotePtr p);
+  void grow();
   std::vector<Area> areas_;
   uint32_t n_areas_ = 0;  // areas_.size(), which insert would divide out of the vector's bounds
   unsigned shift_ = 0;
@@ -419,10 +450,6 @@ class Worker {
   bool look_up_regions();
   static Neighbor mapped_neighbor(float d, RemotePtr p, const NodeFront& f) {
     return Neighbor{d, p, f.label, NodeHeader::deleted(f.header), false, NodeHeader::generation(f.header)};
-  }
-  const char* mapped_record(RemotePtr p) const {
-    const char* b = regions_[p.node()];
-    return b == nullptr ? nullptr : b + p.offset();
   }
   /// One hop in place: `node`'s list at `level` (mapped by the endpoint, which checks the
   /// memnode is alive), then the records of its neighbours (those new to ctx.visited when
