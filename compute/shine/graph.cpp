@@ -389,21 +389,23 @@ bool Worker::hop_mapped(RemotePtr node, unsigned level, bool visit, const float*
   const size_t n_bounds = g_.all_bounds().size();
   const uint64_t vector_part = L.vector_part_bytes();
   const char* const* const regions = regions_.data();
-  VisitedSet::Hop seen = ctx.visited.hop(visit ? count : 0);
-  for (uint32_t i = 0; i < count; ++i) {
-    uint64_t raw;
-    std::memcpy(&raw, list + sizeof f + 8 * i, 8);
-    const RemotePtr p = RemotePtr::from_raw(raw);
-    if (!Graph::plausible(p, bounds, n_bounds, vector_part)) {
-      if (!p.is_null()) ++skipped;
-      continue;
+  {
+    VisitedSet::Hop seen = ctx.visited.hop(visit ? count : 0);  // written back at the end of this block
+    for (uint32_t i = 0; i < count; ++i) {
+      uint64_t raw;
+      std::memcpy(&raw, list + sizeof f + 8 * i, 8);
+      const RemotePtr p = RemotePtr::from_raw(raw);
+      if (!Graph::plausible(p, bounds, n_bounds, vector_part)) {
+        if (!p.is_null()) ++skipped;
+        continue;
+      }
+      if (visit && !seen.insert(p)) continue;
+      const char* const b = regions[p.node()];
+      if (b == nullptr) return false;
+      const char* const m = b + p.offset();
+      __builtin_prefetch(m);  // the header and the vector's start: one line each, all asked at once
+      where.emplace_back(p, m);
     }
-    if (visit && !seen.insert(p)) continue;
-    const char* const b = regions[p.node()];
-    if (b == nullptr) return false;
-    const char* const m = b + p.offset();
-    __builtin_prefetch(m);  // the header and the vector's start: one line each, all asked at once
-    where.emplace_back(p, m);
   }
   ++ctx.search.hops;
   ++ctx.io.reads;  // loads from far memory, counted as the READs they replace
