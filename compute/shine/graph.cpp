@@ -531,11 +531,12 @@ struct LayerQueues {
     c = seen[x.i];
     return true;
   }
-  /// Whether a node at distance d would enter (offer's first test, inlined into the hops).
+  /// Whether a node at distance d would enter: hnswlib's test (a NaN distance never enters).
+  /// The hops ask it before they make a Neighbor; offer asks it again.
   [[gnu::always_inline]] bool wanted(float d) const { return top.size() < ef || d < bound; }
   /// True when n became the next candidate to expand.
   bool offer(const Neighbor& n) {
-    if (!(top.size() < ef || n.dist < bound)) return false;  // as hnswlib's test (a NaN distance never enters)
+    if (!wanted(n.dist)) return false;
     const Entry x = keep(n);
     cand.push(x);
     const bool first = cand.top().i == x.i;
