@@ -71,6 +71,7 @@ int QueryCommand::run_dhnsw(RunEnv& env) {
   dq_.engine.regroup = !no_regroup_;
   dq_.engine.doorbell = !no_doorbell_;
   dq_.engine.pipeline = !no_pipeline_;
+  dq_.engine.in_place = qo_.search.in_place;  // --in-place / --no-in-place, registered with shine's flags
   dq_.on_report = [&](const nlohmann::json& r) {
     if (cn_id == 0) dhnsw::print_query(r);
     env.write_report(report_, r);

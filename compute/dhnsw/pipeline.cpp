@@ -223,7 +223,7 @@ void Engine::Impl::run_pipelined(Run& r) {
   try {
     while (auto it = to_search.pop()) {
       if (abort.load()) break;
-      if (!it->sub) {  // an empty batch
+      if (!it->sub && it->group == nullptr) {  // an empty batch
         if (--it->job->remaining == 0) r.finish(*it->job);
         continue;
       }

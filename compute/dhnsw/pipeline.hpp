@@ -41,6 +41,10 @@ struct EngineOptions {
   bool regroup = true;              // false: each query fetches its own partitions (no cache)
   bool doorbell = true;             // false: one READ per post, each waited for
   bool pipeline = true;             // false: the stages of a batch run in sequence on one thread
+  /// Where the provider maps the memnodes' regions (cxl): a sub-HNSW without overflow records is
+  /// searched where it lies (no READ, no deserialized copy; its seqlock version checked after),
+  /// one with overflow records is copied out of the mapping and deserialized. false: fetched.
+  bool in_place = true;
   int64_t ack_slot = -1;            // computenode id: acknowledge epochs in the control block (-1: no)
   /// > 0: search over the sub-HNSWs' codes (an index built with --codes): fetches skip the
   /// vectors, and each query's best `rerank` candidates are compared again with their vectors,
@@ -61,6 +65,10 @@ struct BatchStats {
   uint64_t reranked = 0, rerank_reads = 0, rerank_bytes = 0, rerank_doorbells = 0;
   uint64_t epoch = 0;             // the epoch the batch was planned with
   uint64_t probed = 0;            // partitions searched, summed over the queries
+  // Where the regions are mapped (EngineOptions::in_place): sub-HNSWs searched where they lie,
+  // those copied out of the mapping instead (overflow records), and in-place searches repeated
+  // because a commit moved the version meanwhile. Written by the search stage only.
+  uint64_t in_place = 0, in_place_copies = 0, in_place_retries = 0;
   double seconds = 0;  // from the batch's close to its last query's answer
   double meta_s = 0, fetch_s = 0, deserialize_s = 0, search_s = 0, rerank_s = 0;
 };

@@ -7,6 +7,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <atomic>
 #include <bit>
 #include <chrono>
 #include <cstring>
@@ -18,6 +19,7 @@
 
 #include "common/distance.hpp"
 #include "compute/dhnsw/insert_buffer.hpp"
+#include "compute/dhnsw/sub_search.hpp"
 
 namespace dmhnsw::dhnsw {
 
@@ -42,6 +44,20 @@ void Engine::Impl::size_buffers(const Index& index) {
   // A sub grows into its share of the shared gap: at most block + the whole gap.
   for (const auto& s : index.subs) max_fetch = std::max(max_fetch, s.block_bytes + s.overflow_bytes);
   buf_bytes = std::bit_ceil(std::max<uint64_t>(max_fetch, 4096));
+  cum = neighbors_per_level(index.header.m);
+  meta_ids.resize(index.meta ? static_cast<size_t>(index.meta->ntotal) : 0);
+  for (size_t i = 0; i < meta_ids.size(); ++i) meta_ids[i] = static_cast<int64_t>(i);
+}
+
+bool Engine::Impl::take_in_place(Item& it, const Index& index, fabric::Endpoint& ep) const {
+  const SubDesc& d = it.desc;
+  if (!o.in_place || coded() || d.group_bytes == 0) return false;
+  const char* group = ep.mapped(RemotePtr(d.memnode, d.group_offset), d.group_bytes);
+  const char* live = ep.mapped(RemotePtr(d.memnode, live_desc_offset(index.header, d.id)), sizeof(SubDesc));
+  if (group == nullptr || live == nullptr || reinterpret_cast<uintptr_t>(live) % alignof(SubDesc) != 0) return false;
+  it.group = group;
+  it.live = reinterpret_cast<const SubDesc*>(live);
+  return true;
 }
 
 std::string Engine::Impl::sub_name(const Index& index, uint32_t id) {
@@ -118,9 +134,23 @@ std::shared_ptr<Engine::Impl::Job> Engine::Impl::open_batch(const float* queries
   {
     std::vector<float> D(size_t{n} * b);
     std::vector<faiss::Index::idx_t> I(size_t{n} * b);
-    index.meta->hnsw.efSearch = static_cast<int>(std::max(o.meta_ef_search, b));
-    omp_set_num_threads(n >= kParallelQueries ? omp_threads : 1);
-    index.meta->search(n, queries + first * index.header.dim, b, D.data(), I.data());
+    // The meta-HNSW searched as a sub-HNSW is (sub_search.hpp: its labels are the partitions).
+    const SubView mv = view_of(*index.meta, meta_ids.data());
+    const bool ip = index.meta->metric_type == faiss::METRIC_INNER_PRODUCT;
+    const DistanceComputer dc(ip ? Metric::IP : Metric::L2, index.header.dim);
+    const uint32_t ef = std::max(o.meta_ef_search, b);
+    const int threads = n >= kParallelQueries ? omp_threads : 1;
+#pragma omp parallel for schedule(dynamic, 16) num_threads(threads)
+    for (uint32_t q = 0; q < n; ++q) {
+      thread_local SubSearcher searcher;
+      thread_local std::vector<std::pair<float, int64_t>> got;
+      got.resize(b);
+      const size_t f = searcher.search(mv, dc, ip, queries + (first + q) * index.header.dim, b, ef, got.data());
+      for (uint32_t j = 0; j < b; ++j) {
+        D[size_t{q} * b + j] = j < f ? got[j].first : 0.0f;
+        I[size_t{q} * b + j] = j < f ? got[j].second : -1;
+      }
+    }
     // The meta-HNSW's distances are squared L2 (partition metric l2); with ip no pruning.
     const bool prune = o.probe_ratio >= 1.0 && index.meta->metric_type == faiss::METRIC_L2;
     const double r2 = o.probe_ratio * o.probe_ratio;
@@ -168,7 +198,7 @@ std::vector<Engine::Impl::Item> Engine::Impl::fetch_group(const std::shared_ptr<
     items[i].job = job;
     items[i].entry = entries[i];
     items[i].desc = job->live.at(job->plan.entries[entries[i]].sub);
-    items[i].buf = ep.alloc(buf_bytes);
+    if (!take_in_place(items[i], index, ep)) items[i].buf = ep.alloc(buf_bytes);
   }
   auto fail = [&](const fabric::Completion& cpl) {
     uint32_t sub = job->plan.entries[entries.at(cpl.tag)].sub;
@@ -214,8 +244,9 @@ std::vector<Engine::Impl::Item> Engine::Impl::fetch_group(const std::shared_ptr<
   // was odd: a commit in flight) is fetched again. After kAttempts it is taken as it is,
   // sanitized and not cached (a writer died inside a commit and no inserter repaired it yet).
   constexpr int kAttempts = 200;
-  std::vector<size_t> pending(items.size());
-  for (size_t i = 0; i < items.size(); ++i) pending[i] = i;
+  std::vector<size_t> pending;
+  for (size_t i = 0; i < items.size(); ++i)
+    if (items[i].group == nullptr) pending.push_back(i);
   for (int attempt = 1; !pending.empty(); ++attempt) {
     std::vector<fabric::Op> ops;
     for (size_t i : pending) {
@@ -271,6 +302,7 @@ std::vector<Engine::Impl::Item> Engine::Impl::fetch_group(const std::shared_ptr<
 }
 
 void Engine::Impl::deserialize(Item& it) {
+  if (it.group != nullptr) return;  // searched where it lies
   auto t0 = Clock::now();
   const uint32_t sub = it.job->plan.entries[it.entry].sub;
   const Index& index = *it.job->index;
@@ -284,23 +316,135 @@ void Engine::Impl::deserialize(Item& it) {
   it.job->st.deserialize_s += seconds_since(t0);
 }
 
+pipeline_detail::Hits Engine::Impl::search_view(const SubView& v, const Job& job, const PlanEntry& e,
+                                                const float* queries) const {
+  const Index& index = *job.index;
+  const uint32_t dim = index.header.dim, nq = static_cast<uint32_t>(e.queries.size());
+  const bool ip = index.inner_product();
+  const DistanceComputer dc(ip ? Metric::IP : Metric::L2, dim);
+  pipeline_detail::Hits h;
+  h.k = o.k;
+  h.r.resize(size_t{nq} * h.k);
+  h.found.resize(nq);
+  const uint32_t ef = std::max(o.ef_search, h.k);
+  // For a handful of queries one thread does better than waking the others (on a busy host
+  // that costs milliseconds).
+  const int threads = nq >= kParallelQueries ? omp_threads : 1;
+#pragma omp parallel for schedule(dynamic, 4) num_threads(threads)
+  for (uint32_t i = 0; i < nq; ++i) {
+    thread_local SubSearcher searcher;
+    h.found[i] = static_cast<uint32_t>(searcher.search(v, dc, ip, queries + (job.first + e.queries[i]) * dim, h.k, ef,
+                                                       h.r.data() + size_t{i} * h.k));
+  }
+  return h;
+}
+
+void Engine::Impl::merge(const Job& job, const PlanEntry& e, const pipeline_detail::Hits& h,
+                         std::vector<Answer>& answers) const {
+  const bool ip = job.index->inner_product();
+  auto better = [ip](const std::pair<float, int64_t>& a, const std::pair<float, int64_t>& b) {
+    if (a.first != b.first) return ip ? a.first > b.first : a.first < b.first;
+    return a.second < b.second;
+  };
+  for (size_t i = 0; i < e.queries.size(); ++i) {
+    Answer& a = answers[job.first + e.queries[i]];
+    a.insert(a.end(), h.r.begin() + i * h.k, h.r.begin() + i * h.k + h.found[i]);
+    std::sort(a.begin(), a.end(), better);
+    // One answer per id: a vector's boundary copies (compute/dhnsw/boundary.hpp) found in two
+    // partitions have equal distances, so they are adjacent once sorted.
+    a.erase(std::unique(a.begin(), a.end(), [](const auto& x, const auto& y) { return x.second == y.second; }),
+            a.end());
+    if (a.size() > h.k) a.resize(h.k);
+  }
+}
+
+void Engine::Impl::search_in_place(Item& it, const float* queries, std::vector<Answer>& answers) {
+  Job& job = *it.job;
+  const Index& index = *job.index;
+  const PlanEntry& e = job.plan.entries[it.entry];
+  const uint32_t sub = e.sub;
+  const SubDesc& st0 = index.subs.at(sub);
+  const SubDesc& g = it.desc;  // the group's place does not move within an epoch
+  auto alive = [&] {
+    if (!c.alive(g.memnode))
+      throw fabric::FabricError("searching " + sub_name(index, sub) + " in place failed: memnode " +
+                                std::to_string(g.memnode) + " is gone");
+  };
+  // Seqlock over the mapped live descriptor, as fetch_group's over READs.
+  constexpr int kAttempts = 200;
+  for (int attempt = 1;; ++attempt) {
+    const bool last = attempt >= kAttempts;
+    const uint64_t v0 = __atomic_load_n(&it.live->version, __ATOMIC_ACQUIRE);
+    SubDesc d;
+    std::memcpy(&d, it.live, sizeof d);
+    d.version = v0;
+    if (d.id != sub || d.block_offset != st0.block_offset || d.overflow_used > st0.overflow_bytes)
+      throw std::runtime_error("the live descriptor of " + sub_name(index, sub) +
+                               " does not match the metadata block (was the index rebuilt?)");
+    if ((v0 & 1) != 0 && !last) {  // a commit in flight
+      ++job.st.in_place_retries;
+      if (attempt > 8) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      continue;
+    }
+    const auto [off, len] = fetch_range(d);
+    if (off < g.group_offset || len > g.group_bytes || off - g.group_offset > g.group_bytes - len)
+      throw std::runtime_error(sub_name(index, sub) + ": live fetch range of " + std::to_string(len) +
+                               " bytes is beyond its group");
+    auto stable = [&] {
+      std::atomic_thread_fence(std::memory_order_acquire);
+      return __atomic_load_n(&it.live->version, __ATOMIC_RELAXED) == v0 && (v0 & 1) == 0;
+    };
+    if (auto v = mapped_view(it.group + (d.block_offset - g.group_offset), d, index.header, cum)) {
+      pipeline_detail::Hits h = search_view(*v, job, e, queries);
+      if (stable()) {
+        alive();
+        merge(job, e, h, answers);
+        ++job.st.in_place;
+        return;
+      }
+      if (!last) {
+        ++job.st.in_place_retries;
+        continue;
+      }
+    }
+    // Overflow records (or no stable version within the budget): a copy out of the mapping,
+    // deserialized (sanitized when torn).
+    std::vector<char> bytes(it.group + (off - g.group_offset), it.group + (off - g.group_offset) + len);
+    const bool torn = !stable();
+    if (torn && !last) {
+      ++job.st.in_place_retries;
+      continue;
+    }
+    const SubIndex s = deserialize_sub(bytes.data(), len, d, index.header, sub_name(index, sub), torn);
+    alive();
+    merge(job, e, search_view(view_of(s), job, e, queries), answers);
+    ++job.st.in_place_copies;
+    return;
+  }
+}
+
 bool Engine::Impl::search(Item& it, const float* queries, std::vector<Answer>& answers) {
   auto t0 = Clock::now();
   Job& job = *it.job;
   const Index& index = *job.index;
   const PlanEntry& e = job.plan.entries[it.entry];
-  const SubIndex& s = *it.sub;
   const uint32_t dim = index.header.dim, nq = static_cast<uint32_t>(e.queries.size());
   // Over codes, a sub gives each query its best `rerank` candidates (approximate distances).
   const uint32_t k = coded() ? std::max(o.k, o.rerank) : o.k;
-  if (s.index && s.index->ntotal > 0) {
+  if (it.group != nullptr) {
+    search_in_place(it, queries, answers);
+    job.st.search_s += seconds_since(t0);
+    return --job.remaining == 0;
+  }
+  const SubIndex& s = *it.sub;
+  if (s.index && s.index->ntotal > 0 && !s.coded) {
+    merge(job, e, search_view(view_of(s), job, e, queries), answers);
+  } else if (s.index && s.index->ntotal > 0) {  // over codes: Faiss's HNSW compares them through the quantizer
     std::vector<float> X(size_t{nq} * dim), D(size_t{nq} * k);
     std::vector<faiss::Index::idx_t> I(size_t{nq} * k);
     for (uint32_t i = 0; i < nq; ++i)
       std::memcpy(X.data() + size_t{i} * dim, queries + (job.first + e.queries[i]) * dim, sizeof(float) * dim);
     s.index->hnsw.efSearch = static_cast<int>(std::max(o.ef_search, k));
-    // Faiss opens an OpenMP region per call: for a handful of queries one thread does
-    // better than waking the others (on a busy host that costs milliseconds).
     omp_set_num_threads(nq >= kParallelQueries ? omp_threads : 1);
     if (s.live) {  // deleted vectors guide the search but are never returned
       faiss::SearchParametersHNSW sp;
@@ -345,21 +489,6 @@ bool Engine::Impl::search(Item& it, const float* queries, std::vector<Answer>& a
       }
       job.st.search_s += seconds_since(t0);
       return --job.remaining == 0;
-    }
-    for (uint32_t i = 0; i < nq; ++i) {
-      Answer& a = answers[job.first + e.queries[i]];
-      for (uint32_t j = 0; j < k; ++j) {
-        faiss::Index::idx_t l = I[size_t{i} * k + j];
-        if (l < 0 || static_cast<size_t>(l) >= s.labels.size() || label_deleted(s.labels[static_cast<size_t>(l)]))
-          continue;
-        a.emplace_back(D[size_t{i} * k + j], s.labels[static_cast<size_t>(l)]);
-      }
-      std::sort(a.begin(), a.end(), better);
-      // One answer per id: a vector's boundary copies (compute/dhnsw/boundary.hpp) found in two
-      // partitions have equal distances, so they are adjacent once sorted.
-      a.erase(std::unique(a.begin(), a.end(), [](const auto& x, const auto& y) { return x.second == y.second; }),
-              a.end());
-      if (a.size() > k) a.resize(k);
     }
   }
   job.st.search_s += seconds_since(t0);

@@ -15,6 +15,7 @@
 #include "compute/dhnsw/epoch_watcher.hpp"
 #include "compute/dhnsw/pipeline.hpp"
 #include "compute/dhnsw/planner.hpp"
+#include "compute/dhnsw/sub_search.hpp"
 #include "compute/dhnsw/subindex.hpp"
 
 namespace dmhnsw::dhnsw {
@@ -54,6 +55,17 @@ struct Item {
   std::shared_ptr<const SubIndex> sub;
   SubDesc desc{};     // the live descriptor the fetched bytes match
   bool torn = false;  // no consistent copy within the retry budget: sanitized, not cached
+  // Searched in place (EngineOptions::in_place): the sub's group and its live descriptor where
+  // the provider maps them; nothing was fetched.
+  const char* group = nullptr;
+  const SubDesc* live = nullptr;
+};
+
+/// One sub-HNSW's answers for the queries of a plan entry: up to k per query.
+struct Hits {
+  uint32_t k = 0;
+  std::vector<std::pair<float, int64_t>> r;  // k per query
+  std::vector<uint32_t> found;               // per query
 };
 
 }  // namespace pipeline_detail
@@ -70,6 +82,8 @@ struct Engine::Impl {
 
   static constexpr uint32_t kParallelQueries = 8;
   int omp_threads = 1;
+  std::vector<int> cum;           // list ranges per level of the sub-HNSWs (sub_search.hpp)
+  std::vector<int64_t> meta_ids;  // the meta-HNSW's labels: 0 .. P-1, the partitions
 
   Impl(fabric::Cluster& cl, const Index& ix, const EngineOptions& opts, size_t cap);
 
@@ -89,6 +103,9 @@ struct Engine::Impl {
   /// doorbells of up to a buffer's worth), compared exactly, each query's top-k kept.
   void rerank(Job& job, const float* queries, std::vector<Answer>& answers, fabric::Endpoint& ep);
   bool coded() const { return o.rerank > 0; }
+  /// Where `ep` maps sub `d`'s group and live descriptor, and in-place searches are on: the
+  /// item is searched there (Item::group, Item::live) and not fetched.
+  bool take_in_place(Item& it, const Index& index, fabric::Endpoint& ep) const;
 
   // ---- one Engine::run: batches through the stages, in sequence or pipelined (pipeline.cpp)
   struct Run;
@@ -102,6 +119,13 @@ struct Engine::Impl {
   std::vector<SubDesc> read_live(const Index& index, const std::vector<uint32_t>& subs, fabric::Endpoint& ep,
                                  BatchStats& st);
   void size_buffers(const Index& index);
+  /// The queries of plan entry `e` searched in `v` with the SIMD kernel (sub_search.hpp).
+  pipeline_detail::Hits search_view(const SubView& v, const Job& job, const PlanEntry& e, const float* queries) const;
+  /// Each query's top-k merged with `h` (one answer per id: boundary copies).
+  void merge(const Job& job, const PlanEntry& e, const pipeline_detail::Hits& h, std::vector<Answer>& answers) const;
+  /// An Item::group item: its live descriptor read where it is mapped (seqlock), the sub
+  /// searched in place, or copied out and deserialized when it has overflow records.
+  void search_in_place(Item& it, const float* queries, std::vector<Answer>& answers);
 };
 
 }  // namespace dmhnsw::dhnsw

@@ -37,6 +37,7 @@ json report_header(const RunContext& rc, const QueryOptions& o, const Workload& 
                         {"cache_subs", engine.cache_capacity()}, {"doorbell_subs", eo.doorbell_subs},
                         {"max_wait_us", eo.max_wait_us}, {"arrival_qps", eo.arrival_qps},
                         {"regroup", eo.regroup}, {"doorbell", eo.doorbell}, {"pipeline", eo.pipeline},
+                        {"in_place", eo.in_place},
                         {"queue_depth", eo.queue_depth}, {"search_threads", eo.search_threads}}},
           {"codes", index.codes ? json{{"kind", index.codes->spec().to_string()},
                                        {"code_size", index.codes->code_size()},
@@ -52,7 +53,7 @@ json my_share(uint32_t self, size_t queries, const RunStats& rs, double r1, doub
     batches.push_back({b.queries, b.needed, b.fetched, b.cache_hits, b.bytes, b.reads, b.doorbells, b.seconds,
                        b.meta_s, b.fetch_s, b.deserialize_s, b.search_s, b.version_reads, b.version_doorbells,
                        b.refetches, b.reranked, b.rerank_reads, b.rerank_bytes, b.rerank_doorbells, b.rerank_s,
-                       b.probed});
+                       b.probed, b.in_place, b.in_place_copies, b.in_place_retries});
   return {{"cn_id", self}, {"queries", queries}, {"seconds", rs.seconds}, {"recall1_sum", r1},
           {"recall_sum", rk}, {"meta_s", rs.meta_s}, {"fetch_s", rs.fetch_s},
           {"deserialize_s", rs.deserialize_s}, {"search_s", rs.search_s}, {"rerank_s", rs.rerank_s},
@@ -63,7 +64,7 @@ json my_share(uint32_t self, size_t queries, const RunStats& rs, double r1, doub
 json merge_run(uint32_t ef, const std::vector<std::string>& texts) {
   uint64_t queries = 0, nb = 0, needed = 0, fetched = 0, hits = 0, bytes = 0, reads = 0, doorbells = 0;
   uint64_t vreads = 0, vdoorbells = 0, refetches = 0, reranked = 0, rr_reads = 0, rr_bytes = 0, rr_doorbells = 0;
-  uint64_t probed = 0;
+  uint64_t probed = 0, in_place = 0, in_place_copies = 0, in_place_retries = 0;
   double max_secs = 0, r1s = 0, rks = 0, meta = 0, fetch = 0, deser = 0, search = 0, rerank = 0, per_q_wall = 0;
   std::vector<float> lat;  // per-query latency amortised over its batch
   json per_cn = json::array();
@@ -98,6 +99,9 @@ json merge_run(uint32_t ef, const std::vector<std::string>& texts) {
       rr_bytes += b[17].get<uint64_t>();
       rr_doorbells += b[18].get<uint64_t>();
       probed += b[20].get<uint64_t>();
+      in_place += b[21].get<uint64_t>();
+      in_place_copies += b[22].get<uint64_t>();
+      in_place_retries += b[23].get<uint64_t>();
       if (bq > 0) lat.push_back(static_cast<float>(b[7].get<double>() * 1e6 / static_cast<double>(bq)));
     }
     json pc = {{"cn_id", j["cn_id"]}, {"queries", q}, {"seconds", s},
@@ -136,7 +140,10 @@ json merge_run(uint32_t ef, const std::vector<std::string>& texts) {
                        {"bytes", static_cast<double>(bytes) / nbd}, {"reads", static_cast<double>(reads) / nbd},
                        {"doorbells", static_cast<double>(doorbells) / nbd},
                        {"version_doorbells", static_cast<double>(vdoorbells) / nbd},
-                       {"refetches", static_cast<double>(refetches) / nbd}}},
+                       {"refetches", static_cast<double>(refetches) / nbd},
+                       {"in_place", static_cast<double>(in_place) / nbd},
+                       {"in_place_copies", static_cast<double>(in_place_copies) / nbd},
+                       {"in_place_retries", static_cast<double>(in_place_retries) / nbd}}},
           {"stages_us", {{"meta", meta * us}, {"fetch", fetch * us}, {"deserialize", deser * us},
                          {"search", search * us}, {"rerank", rerank * us},
                          {"sum", (meta + fetch + deser + search + rerank) * us},

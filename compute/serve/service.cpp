@@ -280,6 +280,7 @@ int run_serve(const compute::RunContext& rc, const ServeOptions& o) {
     dhnsw::EngineOptions eo = o.dhnsw;
     eo.k = o.max_k;
     eo.ef_search = o.shine.ef_search;
+    eo.in_place = o.shine.search.in_place;  // --in-place / --no-in-place, registered with shine's flags
     backend = make_dhnsw_backend(rc, eo, bm);
   } else {
     throw std::invalid_argument("--mode " + o.mode + ": serve needs shine or dhnsw");

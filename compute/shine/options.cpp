@@ -25,8 +25,9 @@ void SearchOptions::add_flags(CLI::App& cmd, const std::string& cache_ratio_also
       ->capture_default_str()
       ->check(CLI::IsMember({"auto", "vectors", "lists"}));
   cmd.add_flag("--in-place,!--no-in-place", in_place,
-               "shine: where the provider maps the memnodes' regions into this process (cxl), read neighbour lists and "
-               "vectors where they lie instead of copying them out (--no-in-place: copy, as over a network)")
+               "where the provider maps the memnodes' regions into this process (cxl), read them where they lie "
+               "instead of copying them out (--no-in-place: copy, as over a network). shine: neighbour lists and "
+               "vectors; dhnsw: a sub-HNSW without overflow records is searched in its block, no fetch, no copy")
       ->capture_default_str();
   cmd.add_option("--admit-probability", admit_probability, "shine: level-0 nodes enter the cache with this probability")
       ->capture_default_str()

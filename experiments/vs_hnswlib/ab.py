@@ -9,6 +9,9 @@ WORK/hnswlib.idx) is searched between them. Each query process runs every --ef-s
 (repeat one to get several points per process). Prints recall and QPS per run and the median
 QPS of each binary and of hnswlib per efSearch and round, with the ratio to hnswlib.
 
+With --dhnsw DIR, both binaries query the d-HNSW index whose images run.py left in DIR
+(WORK/dhnsw: index.img.0 and .1, served by 2 fresh memnodes) with --probe and --batch.
+
 With --build, the builds are compared instead: each round, each binary builds the index into
 fresh memnodes and queries it, and hnswlib builds its own; prints inserts/s and recall per
 build and the ratio to hnswlib's inserts/s in the same round.
@@ -40,6 +43,13 @@ ap.add_argument("--rounds", type=int, default=2, help="rounds: each binary once,
 ap.add_argument("--region", default="2GiB", help="each of the 2 memnodes' region (default %(default)s)")
 ap.add_argument("--threads", type=int, default=2, help="threads everywhere (default %(default)s)")
 ap.add_argument("--build", action="store_true", help="compare the builds (each binary builds its own index)")
+ap.add_argument("--old-args", default="", help="more query flags of the old binary, e.g. \"--no-in-place\" (one binary "
+                "against itself with other flags: --old build/bin/computenode)")
+ap.add_argument("--new-args", default="", help="more query flags of the new binary")
+ap.add_argument("--dhnsw", default=None, help="query the d-HNSW index in this run.py folder (WORK/dhnsw) instead of a "
+                "shine build")
+ap.add_argument("--probe", type=int, default=4, help="--dhnsw: partitions searched per query (default %(default)s)")
+ap.add_argument("--batch", type=int, default=1000, help="--dhnsw: queries per batch (default %(default)s)")
 a = ap.parse_args()
 work = Path(a.work)
 base = Path(a.base) if a.base else work / "base.fvecs"
@@ -87,14 +97,20 @@ if a.build:
                   shown(pts), flush=True)
     sys.exit(0)
 
-with dmh.Memnodes(2, "cxl", a.region, work / "ab_mn") as mn:
+images = [Path(a.dhnsw) / f"index.img.{i}" for i in range(2)] if a.dhnsw else None
+with dmh.Memnodes(None if images else 2, "cxl", a.region, work / "ab_mn", load=images) as mn:
     cm = ["--memnodes", mn.list, "--provider", "cxl"]
-    dmh.log(f"shine build of {base} (the new binary)")
-    dmh.run([a.new] + cm + ["build", "--data", base, "--threads", a.threads] + graph)
+    if images:
+        cm = ["--mode", "dhnsw"] + cm
+        query = ["query", "--probe", a.probe, "--batch", a.batch]
+    else:
+        dmh.log(f"shine build of {base} (the new binary)")
+        dmh.run([a.new] + cm + ["build", "--data", base, "--threads", a.threads] + graph)
+        query = ["query", "--coroutines", 4]
     for r in range(a.rounds):
         for name in order(r):
             rep = work / f"ab_{name}.json"
-            dmh.run([getattr(a, name)] + cm + ["query", "--coroutines", 4, "--report", rep] + common)
+            dmh.run([getattr(a, name)] + cm + query + ["--report", rep] + common + getattr(a, name + "_args").split())
             runs[name].append(points(rep))
         hj = work / "ab_hnswlib.json"
         dmh.run([dmh.BIN / "hnswlib-bench", "--base", base, "--load", work / "hnswlib.idx", "--json", hj] + graph + common)

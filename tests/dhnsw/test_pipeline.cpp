@@ -134,6 +134,29 @@ TEST_CASE("dhnsw pipeline: answers match brute force, and every ablation answers
     if (!regroup) CHECK(fetched == uint64_t{kQ} * o.probe);
     if (!doorbell) CHECK(doorbells == reads);
   }
+  // LocalFabric maps its regions: by default every sub-HNSW was searched where it lies, with
+  // no READ of it; fetched and deserialized (--no-in-place), the answers are the same.
+  uint64_t in_place = 0, bytes = 0;
+  for (const auto& b : rs.batches) {
+    in_place += b.in_place;
+    bytes += b.bytes;
+    CHECK(b.in_place + b.cache_hits == b.needed);
+    CHECK(b.in_place_copies == 0);
+  }
+  CHECK(in_place > 0);
+  CHECK(bytes == 0);
+  for (bool pipeline : {true, false}) {
+    EngineOptions v = o;
+    v.in_place = false;
+    v.pipeline = pipeline;
+    std::vector<Answer> a;
+    RunStats s = Engine(*f.cluster, idx, v).run(f.queries.data(), kQ, a);
+    for (uint32_t q = 0; q < kQ; ++q) {
+      CHECK(ids(a[q]) == ids(full[q]));
+      CHECK(a[q] == full[q]);  // distances too: the same search over the same arrays
+    }
+    for (const auto& b : s.batches) CHECK(b.in_place == 0);
+  }
 }
 
 TEST_CASE("dhnsw pipeline: a cache of every sub-HNSW serves the next run without fetching", "[dhnsw]") {
@@ -144,6 +167,7 @@ TEST_CASE("dhnsw pipeline: a cache of every sub-HNSW serves the next run without
   o.batch = 40;
   o.probe = 2;
   o.cache_subs = kP;
+  o.in_place = false;  // the cache keeps fetched sub-HNSWs; in place nothing is fetched
   Engine e(*f.cluster, idx, o);
   REQUIRE(e.cache_capacity() == kP);
   std::vector<Answer> a1, a2;

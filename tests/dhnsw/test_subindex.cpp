@@ -2,7 +2,8 @@
 // (compute/dhnsw/build.hpp): a Faiss IndexHNSWFlat written into a region per the layout, read
 // back with a LocalFabric READ of its fetch range, searched with identical results; corrupted
 // and truncated buffers refused naming the array and the byte; overflow records applied; the
-// meta-HNSW round trip; a whole build validated and searched.
+// meta-HNSW round trip; a whole build validated and searched; the search in a sub-HNSW
+// (compute/dhnsw/sub_search.hpp) in place and on a copy, against brute force and Faiss.
 #include <catch2/catch.hpp>
 
 #include <faiss/IndexFlatCodes.h>
@@ -13,6 +14,7 @@
 #include <cstring>
 #include <filesystem>
 #include <memory>
+#include <optional>
 #include <random>
 #include <set>
 #include <string>
@@ -23,6 +25,7 @@
 #include "common/region.hpp"
 #include "compute/codes.hpp"
 #include "compute/dhnsw/build.hpp"
+#include "compute/dhnsw/sub_search.hpp"
 #include "compute/dhnsw/subindex.hpp"
 #include "memory/image.hpp"
 
@@ -622,5 +625,181 @@ TEST_CASE("subindex: a sub with codes read without its vectors searches on its c
       CHECK(found >= 490);
       CHECK(std::fabs(dc[0] - df[0]) < 0.1f * std::max(1.0f, df[0]));  // an approximate distance of the same scale
     }
+  }
+}
+
+namespace {
+
+/// Exact top-k labels of `q` among `src`'s vectors (the recall oracle).
+std::vector<int64_t> exact_labels(const Source& src, const float* q, size_t k, Metric metric) {
+  std::vector<std::pair<float, int64_t>> d;
+  for (size_t i = 0; i < src.labels.size(); ++i)
+    d.emplace_back(reference_distance(metric, q, src.data.data() + i * kDim, kDim), src.labels[i]);
+  std::partial_sort(d.begin(), d.begin() + static_cast<std::ptrdiff_t>(k), d.end());
+  std::vector<int64_t> out;
+  for (size_t i = 0; i < k; ++i) out.push_back(d[i].second);
+  return out;
+}
+
+double overlap(const std::vector<std::pair<float, int64_t>>& got, const std::vector<int64_t>& exact) {
+  size_t hits = 0;
+  for (const auto& [d, l] : got) hits += std::find(exact.begin(), exact.end(), l) != exact.end();
+  return static_cast<double>(hits) / static_cast<double>(exact.size());
+}
+
+}  // namespace
+
+TEST_CASE("sub-HNSW search: in place and on the deserialized copy the same answers, recall as Faiss's, exact at "
+          "efSearch n",
+          "[dhnsw][subindex][sub_search]") {
+  Fixture f;
+  const std::vector<int> cum = neighbors_per_level(16);
+  const DistanceComputer dc(Metric::L2, kDim);
+  for (int slot = 0; slot < 2; ++slot) {
+    const SubDesc& d = f.plan.subs[slot];
+    const Source& src = slot == 0 ? f.a : f.b;
+    std::vector<char> buf = fetch(*f.ep, d);
+    SubIndex s = deserialize_sub(buf.data(), buf.size(), d, f.h, "test sub");
+    const SubView copy = view_of(s);
+    const std::optional<SubView> mapped = mapped_view(f.cluster->region(0) + d.block_offset, d, f.h, cum);
+    REQUIRE(mapped);
+    REQUIRE(copy.count == src.labels.size());
+    const size_t nq = 100, k = 10;
+    const std::vector<float> q = random_vectors(nq, kDim, 99);
+    SubSearcher ss;
+    double ours = 0, faiss_recall = 0, full = 0;
+    std::vector<float> fd(k);
+    std::vector<idx_t> fi(k);
+    s.index->hnsw.efSearch = 32;
+    for (size_t i = 0; i < nq; ++i) {
+      const float* x = q.data() + i * kDim;
+      std::vector<std::pair<float, int64_t>> a(k), b(k), all(k);
+      a.resize(ss.search(copy, dc, false, x, k, 32, a.data()));
+      b.resize(ss.search(*mapped, dc, false, x, k, 32, b.data()));
+      CHECK(a == b);  // the same arrays, wherever they lie
+      REQUIRE(a.size() == k);
+      for (size_t j = 1; j < a.size(); ++j) CHECK(a[j - 1].first <= a[j].first);
+      for (const auto& [dist, label] : a) {
+        const auto at = std::find(src.labels.begin(), src.labels.end(), label);
+        REQUIRE(at != src.labels.end());
+        const float* v = src.data.data() + (at - src.labels.begin()) * kDim;
+        CHECK(dist == Approx(reference_distance(Metric::L2, x, v, kDim)).epsilon(1e-4));
+      }
+      const std::vector<int64_t> exact = exact_labels(src, x, k, Metric::L2);
+      ours += overlap(a, exact);
+      all.resize(ss.search(copy, dc, false, x, k, static_cast<uint32_t>(copy.count), all.data()));
+      full += overlap(all, exact);
+      s.index->search(1, x, static_cast<idx_t>(k), fd.data(), fi.data());
+      std::vector<std::pair<float, int64_t>> fr;
+      for (size_t j = 0; j < k; ++j)
+        if (fi[j] >= 0) fr.emplace_back(fd[j], s.labels[static_cast<size_t>(fi[j])]);
+      faiss_recall += overlap(fr, exact);
+    }
+    INFO("slot " << slot << ": recall@10 at efSearch 32 " << ours / nq << " (Faiss " << faiss_recall / nq << ")");
+    CHECK(ours / nq >= faiss_recall / nq - 0.02);
+    CHECK(ours / nq >= 0.85);
+    CHECK(full / nq == 1.0);
+    CHECK(ss.distances() > 0);
+  }
+}
+
+TEST_CASE("sub-HNSW search: inner product gives Faiss's similarity, nearest first", "[dhnsw][subindex][sub_search]") {
+  Source src = make_source(500, 8, 7, 0, faiss::METRIC_INNER_PRODUCT);
+  RegionPlan plan = plan_region(std::vector<SubShape>{shape_of(*src.index)}, 1, 0, LayoutParams{0.0, 0.0});
+  SubDesc& d = plan.subs[0];
+  d.entry_point = src.index->hnsw.entry_point;
+  d.max_level = src.index->hnsw.max_level;
+  MetaHeader h = header_for(plan, 8, 1);
+  std::vector<char> block(d.block_bytes);
+  serialize_sub(*src.index, src.labels.data(), d, block.data());
+  const std::vector<int> cum = neighbors_per_level(8);
+  const std::optional<SubView> v = mapped_view(block.data(), d, h, cum);
+  REQUIRE(v);
+  const DistanceComputer dc(Metric::IP, kDim);
+  const std::vector<float> q = random_vectors(20, kDim, 5);
+  SubSearcher ss;
+  for (size_t i = 0; i < 20; ++i) {
+    const float* x = q.data() + i * kDim;
+    std::vector<std::pair<float, int64_t>> a(5);
+    a.resize(ss.search(*v, dc, true, x, 5, 500, a.data()));
+    REQUIRE(a.size() == 5);
+    const std::vector<int64_t> exact = exact_labels(src, x, 5, Metric::IP);
+    CHECK(overlap(a, exact) == 1.0);
+    for (size_t j = 1; j < a.size(); ++j) CHECK(a[j - 1].first >= a[j].first);  // similarity: largest first
+    float dot = 0;
+    const auto at = std::find(src.labels.begin(), src.labels.end(), a[0].second) - src.labels.begin();
+    for (uint32_t j = 0; j < kDim; ++j) dot += x[j] * src.data[static_cast<size_t>(at) * kDim + j];
+    CHECK(a[0].first == Approx(dot).margin(1e-4));
+  }
+}
+
+TEST_CASE("sub-HNSW search: deleted vectors guide the search and are never returned", "[dhnsw][subindex][sub_search]") {
+  Fixture f;
+  const SubDesc& d = f.plan.subs[0];
+  std::vector<char> buf = fetch(*f.ep, d);
+  SubIndex s = deserialize_sub(buf.data(), buf.size(), d, f.h, "test sub");
+  // Every vector but five deleted: the search goes on through the deleted ones and finds them.
+  std::set<int64_t> kept;
+  for (size_t i = 0; i < s.labels.size(); ++i) {
+    if (i % 400 == 7) {
+      kept.insert(s.labels[i]);
+      continue;
+    }
+    s.labels[i] = static_cast<int64_t>(static_cast<uint64_t>(s.labels[i]) | kDeletedLabel);
+  }
+  REQUIRE(kept.size() == 5);
+  const DistanceComputer dc(Metric::L2, kDim);
+  const std::vector<float> q = random_vectors(20, kDim, 17);
+  SubSearcher ss;
+  for (size_t i = 0; i < 20; ++i) {
+    std::vector<std::pair<float, int64_t>> a(10);
+    a.resize(ss.search(view_of(s), dc, false, q.data() + i * kDim, 10, 32, a.data()));
+    CHECK(a.size() == 5);
+    for (const auto& [dist, label] : a) CHECK(kept.count(label) == 1);
+  }
+}
+
+TEST_CASE("sub-HNSW search in place: no view of a sub with overflow records or sizes beyond its block, and ids and "
+          "offsets out of range in its lists are skipped",
+          "[dhnsw][subindex][sub_search]") {
+  Fixture f;
+  const std::vector<int> cum = neighbors_per_level(16);
+  const SubDesc good = f.plan.subs[0];
+  char* block = f.cluster->region(0) + good.block_offset;
+  REQUIRE(mapped_view(block, good, f.h, cum));
+  CHECK_FALSE(mapped_view(nullptr, good, f.h, cum));
+  SubDesc d = good;
+  d.overflow_used = kAlign;  // records: copied and deserialized instead
+  CHECK_FALSE(mapped_view(block, d, f.h, cum));
+  d = good;
+  d.arrays[kVectors].used += 4 * kDim;  // one vector more than the count
+  CHECK_FALSE(mapped_view(block, d, f.h, cum));
+  d = good;
+  d.arrays[kNeighbors].offset = d.block_bytes;  // outside the block
+  CHECK_FALSE(mapped_view(block, d, f.h, cum));
+  d = good;
+  d.entry_point = static_cast<int32_t>(d.count);
+  CHECK_FALSE(mapped_view(block, d, f.h, cum));
+  d = good;
+  d.max_level = static_cast<int32_t>(cum.size());
+  CHECK_FALSE(mapped_view(block, d, f.h, cum));
+
+  // An in-place writer's half-written lists: wild ids and offsets are skipped, nothing read outside.
+  const std::optional<SubView> v = mapped_view(block, good, f.h, cum);
+  REQUIRE(v);
+  auto* nb = reinterpret_cast<int32_t*>(block + good.arrays[kNeighbors].offset);
+  auto* off = reinterpret_cast<uint64_t*>(block + good.arrays[kOffsets].offset);
+  std::mt19937_64 rng(3);
+  for (uint64_t j = 0; j < v->neighbor_entries; j += 5) nb[j] = static_cast<int32_t>(rng() | 0x40000000u);
+  for (uint64_t i = 1; i < good.count; i += 97) off[i] = ~uint64_t{0} - rng() % 100;
+  const DistanceComputer dc(Metric::L2, kDim);
+  const std::vector<float> q = random_vectors(20, kDim, 23);
+  const std::set<int64_t> labels(f.a.labels.begin(), f.a.labels.end());
+  SubSearcher ss;
+  for (size_t i = 0; i < 20; ++i) {
+    std::vector<std::pair<float, int64_t>> a(10);
+    a.resize(ss.search(*v, dc, false, q.data() + i * kDim, 10, 32, a.data()));
+    CHECK(!a.empty());
+    for (const auto& [dist, label] : a) CHECK(labels.count(label) == 1);
   }
 }
