@@ -10,7 +10,11 @@ namespace dmhnsw::dhnsw {
 EpochWatcher::EpochWatcher(fabric::Cluster& c, std::shared_ptr<const Index> index, int64_t ack_slot)
     : c_(c), cur_(std::move(index)), ack_slot_(ack_slot) {}
 
-EpochWatcher::Seen EpochWatcher::poll(fabric::Endpoint& ep) {
+void EpochWatcher::ack(fabric::Endpoint& ep) {
+  if (ack_slot_ >= 0) write_control_word(ep, ack_ptr(static_cast<uint64_t>(ack_slot_)), next_ack());
+}
+
+EpochWatcher::Seen EpochWatcher::poll(fabric::Endpoint& ep, bool ack_move) {
   Seen seen;
   fabric::Buffer b = ep.alloc(sizeof(Control) + 8);
   std::vector<fabric::Op> ops{fabric::Op::read(RemotePtr(0, kControlOffset), b.data(), sizeof(Control), 0)};
@@ -31,7 +35,7 @@ EpochWatcher::Seen EpochWatcher::poll(fabric::Endpoint& ep) {
   if (seen.control.epoch != cur_->header.epoch && seen.control.epoch != 0) {
     cur_ = std::make_shared<Index>(load_index(c_, ep));
     seen.moved = true;
-    if (ack_slot_ >= 0) write_control_word(ep, ack_ptr(static_cast<uint64_t>(ack_slot_)), next_ack());
+    if (ack_move) ack(ep);
   }
   return seen;
 }

@@ -22,7 +22,11 @@ class EpochWatcher {
     bool moved = false;  // the epoch moved: current() is the new epoch's index
   };
   /// Reads the control block (acknowledging as above); throws naming memnode 0 when it fails.
-  Seen poll(fabric::Endpoint& ep);
+  /// With `ack_move` false a new epoch is loaded but not acknowledged: the caller calls ack()
+  /// once nothing reads the old epoch's area any more.
+  Seen poll(fabric::Endpoint& ep, bool ack_move = true);
+  /// Writes this computenode's ack word for the current epoch (nothing without an ack slot).
+  void ack(fabric::Endpoint& ep);
   /// The index of the epoch seen last; a batch keeps the one it was planned with.
   const std::shared_ptr<const Index>& current() const { return cur_; }
 

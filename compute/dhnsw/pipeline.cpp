@@ -67,6 +67,7 @@ struct Engine::Impl::Run {
   std::unique_ptr<fabric::Endpoint> rerank_ep;  // the search stage's, over codes only
   Clock::time_point t_start;
   RunStats rs;
+  std::atomic<uint64_t> finished{0};  // batches finished (search stage)
 
   /// Batches close when B queries arrived or max_wait_us after their first one did.
   Clock::time_point arrival(size_t i) const {
@@ -100,6 +101,7 @@ struct Engine::Impl::Run {
     rs.deserialize_s += st.deserialize_s;
     rs.search_s += st.search_s;
     rs.rerank_s += st.rerank_s;
+    finished.fetch_add(1, std::memory_order_release);  // its reads of the regions are over
   }
   /// The batch's entries to fetch, G per doorbell.
   std::vector<std::vector<uint32_t>> uncached_groups(const Job& job) const {
@@ -136,6 +138,7 @@ void Engine::Impl::run_in_sequence(Run& r) {
   for (size_t first = 0; first < r.n;) {
     uint32_t bn = r.next_batch(first);
     auto job = open_batch(r.queries, first, bn, *r.ep, r.answers);
+    if (job->epoch_moved) epochs.ack(*r.ep);  // every batch before it is done
     for (uint32_t e = 0; e < job->plan.entries.size(); ++e)
       if (job->plan.entries[e].cached) {
         Item it{job, e, {}, 0, job->hits.at(job->plan.entries[e].sub)};
@@ -173,9 +176,16 @@ void Engine::Impl::run_pipelined(Run& r) {
   };
   std::thread fetcher([&] {
     try {
+      uint64_t opened = 0;
       for (size_t first = 0; first < r.n && !abort.load();) {
         uint32_t bn = r.next_batch(first);
         auto job = open_batch(r.queries, first, bn, *r.ep, r.answers);
+        if (job->epoch_moved) {  // acknowledged once the batches before it no longer read the old area
+          while (r.finished.load(std::memory_order_acquire) < opened && !abort.load())
+            std::this_thread::sleep_for(std::chrono::microseconds(50));
+          epochs.ack(*r.ep);
+        }
+        ++opened;
         if (job->plan.entries.empty()) {  // nothing to search: done at once
           Item it{job, 0, {}, 0, nullptr};
           job->remaining = 1;

@@ -44,7 +44,6 @@ void Engine::Impl::size_buffers(const Index& index) {
   // A sub grows into its share of the shared gap: at most block + the whole gap.
   for (const auto& s : index.subs) max_fetch = std::max(max_fetch, s.block_bytes + s.overflow_bytes);
   buf_bytes = std::bit_ceil(std::max<uint64_t>(max_fetch, 4096));
-  cum = neighbors_per_level(index.header.m);
   meta_ids.resize(index.meta ? static_cast<size_t>(index.meta->ntotal) : 0);
   for (size_t i = 0; i < meta_ids.size(); ++i) meta_ids[i] = static_cast<int64_t>(i);
 }
@@ -110,7 +109,9 @@ std::shared_ptr<Engine::Impl::Job> Engine::Impl::open_batch(const float* queries
                                                             fabric::Endpoint& ep, std::vector<Answer>& answers) {
   auto job = std::make_shared<Job>();
   const uint64_t was = epochs.current()->header.epoch;
-  const EpochWatcher::Seen seen = epochs.poll(ep);
+  // A new epoch is acknowledged by the runner once the batches before this one are searched:
+  // in place they still read the old area, which the ack lets the rebuild master free.
+  const EpochWatcher::Seen seen = epochs.poll(ep, false);
   const Control& ctl = seen.control;
   if (seen.moved) {  // the cache goes with the old epoch
     spdlog::info("dhnsw: epoch {} -> {}: metadata refreshed, {} cached sub-HNSW(s) dropped", was,
@@ -119,7 +120,9 @@ std::shared_ptr<Engine::Impl::Job> Engine::Impl::open_batch(const float* queries
     size_buffers(*epochs.current());
   }
   job->index = epochs.current();
+  job->epoch_moved = seen.moved;
   const Index& index = *job->index;
+  job->cum = neighbors_per_level(index.header.m);
   job->st.epoch = index.header.epoch;
   if (ctl.phase != kIdle)
     job->st.buffered_scanned += buffer_search(ep, ctl, index.header.dim, index.inner_product(), o.k,
@@ -136,6 +139,9 @@ std::shared_ptr<Engine::Impl::Job> Engine::Impl::open_batch(const float* queries
     std::vector<faiss::Index::idx_t> I(size_t{n} * b);
     // The meta-HNSW searched as a sub-HNSW is (sub_search.hpp: its labels are the partitions).
     const SubView mv = view_of(*index.meta, meta_ids.data());
+    if (mv.count != meta_ids.size() || index.meta->d != static_cast<int>(index.header.dim))
+      throw std::runtime_error("the meta-HNSW is not a flat-storage index of " + std::to_string(index.header.dim) +
+                               "-dimensional centroids");
     const bool ip = index.meta->metric_type == faiss::METRIC_INNER_PRODUCT;
     const DistanceComputer dc(ip ? Metric::IP : Metric::L2, index.header.dim);
     const uint32_t ef = std::max(o.meta_ef_search, b);
@@ -394,7 +400,7 @@ void Engine::Impl::search_in_place(Item& it, const float* queries, std::vector<A
       std::atomic_thread_fence(std::memory_order_acquire);
       return __atomic_load_n(&it.live->version, __ATOMIC_RELAXED) == v0 && (v0 & 1) == 0;
     };
-    if (auto v = mapped_view(it.group + (d.block_offset - g.group_offset), d, index.header, cum)) {
+    if (auto v = mapped_view(it.group + (d.block_offset - g.group_offset), d, index.header, job.cum)) {
       pipeline_detail::Hits h = search_view(*v, job, e, queries);
       if (stable()) {
         alive();

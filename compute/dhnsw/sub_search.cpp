@@ -39,7 +39,7 @@ std::vector<int> neighbors_per_level(uint32_t m) {
 
 std::optional<SubView> mapped_view(const char* block, const SubDesc& d, const MetaHeader& h, std::span<const int> cum) {
   if (block == nullptr || d.overflow_used != 0 || d.count == 0 ||
-      d.count > static_cast<uint64_t>(std::numeric_limits<int32_t>::max()) || h.dim == 0)
+      d.count > static_cast<uint64_t>(std::numeric_limits<int32_t>::max()) || h.dim == 0 || h.dim > 65536)
     return std::nullopt;
   const uint64_t n = d.count;
   const uint64_t want[kNumArrays] = {n * 4, (n + 1) * 8, d.arrays[kNeighbors].used, n * 8, d.arrays[kCodes].used,
@@ -83,7 +83,9 @@ inline bool list_range(const SubView& v, uint32_t c, int level, uint64_t& begin,
   if (static_cast<size_t>(level) + 1 >= v.cum.size()) return false;
   // One load: an in-place insert may write the offsets while they are read.
   const uint64_t at = __atomic_load_n(v.offsets + c, __ATOMIC_RELAXED);
-  const uint64_t lo = static_cast<uint64_t>(v.cum[level]), hi = static_cast<uint64_t>(v.cum[level + 1]);
+  const int l0 = v.cum[level], l1 = v.cum[level + 1];
+  if (l0 < 0 || l1 < l0) return false;
+  const uint64_t lo = static_cast<uint64_t>(l0), hi = static_cast<uint64_t>(l1);
   if (at > v.neighbor_entries || hi > v.neighbor_entries - at) return false;
   begin = at + lo;
   end = at + hi;

@@ -21,6 +21,14 @@ namespace dmhnsw::dhnsw::testing {
 
 constexpr uint32_t kDim = 16, kN = 3000, kP = 6;
 
+// LocalFabric maps its regions (Endpoint::mapped) except under TSan, where every access is a
+// READ (common/fabric/local/local_fabric.cpp): the in-place searches run only outside it.
+#if defined(__SANITIZE_THREAD__)
+inline constexpr bool kLocalMaps = false;
+#else
+inline constexpr bool kLocalMaps = true;
+#endif
+
 /// n vectors around 12 fixed centres `spread` apart (in units of the clusters' own deviation).
 inline std::vector<float> blobs(size_t n, uint64_t seed, float spread = 4.f) {
   std::mt19937_64 rng(seed);

@@ -140,11 +140,11 @@ TEST_CASE("dhnsw pipeline: answers match brute force, and every ablation answers
   for (const auto& b : rs.batches) {
     in_place += b.in_place;
     bytes += b.bytes;
-    CHECK(b.in_place + b.cache_hits == b.needed);
+    if (testing::kLocalMaps) CHECK(b.in_place + b.cache_hits == b.needed);
     CHECK(b.in_place_copies == 0);
   }
-  CHECK(in_place > 0);
-  CHECK(bytes == 0);
+  CHECK((in_place > 0) == testing::kLocalMaps);
+  CHECK((bytes == 0) == testing::kLocalMaps);
   for (bool pipeline : {true, false}) {
     EngineOptions v = o;
     v.in_place = false;

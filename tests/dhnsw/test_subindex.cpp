@@ -223,18 +223,32 @@ TEST_CASE("subindex: a sub-HNSW read back through LocalFabric searches identical
   }
 }
 
-TEST_CASE("subindex: inner-product sub-HNSW round trip", "[dhnsw][subindex]") {
+namespace {
+
+/// An inner-product sub-HNSW of 500 vectors (M 8) serialized alone into a block without gaps.
+struct IpSub {
   Source src = make_source(500, 8, 7, 0, faiss::METRIC_INNER_PRODUCT);
   RegionPlan plan = plan_region(std::vector<SubShape>{shape_of(*src.index)}, 1, 0, LayoutParams{0.0, 0.0});
-  SubDesc& d = plan.subs[0];
-  d.entry_point = src.index->hnsw.entry_point;
-  d.max_level = src.index->hnsw.max_level;
-  MetaHeader h = header_for(plan, 8, 1);
-  std::vector<char> block(d.block_bytes);
-  serialize_sub(*src.index, src.labels.data(), d, block.data());
-  SubIndex s = deserialize_sub(block.data(), block.size(), d, h, "ip sub");
+  MetaHeader h{};
+  std::vector<char> block;
+  IpSub() {
+    SubDesc& d = plan.subs[0];
+    d.entry_point = src.index->hnsw.entry_point;
+    d.max_level = src.index->hnsw.max_level;
+    h = header_for(plan, 8, 1);
+    block.resize(d.block_bytes);
+    serialize_sub(*src.index, src.labels.data(), d, block.data());
+  }
+  const SubDesc& desc() const { return plan.subs[0]; }
+};
+
+}  // namespace
+
+TEST_CASE("subindex: inner-product sub-HNSW round trip", "[dhnsw][subindex]") {
+  IpSub ip;
+  SubIndex s = deserialize_sub(ip.block.data(), ip.block.size(), ip.desc(), ip.h, "ip sub");
   CHECK(s.index->metric_type == faiss::METRIC_INNER_PRODUCT);
-  check_same_search(*src.index, src.labels, *s.index, s.labels, 50);
+  check_same_search(*ip.src.index, ip.src.labels, *s.index, s.labels, 50);
 }
 
 TEST_CASE("subindex: serialize_sub refuses a descriptor that does not fit the index", "[dhnsw][subindex]") {
@@ -704,16 +718,10 @@ TEST_CASE("sub-HNSW search: in place and on the deserialized copy the same answe
 }
 
 TEST_CASE("sub-HNSW search: inner product gives Faiss's similarity, nearest first", "[dhnsw][subindex][sub_search]") {
-  Source src = make_source(500, 8, 7, 0, faiss::METRIC_INNER_PRODUCT);
-  RegionPlan plan = plan_region(std::vector<SubShape>{shape_of(*src.index)}, 1, 0, LayoutParams{0.0, 0.0});
-  SubDesc& d = plan.subs[0];
-  d.entry_point = src.index->hnsw.entry_point;
-  d.max_level = src.index->hnsw.max_level;
-  MetaHeader h = header_for(plan, 8, 1);
-  std::vector<char> block(d.block_bytes);
-  serialize_sub(*src.index, src.labels.data(), d, block.data());
+  IpSub ip;
+  const Source& src = ip.src;
   const std::vector<int> cum = neighbors_per_level(8);
-  const std::optional<SubView> v = mapped_view(block.data(), d, h, cum);
+  const std::optional<SubView> v = mapped_view(ip.block.data(), ip.desc(), ip.h, cum);
   REQUIRE(v);
   const DistanceComputer dc(Metric::IP, kDim);
   const std::vector<float> q = random_vectors(20, kDim, 5);
@@ -784,14 +792,20 @@ TEST_CASE("sub-HNSW search in place: no view of a sub with overflow records or s
   d.max_level = static_cast<int32_t>(cum.size());
   CHECK_FALSE(mapped_view(block, d, f.h, cum));
 
-  // An in-place writer's half-written lists: wild ids and offsets are skipped, nothing read outside.
-  const std::optional<SubView> v = mapped_view(block, good, f.h, cum);
+  // An in-place writer's half-written lists: wild ids and offsets are skipped, nothing read
+  // outside the block (a copy of exactly its size, so that ASan sees a read past it).
+  std::vector<char> own(block, block + good.block_bytes);
+  const std::optional<SubView> v = mapped_view(own.data(), good, f.h, cum);
   REQUIRE(v);
-  auto* nb = reinterpret_cast<int32_t*>(block + good.arrays[kNeighbors].offset);
-  auto* off = reinterpret_cast<uint64_t*>(block + good.arrays[kOffsets].offset);
+  auto* nb = reinterpret_cast<int32_t*>(own.data() + good.arrays[kNeighbors].offset);
+  auto* off = reinterpret_cast<uint64_t*>(own.data() + good.arrays[kOffsets].offset);
   std::mt19937_64 rng(3);
   for (uint64_t j = 0; j < v->neighbor_entries; j += 5) nb[j] = static_cast<int32_t>(rng() | 0x40000000u);
-  for (uint64_t i = 1; i < good.count; i += 97) off[i] = ~uint64_t{0} - rng() % 100;
+  for (uint64_t j = 2; j < v->neighbor_entries; j += 7) nb[j] = static_cast<int32_t>(good.count);  // one past the last
+  const uint64_t e = v->neighbor_entries, l0 = static_cast<uint64_t>(cum[1]);
+  // Offsets whose level-0 list would end just past the array, far past it, or wrap.
+  const uint64_t wild[] = {e - l0 + 1, e - 1, e, e + 1, ~uint64_t{0} - 3, ~uint64_t{0} - l0 + 2};
+  for (uint64_t i = 1, w = 0; i < good.count; i += 97, ++w) off[i] = wild[w % std::size(wild)];
   const DistanceComputer dc(Metric::L2, kDim);
   const std::vector<float> q = random_vectors(20, kDim, 23);
   const std::set<int64_t> labels(f.a.labels.begin(), f.a.labels.end());
