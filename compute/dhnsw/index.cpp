@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "common/region.hpp"
+#include "compute/dhnsw/sub_search.hpp"
 #include "compute/dhnsw/subindex.hpp"
 
 namespace dmhnsw::dhnsw {
@@ -43,6 +44,7 @@ Index load_index(fabric::Cluster& c, fabric::Endpoint& ep) {
     if (mn.id != 0) validate_metadata(h, idx.subs, r.region_size, mn.id, what);
   }
   idx.meta = deserialize_meta(md.meta_index.data(), md.meta_index.size(), what + " (meta-HNSW)");
+  idx.list_ranges = neighbors_per_level(h.m);
   if (!md.codes.empty()) {
     const uint64_t at = h.metadata_offset + h.codes_offset;
     idx.codes = compute::Quantizer::load(md.codes.data(), md.codes.size(), "memnode 0", at);

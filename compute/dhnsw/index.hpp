@@ -23,6 +23,8 @@ struct Index {
   /// The quantizer of the codes arrays (null: the index has none), from the metadata block.
   std::shared_ptr<const compute::Quantizer> codes;
   uint64_t metadata_bytes = 0;
+  /// The sub-HNSWs' list ranges per level (Faiss's, for the header's M: sub_search.hpp).
+  std::vector<int> list_ranges;
   bool inner_product() const { return header.metric == 1; }
 };
 /// Reads and checks the metadata block (region mode words dhnsw_word::kMetadataOffset/Size of

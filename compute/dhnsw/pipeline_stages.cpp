@@ -44,8 +44,6 @@ void Engine::Impl::size_buffers(const Index& index) {
   // A sub grows into its share of the shared gap: at most block + the whole gap.
   for (const auto& s : index.subs) max_fetch = std::max(max_fetch, s.block_bytes + s.overflow_bytes);
   buf_bytes = std::bit_ceil(std::max<uint64_t>(max_fetch, 4096));
-  meta_ids.resize(index.meta ? static_cast<size_t>(index.meta->ntotal) : 0);
-  for (size_t i = 0; i < meta_ids.size(); ++i) meta_ids[i] = static_cast<int64_t>(i);
 }
 
 bool Engine::Impl::take_in_place(Item& it, const Index& index, fabric::Endpoint& ep) const {
@@ -122,7 +120,6 @@ std::shared_ptr<Engine::Impl::Job> Engine::Impl::open_batch(const float* queries
   job->index = epochs.current();
   job->epoch_moved = seen.moved;
   const Index& index = *job->index;
-  job->cum = neighbors_per_level(index.header.m);
   job->st.epoch = index.header.epoch;
   if (ctl.phase != kIdle)
     job->st.buffered_scanned += buffer_search(ep, ctl, index.header.dim, index.inner_product(), o.k,
@@ -137,9 +134,9 @@ std::shared_ptr<Engine::Impl::Job> Engine::Impl::open_batch(const float* queries
   {
     std::vector<float> D(size_t{n} * b);
     std::vector<faiss::Index::idx_t> I(size_t{n} * b);
-    // The meta-HNSW searched as a sub-HNSW is (sub_search.hpp: its labels are the partitions).
-    const SubView mv = view_of(*index.meta, meta_ids.data());
-    if (mv.count != meta_ids.size() || index.meta->d != static_cast<int>(index.header.dim))
+    // The meta-HNSW searched as a sub-HNSW is (sub_search.hpp): its vector i is partition i.
+    const SubView mv = view_of(*index.meta, nullptr);
+    if (mv.count != static_cast<uint64_t>(index.meta->ntotal) || index.meta->d != static_cast<int>(index.header.dim))
       throw std::runtime_error("the meta-HNSW is not a flat-storage index of " + std::to_string(index.header.dim) +
                                "-dimensional centroids");
     const bool ip = index.meta->metric_type == faiss::METRIC_INNER_PRODUCT;
@@ -400,7 +397,7 @@ void Engine::Impl::search_in_place(Item& it, const float* queries, std::vector<A
       std::atomic_thread_fence(std::memory_order_acquire);
       return __atomic_load_n(&it.live->version, __ATOMIC_RELAXED) == v0 && (v0 & 1) == 0;
     };
-    if (auto v = mapped_view(it.group + (d.block_offset - g.group_offset), d, index.header, job.cum)) {
+    if (auto v = mapped_view(it.group + (d.block_offset - g.group_offset), d, index.header, index.list_ranges)) {
       pipeline_detail::Hits h = search_view(*v, job, e, queries);
       if (stable()) {
         alive();

@@ -43,7 +43,6 @@ struct Job {
   Clock::time_point closed;
   size_t remaining = 0;  // entries not searched yet (search stage only)
   std::vector<std::vector<Candidate>> cands;  // per query of the batch, searches over codes only
-  std::vector<int> cum;  // list ranges per level of its index's sub-HNSWs (sub_search.hpp)
   bool epoch_moved = false;  // planned with a new epoch: acknowledged once the batches before it are done
   BatchStats st;         // each stage writes its own fields before handing an item on
 };
@@ -84,7 +83,6 @@ struct Engine::Impl {
 
   static constexpr uint32_t kParallelQueries = 8;
   int omp_threads = 1;
-  std::vector<int64_t> meta_ids;  // the meta-HNSW's labels: 0 .. P-1, the partitions (fetch stage only)
 
   Impl(fabric::Cluster& cl, const Index& ix, const EngineOptions& opts, size_t cap);
 

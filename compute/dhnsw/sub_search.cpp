@@ -138,7 +138,8 @@ size_t SubSearcher::search(const SubView& v, const DistanceComputer& dc, bool ip
   new_query(v.count);
   uint16_t* tags = tags_.data();
   const uint16_t tag = tag_;
-  auto live = [&](uint32_t i) { return __atomic_load_n(v.labels + i, __ATOMIC_RELAXED) >= 0; };
+  auto label = [&](uint32_t i) { return v.labels ? __atomic_load_n(v.labels + i, __ATOMIC_RELAXED) : int64_t{i}; };
+  auto live = [&](uint32_t i) { return label(i) >= 0; };
   auto heap_less = [](const std::pair<float, uint32_t>& a, const std::pair<float, uint32_t>& b) {
     return a.first < b.first;
   };
@@ -198,9 +199,9 @@ size_t SubSearcher::search(const SubView& v, const DistanceComputer& dc, bool ip
   size_t found = 0;
   for (const auto& [d, i] : top_) {
     if (found == k) break;
-    const int64_t label = __atomic_load_n(v.labels + i, __ATOMIC_RELAXED);
-    if (label < 0) continue;  // deleted since it was taken
-    out[found++] = {ip ? 1.0f - d : d, label};
+    const int64_t l = label(i);
+    if (l < 0) continue;  // deleted since it was taken
+    out[found++] = {ip ? 1.0f - d : d, l};
   }
   return found;
 }

@@ -32,15 +32,16 @@ struct SubView {
   const uint64_t* offsets = nullptr;  // count + 1 entries
   const int32_t* neighbors = nullptr;
   uint64_t neighbor_entries = 0;
-  const int64_t* labels = nullptr;  // count; negative: deleted (kDeletedLabel)
+  const int64_t* labels = nullptr;  // count; negative: deleted (kDeletedLabel); null: vector i is label i
   const float* vectors = nullptr;   // count x dim
   std::span<const int> cum;         // Faiss HNSW::cum_nneighbor_per_level: list ranges per level
 };
 
 /// The arrays of an uncoded deserialized sub-HNSW (they stay owned by `s`).
 SubView view_of(const SubIndex& s);
-/// The arrays of a Faiss IndexHNSWFlat with flat storage, its vector i labelled labels[i] (the
-/// meta-HNSW: its vectors are the partitions' centroids); an empty view for other storage.
+/// The arrays of a Faiss IndexHNSWFlat with flat storage, its vector i labelled labels[i], or i
+/// with null `labels` (the meta-HNSW: vector i is partition i's centroid); an empty view for
+/// other storage.
 SubView view_of(const faiss::IndexHNSWFlat& idx, const int64_t* labels);
 
 /// The list ranges per level of the sub-HNSWs of an index with HNSW M `m` (Faiss's levels).
