@@ -101,9 +101,10 @@ void QuerySession::route(PhaseRun& run) {
     batch_pos.clear();
     while (batch_pos.size() < gather && !run.stop.load()) {
       if (items.empty() || (i >= items.size() && (run.min_seconds <= 0 || Clock::now() >= run.deadline))) break;
-      // Flow control: do not run far ahead of the workers.
-      while (ex_.queue_len(run.phase) > ahead && !run.stop.load())
-        std::this_thread::sleep_for(std::chrono::microseconds(100));
+      // Flow control: do not run far ahead of the workers; once ahead, wait until they took half.
+      if (ex_.queue_len(run.phase) > ahead)
+        while (!run.stop.load() && !ex_.wait_shorter(run.phase, ahead / 2, std::chrono::milliseconds(5))) {
+        }
       batch_pos.push_back(items[i % items.size()]);
       ++i;
     }
@@ -205,8 +206,7 @@ void QuerySession::share_queue_length(PhaseRun& run, router::RoutingPolicy& rp, 
     // is every kProgressEvery instead of only after its next batch (a slow computenode would
     // otherwise look as short as it last was).
     auto next = Clock::now() + kProgressEvery;
-    while (ex_.queue_len(run.phase) > o_.search.routing.threshold && !run.stop.load()) {
-      std::this_thread::sleep_for(std::chrono::microseconds(100));
+    while (!run.stop.load() && !ex_.wait_shorter(run.phase, o_.search.routing.threshold, kProgressEvery)) {
       if (Clock::now() >= next) {
         pm.queue_len = ex_.queue_len(run.phase);
         relay_->broadcast(&pm, sizeof pm);
