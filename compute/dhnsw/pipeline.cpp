@@ -94,6 +94,7 @@ struct Engine::Impl::Run {
     if (im.o.regroup)
       for (auto e = job.plan.entries.rbegin(); e != job.plan.entries.rend(); ++e) im.cache.get(e->sub);
     BatchStats st = job.st;
+    st.bytes += st.in_place_bytes;
     st.seconds = seconds_since(job.closed);
     rs.batches.push_back(st);
     rs.meta_s += st.meta_s;

@@ -67,8 +67,10 @@ struct BatchStats {
   uint64_t probed = 0;            // partitions searched, summed over the queries
   // Where the regions are mapped (EngineOptions::in_place): sub-HNSWs searched where they lie,
   // those copied out of the mapping instead (overflow records), and in-place searches repeated
-  // because a commit moved the version meanwhile. Written by the search stage only.
-  uint64_t in_place = 0, in_place_copies = 0, in_place_retries = 0;
+  // because a commit moved the version meanwhile, and the bytes of the fetches they replace.
+  // Written by the search stage only; in_place_bytes is added to bytes once the batch is done
+  // (the fetch stage writes bytes meanwhile).
+  uint64_t in_place = 0, in_place_copies = 0, in_place_retries = 0, in_place_bytes = 0;
   double seconds = 0;  // from the batch's close to its last query's answer
   double meta_s = 0, fetch_s = 0, deserialize_s = 0, search_s = 0, rerank_s = 0;
 };

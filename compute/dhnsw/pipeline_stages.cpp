@@ -403,7 +403,7 @@ void Engine::Impl::search_in_place(Item& it, const float* queries, std::vector<A
         alive();
         merge(job, e, h, answers);
         ++job.st.in_place;
-        job.st.bytes += len;  // loads from far memory, counted as the fetch they replace (shine's rule)
+        job.st.in_place_bytes += len;  // loads from far memory, counted as the fetch they replace (shine's rule)
         return;
       }
       if (!last) {
@@ -423,7 +423,7 @@ void Engine::Impl::search_in_place(Item& it, const float* queries, std::vector<A
     alive();
     merge(job, e, search_view(view_of(s), job, e, queries), answers);
     ++job.st.in_place_copies;
-    job.st.bytes += len;
+    job.st.in_place_bytes += len;
     return;
   }
 }

@@ -236,7 +236,7 @@ BackendMetrics::BackendMetrics(Registry& r, const std::string& mode)
       writes(r.counter("dmhnsw_remote_writes_total", "one-sided WRITEs posted to the memnodes", {{"mode", mode}})),
       atomics(r.counter("dmhnsw_remote_atomics_total", "FETCH_ADD and COMPARE_SWAP posted", {{"mode", mode}})),
       doorbells(r.counter("dmhnsw_doorbells_total", "posts of one or more remote operations", {{"mode", mode}})),
-      bytes(r.counter("dmhnsw_remote_bytes_total", "bytes read or written remotely", {{"mode", mode}})),
+      bytes(r.counter("dmhnsw_remote_bytes_total", "bytes read or written remotely (loads from a mapped region count as the READs they replace)", {{"mode", mode}})),
       queries(r.counter("dmhnsw_queries_total", "query vectors answered", {{"mode", mode}})),
       inserted(r.counter("dmhnsw_inserted_vectors_total", "vectors inserted and acknowledged", {{"mode", mode}})),
       deleted(r.counter("dmhnsw_deleted_vectors_total", "vectors deleted and acknowledged", {{"mode", mode}})),

@@ -97,9 +97,13 @@ class Exchange {
   bool wait_shorter(uint32_t phase, size_t len, std::chrono::milliseconds most) {
     std::unique_lock g(mu_);
     auto& p = ph(phase);
-    if (p.queue.size() <= len) return true;
-    p.wake_at = std::min(p.wake_at, len);
-    return shorter_.wait_for(g, most, [&] { return p.queue.size() <= len; });
+    // Armed again on every wake: a peer's routed queries may refill the queue between the pop
+    // that woke this waiter (and disarmed it) and this check.
+    return shorter_.wait_for(g, most, [&] {
+      if (p.queue.size() <= len) return true;
+      p.wake_at = std::min(p.wake_at, len);
+      return false;
+    });
   }
   void served(uint32_t phase) {
     std::lock_guard g(mu_);

@@ -161,7 +161,9 @@ TEST_CASE("dhnsw pipeline: answers match brute force, and every ablation answers
       CHECK(b.in_place == 0);
       fetched_bytes += b.bytes;
     }
-    CHECK(fetched_bytes == bytes);  // the same sub-HNSWs, the same fetch ranges
+    // In place, the same sub-HNSWs' fetch ranges (under TSan LocalFabric maps nothing and the
+    // run above fetched, through its cache).
+    if (testing::kLocalMaps) CHECK(fetched_bytes == bytes);
   }
 }
 
