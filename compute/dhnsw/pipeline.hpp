@@ -55,8 +55,9 @@ struct EngineOptions {
 struct BatchStats {
   uint32_t queries = 0;
   uint64_t needed = 0, fetched = 0, cache_hits = 0, bytes = 0, reads = 0, doorbells = 0;
-  // Seqlock checks (live descriptor READs around the fetches) and fetches repeated because a
-  // commit moved the version; not counted in reads/doorbells/bytes above.
+  // Seqlock checks (live descriptor READs around the fetches; not counted in reads/doorbells/
+  // bytes above) and fetches repeated because a commit moved the version (their READs and bytes
+  // are in reads/bytes: they crossed the network).
   uint64_t version_reads = 0, version_doorbells = 0, refetches = 0;
   uint64_t buffered_scanned = 0;  // insert-buffer entries compared while a rebuild runs
   // Searches over codes: candidates re-ranked, the vector READs and bytes that took (not in
