@@ -227,7 +227,8 @@ TEST_CASE("dhnsw: an index built with --codes answers with --rerank as with its 
         const std::string name = "q" + rerank + (in_place ? "-in-place" : "");
         const std::string rep = dir.file(name + ".json");
         step(name, {"query", "--workload", d.wl, "--k", "10", "--batch", "100", "--probe", "4", "--ef-search", "48",
-                    "--rerank", rerank, "--cache-ratio", "0", "--report", rep, in_place ? "--in-place" : "--no-in-place"});
+                    "--rerank", rerank, "--cache-ratio", "0", "--report", rep,
+                    in_place ? "--in-place" : "--no-in-place"});
         return load_json(rep);
       };
       const auto full = query("0"), coded = query("30");
