@@ -63,6 +63,8 @@ struct PhaseRun {
   std::exception_ptr router_error;
   PhaseResult result;
   std::atomic<uint64_t> answered{0};
+  // Nothing to route (need_done false): the workers draw the stream themselves (QuerySession::draw).
+  std::atomic<uint64_t> drawn{0}, input{0};
   std::atomic<int64_t> next_note{0};
   std::atomic<int64_t> next_sync{0};  // steady-clock ns of the next sync round (ask_owed)
   std::atomic<uint64_t> syncs{0};     // SyncMsgs sent in this phase
@@ -88,6 +90,9 @@ class QuerySession {
   PhaseResult run_phase(uint32_t phase, const std::vector<uint32_t>& items, uint32_t ef, double min_seconds,
                         bool is_measured, std::vector<PerQuery>& out);
   void route(PhaseRun& run);
+  /// The next query of this computenode's own share when nothing is routed; false once the
+  /// share (or its --repeat-seconds window) is through.
+  bool draw(PhaseRun& run, uint32_t& pos);
   std::vector<uint32_t> choose_targets(const std::vector<uint32_t>& batch, router::RoutingPolicy& rp,
                                        RouteScratch& sc);
   void share_queue_length(PhaseRun& run, router::RoutingPolicy& rp, uint64_t& batch_no);
