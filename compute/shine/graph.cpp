@@ -357,10 +357,19 @@ void Worker::use_record_bits(VisitedSet& v) const {
 bool Worker::look_up_regions() {
   const auto& bounds = g_.all_bounds();
   regions_.assign(bounds.size(), nullptr);
+  areas_.resize(bounds.size());
   bool any = false;
   // plausible() keeps every record read through these within [0, bounds.size).
-  for (uint16_t n = 0; n < bounds.size(); ++n)
+  const uint64_t vector_part = g_.layout().vector_part_bytes();
+  for (uint16_t n = 0; n < bounds.size(); ++n) {
     any |= (regions_[n] = s_.endpoint().mapped(RemotePtr(n, 0), bounds[n].size)) != nullptr;
+    const RegionBounds& b = bounds[n];
+    // No offset is plausible in an area too small for one record (and null never is: the data
+    // area begins past the region's header).
+    const bool room = b.data_offset > 0 && b.data_offset + vector_part <= b.size;
+    areas_[n] = {regions_[n], room ? b.data_offset : ~uint64_t{0}, room ? b.size - vector_part - b.data_offset : 0};
+  }
+  where_.resize(g_.layout().capacity(0));
   return any;
 }
 
@@ -380,31 +389,36 @@ bool Worker::hop_mapped(RemotePtr node, unsigned level, bool visit, const float*
   ListFront f;
   std::memcpy(&f, list, sizeof f);
   const uint32_t count = std::min(f.count, L.capacity(level));  // a torn read never overruns the list
-  // No suspension from here to the end: per-thread scratch is this hop's alone.
-  thread_local std::vector<std::pair<RemotePtr, const char*>> where;
-  where.clear();
+  // No suspension from here to the end: the worker's scratch is this hop's alone.
+  std::pair<RemotePtr, const char*>* const where = where_.data();  // room for count (<= capacity(0))
+  size_t n_where = 0;
   uint64_t skipped = 0;
   // What every neighbour is checked against, in locals (registers) for the whole list.
-  const RegionBounds* const bounds = g_.all_bounds().data();
-  const size_t n_bounds = g_.all_bounds().size();
-  const uint64_t vector_part = L.vector_part_bytes();
-  const char* const* const regions = regions_.data();
+  const MappedArea* const areas = areas_.data();
+  const uint32_t n_areas = static_cast<uint32_t>(areas_.size());
   {
     VisitedSet::Hop seen = ctx.visited.hop(visit ? count : 0);  // written back at the end of this block
     for (uint32_t i = 0; i < count; ++i) {
       uint64_t raw;
       std::memcpy(&raw, list + sizeof f + 8 * i, 8);
       const RemotePtr p = RemotePtr::from_raw(raw);
-      if (!Graph::plausible(p, bounds, n_bounds, vector_part)) {
-        if (!p.is_null()) ++skipped;
+      // Graph::plausible: on some memnode, aligned, a whole record within its data area.
+      const uint32_t node = p.node();
+      if (node >= n_areas) [[unlikely]] {
+        skipped += raw != 0;
         continue;
       }
-      if (visit && !seen.insert(p)) continue;
-      const char* const b = regions[p.node()];
-      if (b == nullptr) return false;
-      const char* const m = b + p.offset();
+      const MappedArea& a = areas[node];
+      const uint64_t rel = p.offset() - a.begin;
+      if (rel > a.last || (raw & 7) != 0) [[unlikely]] {
+        skipped += raw != 0;
+        continue;
+      }
+      if (visit && !seen.insert_in_area(node, rel)) continue;
+      if (a.base == nullptr) return false;
+      const char* const m = a.base + p.offset();
       __builtin_prefetch(m);  // the header and the vector's start: one line each, all asked at once
-      where.emplace_back(p, m);
+      where[n_where++] = {p, m};
     }
   }
   ++ctx.search.hops;
@@ -412,13 +426,13 @@ bool Worker::hop_mapped(RemotePtr node, unsigned level, bool visit, const float*
   ctx.io.bytes += list_bytes;
   ctx.search.list_bytes += list_bytes;
   ctx.search.skipped += skipped;
-  ctx.io.reads += where.size();
-  ctx.io.bytes += where.size() * vec_bytes;
+  ctx.io.reads += n_where;
+  ctx.io.bytes += n_where * vec_bytes;
   // The rest of the next record is asked for while this one's distance is computed (as
   // hnswlib does): asking for every line of every record up front stalls on the miss buffers.
   const size_t lines = std::min<size_t>(8, (vec_bytes + 63) / 64);
-  for (size_t i = 0; i < where.size(); ++i) {
-    if (i + 1 < where.size())
+  for (size_t i = 0; i < n_where; ++i) {
+    if (i + 1 < n_where)
       for (size_t l = 1; l < lines; ++l) __builtin_prefetch(where[i + 1].second + 64 * l);
     const auto& [p, m] = where[i];
     NodeFront nf;

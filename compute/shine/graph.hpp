@@ -199,6 +199,18 @@ class VisitedSet {
       }
       return set_.insert_hashed(p);
     }
+    /// insert of a record in area `node` (areas as use_areas was given them) at `rel` bytes
+    /// past its start, which the caller checked lies within it (a plausible pointer).
+    [[gnu::always_inline]] bool insert_in_area(uint32_t node, uint64_t rel) {
+      const uint64_t bit = areas_[node].first_bit + (rel >> shift_);
+      uint64_t& w = bits_[bit >> 6];
+      const uint64_t m = uint64_t{1} << (bit & 63);
+      if (w & m) return false;
+      touched_[n_touched_] = static_cast<uint32_t>(bit >> 6);
+      n_touched_ += w == 0;
+      w |= m;
+      return true;
+    }
 
    private:
     friend class VisitedSet;
@@ -497,6 +509,17 @@ class Worker {
   // without a suspension and an insert copies it into its VecCache at once, so the coroutines of
   // this worker's thread cannot interleave on it.
   std::vector<const char*> regions_;
+  // The same per memnode for a hop's checks: a pointer is plausible (Graph::plausible) when it is
+  // 8-byte aligned and its offset's distance past `begin` is at most `last`, one unsigned
+  // compare; `base` is regions_'s entry.
+  struct MappedArea {
+    const char* base;
+    uint64_t begin, last;
+  };
+  std::vector<MappedArea> areas_;
+  // A hop's new neighbours and where their records lie: room for a level-0 list, filled and
+  // used between two suspensions (as regions_).
+  std::vector<std::pair<RemotePtr, const char*>> where_;
 };
 
 }  // namespace dmhnsw::shine
