@@ -116,14 +116,14 @@ class PeakMemory:
         return [{"peak_rss_mib": self.peak.get(p), "peak_anon_mib": self.anon.get(p)} for p in self.pids]
 
 
-def timed(cmd, log):
+def timed(cmd, log, env=None):
     """Runs CMD (output to LOG); returns (seconds, peak memory of the process)."""
     log.parent.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
     with open(log, "w") as f:
         f.write(" ".join(map(str, cmd)) + "\n")
         f.flush()
-        p = subprocess.Popen([str(x) for x in cmd], stdout=f, stderr=subprocess.STDOUT)
+        p = subprocess.Popen([str(x) for x in cmd], stdout=f, stderr=subprocess.STDOUT, env=env)
         mem = PeakMemory([p.pid])
         rc = p.wait()
         m = mem.stop()[0]
@@ -197,7 +197,7 @@ def reference(name, tool, extra):
     rj = work / f"{name}.json"
     secs, mem = timed([dmh.BIN / tool, "--base", base, "--workload", wl, "--metric", metric, "--m", a.m,
                        "--ef-construction", a.ef_construction, "--ef-search", a.ef_search, "--k", 10,
-                       "--threads", a.threads, "--json", rj] + extra, work / "logs" / f"{name}.log")
+                       "--threads", a.threads, "--json", rj] + extra, work / "logs" / f"{name}.log", env=dmh.query_env())
     r = json.loads(rj.read_text())
     results[name] = {"build_s": r["build_seconds"], "inserts_per_s": a.n / max(r["build_seconds"], 1e-9), "memory": mem,
                      "runs": [{"ef_search": x["ef_search"], "recall": x["recall"], "qps": x["qps"],
