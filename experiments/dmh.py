@@ -21,11 +21,11 @@ BIN = ROOT / "build" / "bin"
 DATA = ROOT.parent / "shared" / "data"
 
 
-def query_env():
-    """The environment of a process that answers queries: OpenBLAS (linked through Faiss) starts
-    one thread per core at load, which spin with sched_yield for ~0.1 s before they sleep; no
-    query path calls BLAS, and on 2 cores that spin took a third of the first measured phase's
-    QPS in some runs (bigann10k efSearch 16: 83-98K against 140K)."""
+def quiet_blas_env():
+    """The environment of a process that calls no BLAS (queries, hnswlib's and shine's builds):
+    OpenBLAS (linked through Faiss) starts one thread per core at load, which spin with
+    sched_yield for ~0.1 s before they sleep; on 2 cores that spin took a third of the first
+    measured phase's QPS in some runs (bigann10k efSearch 16: 83-98K against 140K)."""
     return {**os.environ, "OPENBLAS_NUM_THREADS": os.environ.get("OPENBLAS_NUM_THREADS", "1")}
 
 
@@ -228,7 +228,8 @@ def _computenodes(mn, provider, num_cns, sub, args, report, logdir, timeout, fai
         if i == 0:
             cmd += ["--report", str(report)]
         pre = limits.enter(i) if limits is not None else None
-        env = query_env() if sub == "query" else None
+        no_blas = sub == "query" or (mode == "shine" and sub == "build" and "--codes" not in map(str, args))
+        env = quiet_blas_env() if no_blas else None
         if logdir is None:
             procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                           preexec_fn=pre, env=env))

@@ -84,11 +84,12 @@ if a.build:
             with dmh.Memnodes(2, "cxl", a.region, work / "ab_mn") as mn:
                 cm = ["--memnodes", mn.list, "--provider", "cxl"]
                 b, q = work / f"ab_build_{name}.json", work / f"ab_{name}.json"
-                dmh.run([getattr(a, name)] + cm + ["build", "--data", base, "--threads", a.threads, "--report", b] + graph)
-                dmh.run([getattr(a, name)] + cm + ["query", "--coroutines", 4, "--report", q] + common, env=dmh.query_env())
+                dmh.run([getattr(a, name)] + cm + ["build", "--data", base, "--threads", a.threads, "--report", b] + graph,
+                        env=dmh.quiet_blas_env())
+                dmh.run([getattr(a, name)] + cm + ["query", "--coroutines", 4, "--report", q] + common, env=dmh.quiet_blas_env())
                 builds[name].append((json.loads(b.read_text())["inserts_per_s"], points(q)))
         hj = work / "ab_hnswlib_build.json"
-        dmh.run([dmh.BIN / "hnswlib-bench", "--base", base, "--json", hj] + graph + common, env=dmh.query_env())
+        dmh.run([dmh.BIN / "hnswlib-bench", "--base", base, "--json", hj] + graph + common, env=dmh.quiet_blas_env())
         h = json.loads(hj.read_text())
         builds["hnswlib"].append((h["n"] / h["build_seconds"], points(hj)))
         for name in ("old", "new", "hnswlib"):
@@ -111,11 +112,11 @@ with dmh.Memnodes(None if images else 2, "cxl", a.region, work / "ab_mn", load=i
         for name in order(r):
             rep = work / f"ab_{name}.json"
             dmh.run([getattr(a, name)] + cm + query + ["--report", rep] + common + getattr(a, name + "_args").split(),
-                    env=dmh.query_env())
+                    env=dmh.quiet_blas_env())
             runs[name].append(points(rep))
         hj = work / "ab_hnswlib.json"
         dmh.run([dmh.BIN / "hnswlib-bench", "--base", base, "--load", work / "hnswlib.idx", "--json", hj] + graph + common,
-                env=dmh.query_env())
+                env=dmh.quiet_blas_env())
         runs["hnswlib"].append(points(hj))
         for name in ("old", "new", "hnswlib"):
             print(f"round {r} {name:8}", shown(runs[name][-1]), flush=True)

@@ -55,7 +55,7 @@ report = work / "cpu_ab.json"
 def cpu(cmd):
     """CPU seconds (user + system) of one process run to its end."""
     p = subprocess.Popen([str(x) for x in cmd], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                         env=dmh.query_env())
+                         env=dmh.quiet_blas_env())
     _, status, ru = os.wait4(p.pid, 0)
     if status != 0:
         sys.exit(f"cpu_ab.py: {' '.join(str(x) for x in cmd)} failed (status {status})")
