@@ -29,6 +29,14 @@ def quiet_blas_env():
     return {**os.environ, "OPENBLAS_NUM_THREADS": os.environ.get("OPENBLAS_NUM_THREADS", "1")}
 
 
+def reference_env():
+    """hnswlib-bench's and faiss-bench's environment: quiet_blas_env, and glibc's malloc asks for
+    transparent hugepages (madvise; this host's THP mode) for the index it allocates, as the
+    memnodes' regions take reserved hugepages: without, hnswlib's graph is on 4 KiB pages."""
+    tun = os.environ.get("GLIBC_TUNABLES")
+    return {**quiet_blas_env(), "GLIBC_TUNABLES": tun if tun else "glibc.malloc.hugetlb=1"}
+
+
 def run(args, **kw):
     """Runs a command, raising with its output on failure."""
     p = subprocess.run([str(a) for a in args], capture_output=True, text=True, **kw)

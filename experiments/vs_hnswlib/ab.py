@@ -89,7 +89,7 @@ if a.build:
                 dmh.run([getattr(a, name)] + cm + ["query", "--coroutines", 4, "--report", q] + common, env=dmh.quiet_blas_env())
                 builds[name].append((json.loads(b.read_text())["inserts_per_s"], points(q)))
         hj = work / "ab_hnswlib_build.json"
-        dmh.run([dmh.BIN / "hnswlib-bench", "--base", base, "--json", hj] + graph + common, env=dmh.quiet_blas_env())
+        dmh.run([dmh.BIN / "hnswlib-bench", "--base", base, "--json", hj] + graph + common, env=dmh.reference_env())
         h = json.loads(hj.read_text())
         builds["hnswlib"].append((h["n"] / h["build_seconds"], points(hj)))
         for name in ("old", "new", "hnswlib"):
@@ -116,7 +116,7 @@ with dmh.Memnodes(None if images else 2, "cxl", a.region, work / "ab_mn", load=i
             runs[name].append(points(rep))
         hj = work / "ab_hnswlib.json"
         dmh.run([dmh.BIN / "hnswlib-bench", "--base", base, "--load", work / "hnswlib.idx", "--json", hj] + graph + common,
-                env=dmh.quiet_blas_env())
+                env=dmh.reference_env())
         runs["hnswlib"].append(points(hj))
         for name in ("old", "new", "hnswlib"):
             print(f"round {r} {name:8}", shown(runs[name][-1]), flush=True)

@@ -197,7 +197,7 @@ def reference(name, tool, extra):
     rj = work / f"{name}.json"
     secs, mem = timed([dmh.BIN / tool, "--base", base, "--workload", wl, "--metric", metric, "--m", a.m,
                        "--ef-construction", a.ef_construction, "--ef-search", a.ef_search, "--k", 10,
-                       "--threads", a.threads, "--json", rj] + extra, work / "logs" / f"{name}.log", env=dmh.quiet_blas_env())
+                       "--threads", a.threads, "--json", rj] + extra, work / "logs" / f"{name}.log", env=dmh.reference_env())
     r = json.loads(rj.read_text())
     results[name] = {"build_s": r["build_seconds"], "inserts_per_s": a.n / max(r["build_seconds"], 1e-9), "memory": mem,
                      "runs": [{"ef_search": x["ef_search"], "recall": x["recall"], "qps": x["qps"],
