@@ -186,16 +186,7 @@ class VisitedSet {
       const uint64_t off = p.offset();
       if (p.node() < n_areas_) [[likely]] {
         const Area& a = areas_[p.node()];
-        if (off - a.begin < a.span) [[likely]] {
-          const uint64_t bit = a.first_bit + ((off - a.begin) >> shift_);
-          uint64_t& w = bits_[bit >> 6];
-          const uint64_t m = uint64_t{1} << (bit & 63);
-          if (w & m) return false;
-          touched_[n_touched_] = static_cast<uint32_t>(bit >> 6);  // room made by hop()
-          n_touched_ += w == 0;
-          w |= m;
-          return true;
-        }
+        if (off - a.begin < a.span) [[likely]] return insert_in_area(p.node(), off - a.begin);
       }
       return set_.insert_hashed(p);
     }
@@ -206,7 +197,7 @@ class VisitedSet {
       uint64_t& w = bits_[bit >> 6];
       const uint64_t m = uint64_t{1} << (bit & 63);
       if (w & m) return false;
-      touched_[n_touched_] = static_cast<uint32_t>(bit >> 6);
+      touched_[n_touched_] = static_cast<uint32_t>(bit >> 6);  // room made by hop()
       n_touched_ += w == 0;
       w |= m;
       return true;
