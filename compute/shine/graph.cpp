@@ -414,11 +414,14 @@ bool Worker::hop_mapped(RemotePtr node, unsigned level, bool visit, const float*
         skipped += raw != 0;
         continue;
       }
-      if (visit && !seen.insert_in_area(node, rel)) continue;
       if (a.base == nullptr) return false;
       const char* const m = a.base + p.offset();
+      // Kept only when not met before, without a branch on it (see note_in_area); a record met
+      // before is in the caches already, so its prefetch costs next to nothing.
+      const uint32_t fresh = visit ? seen.note_in_area(node, rel) : 1;
       __builtin_prefetch(m);  // the header and the vector's start: one line each, all asked at once
-      where[n_where++] = {p, m};
+      where[n_where] = {p, m};
+      n_where += fresh;
     }
   }
   ++ctx.search.hops;
