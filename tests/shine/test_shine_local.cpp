@@ -828,6 +828,33 @@ TEST_CASE("shine: the visited set's bits over data areas tell records apart and 
   CHECK(v.insert(RemotePtr(1, 8192)));
 }
 
+TEST_CASE("shine: the hop's branch-free note of a visited bit agrees with insert", "[shine]") {
+  std::vector<RegionBounds> areas{{4096, 4096 + 792 * 1000}, {8192, 8192 + 792 * 1000}};
+  VisitedSet a, b;
+  a.use_areas(areas, 9);
+  b.use_areas(areas, 9);
+  std::mt19937_64 rng(3);
+  for (int round = 0; round < 3; ++round) {
+    a.clear();
+    b.clear();
+    size_t fresh = 0;
+    for (int hop = 0; hop < 200; ++hop) {
+      VisitedSet::Hop seen = a.hop(32);
+      for (int j = 0; j < 32; ++j) {  // many repeats within a hop and across hops
+        const uint16_t node = static_cast<uint16_t>(rng() % 2);
+        const uint64_t rel = 792 * (rng() % 300);
+        const uint32_t got = seen.note_in_area(node, rel);
+        REQUIRE(got == (b.insert(RemotePtr(node, areas[node].data_offset + rel)) ? 1u : 0u));
+        fresh += got;
+      }
+    }
+    CHECK(fresh > 300);  // both outcomes were met, often
+    CHECK(fresh < 200 * 32);
+    CHECK(a.size() == fresh);
+    CHECK(b.size() == fresh);
+  }
+}
+
 TEST_CASE("shine: inserts whose searches read in place build the graph that copying builds", "[shine]") {
   const size_t n = 1500, d = 16, nq = 50, k = 10;
   auto base = gaussian(n, d, 5);
