@@ -164,20 +164,25 @@ size_t SubSearcher::search(const SubView& v, const DistanceComputer& dc, bool ip
       uint64_t nb = 0, ne = 0;
       if (list_range(v, cand_.front().second, 0, nb, ne)) prefetch_lines(v.neighbors + nb, (ne - nb) * sizeof(int32_t));
     }
-    fresh_.clear();
+    if (fresh_.size() < e - b) fresh_.resize(e - b);
+    uint32_t* const fresh = fresh_.data();
+    size_t nf = 0;
     for (uint64_t j = b; j < e; ++j) {
       const int32_t x = __atomic_load_n(v.neighbors + j, __ATOMIC_RELAXED);
       if (x < 0) break;
       const uint32_t u = static_cast<uint32_t>(x);
-      if (u >= n || tags[u] == tag) continue;
+      if (u >= n) continue;
+      // Kept when not met before, without a branch on it: that test goes either way, and a
+      // mispredicted branch per neighbour costs more than the store and prefetch done for nothing.
+      const size_t is_new = tags[u] != tag;
       tags[u] = tag;
-      fresh_.push_back(u);
+      fresh[nf] = u;
+      nf += is_new;
       __builtin_prefetch(vec(u), 0, 3);
     }
-    const size_t nf = fresh_.size();
     for (size_t i = 0; i < nf; ++i) {
-      const uint32_t u = fresh_[i];
-      if (i + 1 < nf) prefetch_lines(vec(fresh_[i + 1]), ahead);
+      const uint32_t u = fresh[i];
+      if (i + 1 < nf) prefetch_lines(vec(fresh[i + 1]), ahead);
       const float d = dist(u);
       if (top_.size() < ef || d < bound) {
         cand_.emplace_back(-d, u);
