@@ -124,7 +124,8 @@ TEST_CASE("replicas: a dead copy is fenced, its set goes on, a set without copie
   CHECK(view.failovers == 1);
 
   // A copy that fails an operation (not known dead before) is fenced; the operation succeeds.
-  local->fail_next(1);
+  // Only a WRITE toward set 1's primary (physical 2): the watcher's polls READ the sets' words.
+  local->fail_next(1, 2, static_cast<int>(OpKind::Write));
   ep->write(RemotePtr(1, 4096), &seven, 8);
   CHECK(replica_view(*c).live[1] == std::vector<bool>{false, true});
   CHECK(word_at(*local, 3, 4096) == 7);

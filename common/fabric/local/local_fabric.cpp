@@ -99,9 +99,12 @@ void LocalCluster::set_message_handler(MessageHandler h) {
   handler_ = std::move(h);
 }
 
-bool LocalCluster::should_fail() {
+bool LocalCluster::should_fail(const Op& op) {
   uint64_t n = fail_next_.load();
-  while (n > 0) {
+  const int node = fail_node_.load(), kind = fail_kind_.load();
+  const bool picked =
+      (node < 0 || node == op.remote.node()) && (kind < 0 || kind == static_cast<int>(op.kind));
+  while (n > 0 && picked) {
     if (fail_next_.compare_exchange_weak(n, n - 1)) return true;
   }
   double p = failure_rate_.load();
@@ -220,7 +223,7 @@ class LocalEndpoint final : public Endpoint {
       c.status = Status::PeerDead;
       return c;
     }
-    if (cluster_->should_fail()) {
+    if (cluster_->should_fail(op)) {
       c.status = Status::RemoteError;
       return c;
     }

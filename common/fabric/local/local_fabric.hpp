@@ -36,8 +36,14 @@ class LocalCluster : public Cluster, public std::enable_shared_from_this<LocalCl
   void set_delay(std::chrono::microseconds delay) { delay_us_.store(delay.count()); }
   /// Each later operation fails with RemoteError with probability p (seeded, deterministic).
   void set_failure_rate(double p, uint64_t seed = 1);
-  /// The next `n` operations fail with RemoteError.
-  void fail_next(uint64_t n) { fail_next_.store(n); }
+  /// The next `n` operations fail with RemoteError; with `node` (and `kind`), only those toward
+  /// that node (of that kind), so that a background thread's operations (a replica watcher's
+  /// polls) cannot take the failure meant for the test's own.
+  void fail_next(uint64_t n, int node = -1, int kind = -1) {
+    fail_node_.store(node);
+    fail_kind_.store(kind);
+    fail_next_.store(n);
+  }
   /// The node goes away: in-flight and later operations toward it fail with PeerDead.
   void disconnect(uint16_t node, const std::string& reason = "disconnected by the test");
 
@@ -48,7 +54,7 @@ class LocalCluster : public Cluster, public std::enable_shared_from_this<LocalCl
  private:
   friend class LocalEndpoint;
   LocalCluster(uint16_t num_nodes, uint64_t region_bytes);
-  bool should_fail();
+  bool should_fail(const Op& op);
 
   uint64_t region_bytes_;
   struct FreeDeleter {
@@ -61,6 +67,7 @@ class LocalCluster : public Cluster, public std::enable_shared_from_this<LocalCl
   std::vector<std::string> dead_reason_;
   std::atomic<int64_t> delay_us_{0};
   std::atomic<uint64_t> fail_next_{0};
+  std::atomic<int> fail_node_{-1}, fail_kind_{-1};  // fail_next's filters; -1: any
   std::atomic<double> failure_rate_{0.0};
   std::mt19937_64 fail_rng_;
   MessageHandler handler_;
