@@ -192,19 +192,10 @@ class VisitedSet {
     }
     /// insert of a record in area `node` (areas as use_areas was given them) at `rel` bytes
     /// past its start, which the caller checked lies within it (a plausible pointer).
-    [[gnu::always_inline]] bool insert_in_area(uint32_t node, uint64_t rel) {
-      const uint64_t bit = areas_[node].first_bit + (rel >> shift_);
-      uint64_t& w = bits_[bit >> 6];
-      const uint64_t m = uint64_t{1} << (bit & 63);
-      if (w & m) return false;
-      touched_[n_touched_] = static_cast<uint32_t>(bit >> 6);  // room made by hop()
-      n_touched_ += w == 0;
-      w |= m;
-      return true;
-    }
-    /// insert_in_area without a branch on the bit: 1 when newly inserted, else 0. Whether a
-    /// neighbour was met before goes either way, and a mispredicted branch per neighbour costs
-    /// more than the few instructions the caller then does for nothing.
+    [[gnu::always_inline]] bool insert_in_area(uint32_t node, uint64_t rel) { return note_in_area(node, rel) != 0; }
+    /// insert_in_area as a number, without a branch on the bit: 1 when newly inserted, else 0.
+    /// Whether a neighbour was met before goes either way, and a mispredicted branch per
+    /// neighbour costs more than the few instructions the caller then does for nothing.
     [[gnu::always_inline]] uint32_t note_in_area(uint32_t node, uint64_t rel) {
       const uint64_t bit = areas_[node].first_bit + (rel >> shift_);
       uint64_t& w = bits_[bit >> 6];
