@@ -26,13 +26,13 @@ inline void check_writable(const std::string& flag, const std::string& path) {
     throw std::invalid_argument(flag + " " + path + ": directory " + dir.string() + " is not writable");
 }
 
-/// Writes `j` (indented) to `path` via `path.tmp.<pid>`; errors name `flag` and the file.
-inline void write_json_file(const std::string& path, const nlohmann::json& j, const std::string& flag) {
+/// Writes `text` to `path` via `path.tmp.<pid>`, then renames it; errors name `flag` and the file.
+inline void write_text_file(const std::string& path, const std::string& text, const std::string& flag) {
   const std::string tmp = path + ".tmp." + std::to_string(::getpid());
   {
     std::ofstream out(tmp, std::ios::trunc);
     if (!out) throw std::runtime_error(flag + ": cannot write '" + tmp + "'");
-    out << j.dump(2) << "\n";
+    out << text;
     out.close();
     if (!out) {
       std::remove(tmp.c_str());
@@ -43,6 +43,11 @@ inline void write_json_file(const std::string& path, const nlohmann::json& j, co
     std::remove(tmp.c_str());
     throw std::runtime_error(flag + ": cannot rename '" + tmp + "' to '" + path + "'");
   }
+}
+
+/// Writes `j` (indented) to `path` whole (write_text_file).
+inline void write_json_file(const std::string& path, const nlohmann::json& j, const std::string& flag) {
+  write_text_file(path, j.dump(2) + "\n", flag);
 }
 
 }  // namespace dmhnsw

@@ -1,6 +1,7 @@
 #include "common/region.hpp"
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <stdexcept>
 
@@ -23,6 +24,13 @@ RegionHeader make_region_header(uint16_t memnode_id, uint64_t size) {
   h.scratch_size = std::min<uint64_t>(64u << 20, (size / 4) / kHeaderPageBytes * kHeaderPageBytes);
   h.data_offset = h.scratch_offset + h.scratch_size;
   return h;
+}
+
+std::string suggested_region(uint64_t need) {
+  const uint64_t step = 64ull << 20;
+  const uint64_t padded = need + need / 10;
+  const uint64_t r = std::max(kMinUsefulRegionBytes, (padded + step - 1) / step * step);
+  return r % (1ull << 30) == 0 ? std::to_string(r >> 30) + "GiB" : std::to_string(r >> 20) + "MiB";
 }
 
 RegionHeader read_live_header(fabric::Cluster& c, fabric::Endpoint& ep, uint16_t m) {
@@ -53,11 +61,23 @@ RegionHeader header_from_blob(const std::array<char, fabric::kHeaderBlobBytes>& 
   return h;
 }
 
+/// ", N used (P %)": the region bytes up to the end of the index's data (shine: the bump
+/// pointer; d-HNSW: the data end, scratch excluded); "" for an empty region.
+static std::string used_text(const RegionHeader& h) {
+  uint64_t end = 0;
+  if (h.mode == static_cast<uint8_t>(Mode::Shine)) end = h.mode_words[shine_word::kBump];
+  if (h.mode == static_cast<uint8_t>(Mode::Dhnsw)) end = h.mode_words[dhnsw_word::kDataEnd];
+  if (end == 0 || end > h.region_size || h.region_size == 0) return "";
+  char pct[32];
+  std::snprintf(pct, sizeof pct, "%.1f", 100.0 * static_cast<double>(end) / static_cast<double>(h.region_size));
+  return ", " + format_bytes(end) + " used (" + pct + " %)";
+}
+
 std::string describe(const RegionHeader& h) {
   return "memnode " + std::to_string(h.memnode_id) + ": region " + format_bytes(h.region_size) + ", format v" +
          std::to_string(h.version) + ", mode " + fabric::mode_name(static_cast<Mode>(h.mode)) + ", dim " +
          std::to_string(h.dim) + ", epoch " + std::to_string(h.epoch) + ", scratch " + format_bytes(h.scratch_size) +
-         " at " + std::to_string(h.scratch_offset) + ", data from " + std::to_string(h.data_offset);
+         " at " + std::to_string(h.scratch_offset) + ", data from " + std::to_string(h.data_offset) + used_text(h);
 }
 
 }  // namespace dmhnsw

@@ -18,6 +18,13 @@ inline constexpr uint64_t kRegionMagic = 0x47'5257'534E'484D'44;  // "DMHNSWRG" 
 inline constexpr uint32_t kRegionFormatVersion = 1;
 inline constexpr uint64_t kHeaderPageBytes = 4096;
 inline constexpr uint64_t kMinRegionBytes = 1u << 20;
+/// The smallest region a shine or d-HNSW run can use: a quarter of a fresh region (up to 64 MiB)
+/// is its scratch area, and the computenodes' coordination board (compute/board.hpp) needs
+/// 32 MiB of memnode 0's. Smaller regions serve self-tests and benchmarks only.
+inline constexpr uint64_t kMinUsefulRegionBytes = 128ull << 20;
+/// A --region value for an index that needs `need` bytes of a region: `need` with a tenth more,
+/// rounded up to 64 MiB, at least kMinUsefulRegionBytes; as a flag value ("192MiB").
+std::string suggested_region(uint64_t need);
 
 enum class ElemType : uint8_t { F32 = 0, U8 = 1, I8 = 2 };
 enum class MetricCode : uint8_t { L2 = 0, IP = 1 };

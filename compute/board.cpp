@@ -22,6 +22,9 @@ constexpr uint64_t kBarrierWord = 0;
 constexpr uint64_t kArrivedWords = 8;
 constexpr uint64_t kSlotsStart = 4096;
 static_assert(kArrivedWords + 8 * Board::kMaxCns <= kBlockBytes && kBlockBytes * Board::kMaxCns <= kSlotsStart);
+// The board fits the upper half of the scratch area of the smallest useful region.
+static_assert(std::min<uint64_t>(64u << 20, kMinUsefulRegionBytes / 4) / 2 >=
+              Board::kGroups * (kSlotsStart + uint64_t{Board::kMaxCns} * Board::kSlotBytes));
 // A slot's stamp: K in the top byte, generation + 1 below, so that a slot left by a run of
 // another size never passes for this run's.
 uint64_t slot_stamp(uint32_t k, uint64_t gen) { return (uint64_t{k} << 56) | (gen + 1); }
@@ -54,7 +57,8 @@ Board::Board(fabric::Cluster& c, fabric::Endpoint& ep, uint32_t cn_id, uint32_t 
   const uint64_t area = kSlotsStart + uint64_t{kMaxCns} * kSlotBytes;
   if (h.scratch_size / 2 < kGroups * area)
     throw fabric::FabricError("memnode 0: scratch area of " + std::to_string(h.scratch_size) +
-                              " bytes too small for the coordination board (start it with --region 128MiB or more)");
+                              " bytes too small for the coordination board (start it with --region " +
+                              std::to_string(kMinUsefulRegionBytes >> 20) + "MiB or more; docs/operations.md, \"Sizing regions\")");
   // One area per kind of run (build, insert, query): runs of different kinds may share the
   // memnodes at the same time; two runs of the same kind at once are not supported.
   uint64_t index = group == "build" ? 0 : group == "insert" ? 1 : group == "query" ? 2 : 3;

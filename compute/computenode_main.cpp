@@ -7,6 +7,7 @@
 #include <CLI/CLI.hpp>
 #include <cstdio>
 
+#include "common/version.hpp"
 #include "common/fabric/cluster.hpp"
 #include "common/fabric/pages.hpp"
 #include "common/region.hpp"
@@ -27,6 +28,31 @@ void print_headers(const fabric::Cluster& c) {
   }
 }
 
+/// After "The following arguments were not expected": for each unknown --flag, the subcommands
+/// that take it (a flag of `insert` given to `build`, say).
+void hint_other_subcommands(CLI::App& app, int argc, char** argv) {
+  CLI::App* chosen = nullptr;
+  for (CLI::App* sc : app.get_subcommands()) chosen = sc;
+  if (chosen == nullptr) return;
+  for (int i = 1; i < argc; ++i) {
+    std::string flag = argv[i];
+    if (flag.rfind("--", 0) != 0) continue;
+    flag = flag.substr(0, flag.find('='));
+    if (chosen->get_option_no_throw(flag) != nullptr || app.get_option_no_throw(flag) != nullptr) continue;
+    std::string takers;
+    for (const CLI::App* sc : app.get_subcommands({})) {
+      if (sc == chosen || sc->get_option_no_throw(flag) == nullptr) continue;
+      takers += (takers.empty() ? "" : ", ") + sc->get_name();
+    }
+    if (takers.empty()) continue;
+    std::fprintf(stderr, "%s is not a flag of `%s` but of `%s`", flag.c_str(), chosen->get_name().c_str(),
+                 takers.c_str());
+    if (chosen->get_name() == "build" && (flag == "--begin" || flag == "--end"))
+      std::fprintf(stderr, "; `build` takes --max-elements N (the first N rows of --data), and `insert` adds more later");
+    std::fprintf(stderr, " (computenode %s --help lists its flags)\n", chosen->get_name().c_str());
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -34,6 +60,7 @@ int main(int argc, char** argv) {
   CLI::App app{"dmhnsw computenode: builds and searches HNSW indexes held by memnodes, over one-sided "
                "remote memory operations.\nWithout a subcommand it connects to every memnode and prints their "
                "region headers."};
+  app.set_version_flag("--version", dmhnsw::version_line("computenode"));
   app.set_config("--config", "", "read these options from a TOML/INI file (same names as the flags)");
   commands::GlobalFlags flags;
   flags.add(app);
@@ -50,7 +77,13 @@ int main(int argc, char** argv) {
   std::string read_mode = "batch";
   index.add_read_mode(read_mode);
   query.add_read_mode(read_mode);
-  CLI11_PARSE(app, argc, argv);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    const int code = app.exit(e);
+    if (dynamic_cast<const CLI::ExtrasError*>(&e) != nullptr) hint_other_subcommands(app, argc, argv);
+    return code;
+  }
 
   spdlog::set_pattern("[%H:%M:%S.%e] [computenode " + std::to_string(flags.cn_id) + "] [%l] %v");
   spdlog::set_level(spdlog::level::from_str(flags.log_level));
@@ -62,7 +95,8 @@ int main(int argc, char** argv) {
     co.provider = fabric::parse_provider(flags.provider);
     co.memnodes = split_commas(flags.memnodes);
     co.token = fabric::load_token(flags.token_file);
-    co.mode = selftest.selected() || rejoin.selected() ? fabric::Mode::None : fabric::parse_mode(flags.mode);
+    co.mode = selftest.selected() || rejoin.selected() || index.any_mode() ? fabric::Mode::None
+                                                                         : fabric::parse_mode(flags.mode);
     co.cn_id = flags.cn_id;
     co.num_cns = flags.num_cns;
     co.heartbeat_timeout_ms = flags.heartbeat_ms;

@@ -82,4 +82,15 @@ std::vector<StoreResult> store_index(fabric::Cluster& cluster, fabric::Endpoint&
   return results;
 }
 
+SnapshotResult snapshot_index(fabric::Cluster& cluster, const std::string& dir, int wait_ms) {
+  SnapshotResult r;
+  r.pause = with_writes_paused(cluster, wait_ms, [&] {
+    const auto t0 = std::chrono::steady_clock::now();
+    auto ep = cluster.make_endpoint(8u << 20);
+    r.images = store_index(cluster, *ep, dir);
+    r.store_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  });
+  return r;
+}
+
 }  // namespace dmhnsw::compute

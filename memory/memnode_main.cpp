@@ -14,10 +14,13 @@
 #include <functional>
 #include <thread>
 
+#include "common/version.hpp"
 #include "common/fabric/cluster.hpp"
 #include "common/fabric/pages.hpp"
 #include "common/fabric/rejoin_layout.hpp"
+#include "common/json_file.hpp"
 #include "common/presence.hpp"
+#include "common/write_gate.hpp"
 #include "common/region.hpp"
 #include "common/units.hpp"
 #include "memory/admin_service.hpp"
@@ -194,10 +197,7 @@ fabric::ControlServer::Config control_config(const Flags& f, fabric::Provider pr
 }
 
 void write_ready_file(const std::string& ready_file, const std::string& bound) {
-  if (ready_file.empty()) return;
-  std::string tmp = ready_file + ".tmp";
-  std::ofstream(tmp) << bound << "\n";
-  std::rename(tmp.c_str(), ready_file.c_str());
+  if (!ready_file.empty()) write_text_file(ready_file, bound + "\n", "--ready-file");
 }
 
 // Waits for a stop signal; meanwhile watches the progress thread: a loop that has not come
@@ -231,6 +231,7 @@ int wait_for_stop(const sigset_t& sigs, const fabric::RegionServer& server, int 
 int main(int argc, char** argv) {
   CLI::App app{"dmhnsw memnode: holds a region of the index in registered memory and serves one-sided "
                "READ/WRITE/atomic operations from computenodes"};
+  app.set_version_flag("--version", dmhnsw::version_line("memnode"));
   Flags f;
   f.add(app);
   CLI11_PARSE(app, argc, argv);
@@ -255,6 +256,11 @@ int main(int argc, char** argv) {
     (void)port;
 
     const uint64_t bytes = region_bytes(f);
+    if (bytes < kMinUsefulRegionBytes)
+      spdlog::warn("--region {}: below {}, computenodes can run self-tests and benchmarks here but no build or "
+                   "query (a quarter of the region is scratch, and their coordination board needs 32 MiB of it); "
+                   "an index needs its vectors and links on top (docs/operations.md, \"Sizing regions\")",
+                   format_bytes(bytes), format_bytes(kMinUsefulRegionBytes));
     if (!f.dax.empty() && prov != fabric::Provider::Cxl)
       throw std::invalid_argument("--dax " + f.dax + ": only with --provider cxl (computenodes map the device)");
     bool huge = f.hugepages;
@@ -273,6 +279,8 @@ int main(int argc, char** argv) {
     // A loaded image carries the rejoin block and view of the set it was stored from: this set
     // starts afresh (every copy alike).
     std::memset(mem.data() + fabric::kRejoinBlockOffset, 0, fabric::kJoinWordOffset + 8 - fabric::kRejoinBlockOffset);
+    // ... and the write gate as the snapshot left it (closed, the writers of that cluster).
+    std::memset(mem.data() + kWriteGateOffset, 0, kWriteGateEnd - kWriteGateOffset);
     if (f.rejoin) {
       if (f.replicas < 2 || !f.load.empty())
         throw std::invalid_argument("--rejoin: a new copy of a replica set (--replicas 2 or more), without --load");

@@ -260,6 +260,40 @@ class sdist(_sdist):
         shutil.copyfile(find_proto(), target)
 
 
+def check_offline_build() -> None:
+    """SystemExit naming the Debian packages, where an offline build would fail obscurely.
+
+    The offline route (``--no-build-isolation --no-index``, no grpcio-tools) builds with what the
+    venv sees: without ``wheel`` an older setuptools fails with "invalid command 'bdist_wheel'",
+    and without grpcio, protobuf or numpy pip finds no distribution to satisfy them.
+    """
+    if _grpc_tools_usable()[0]:
+        return  # pip's isolated build (or a venv with grpcio-tools): pip fetches what is missing
+    missing = []
+    for module, package in (("grpc", "python3-grpcio"), ("google.protobuf", "python3-protobuf"),
+                            ("numpy", "python3-numpy")):
+        try:
+            __import__(module)
+        except ImportError:
+            missing.append(package)
+    if "bdist_wheel" in sys.argv:
+        try:
+            import wheel  # noqa: F401
+        except ImportError:
+            try:
+                import setuptools.command.bdist_wheel  # noqa: F401  (setuptools >= 70 carries it)
+            except ImportError:
+                missing.append("python3-wheel")
+    if missing:
+        raise SystemExit(
+            f"dmhnsw: this Python ({sys.executable}) lacks {', '.join(missing)} for an offline build. "
+            f"Install them (apt-get install {' '.join(missing)}, or tools/install-deps.sh) and make the "
+            "venv with --system-site-packages; or, with PyPI reachable, drop --no-build-isolation "
+            "--no-index and let pip fetch them."
+        )
+
+
+check_offline_build()
 setup(
     install_requires=runtime_requirements(),
     cmdclass={"build_py": build_py, "sdist": sdist},

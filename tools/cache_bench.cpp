@@ -18,6 +18,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/version.hpp"
 #include "common/timing.hpp"
 #include "cache/node_cache.hpp"
 
@@ -170,6 +171,7 @@ void bench_threads(uint32_t dim, uint64_t entries, uint64_t keys, double p, doub
 int main(int argc, char** argv) {
   CLI::App app{"cache-bench: ns per hit and miss, admission/eviction rate and multi-thread lookup throughput of "
                "the SHINE node cache"};
+  app.set_version_flag("--version", dmhnsw::version_line("cache-bench"));
   double budget = 0.25;
   uint64_t small = 1024, large = 65536;
   std::vector<unsigned> threads = {1, 2, 4, 8};

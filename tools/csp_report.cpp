@@ -26,6 +26,7 @@
 #include <string>
 #include <vector>
 
+#include "common/version.hpp"
 #include "cache/trace.hpp"
 #include "common/json_file.hpp"
 
@@ -230,6 +231,7 @@ void make_png(const nlohmann::json& j, const std::string& png, const std::string
 int main(int argc, char** argv) {
   CLI::App app{"csp-report: per-computenode cache hit rate (CHR), the shared-cache hit rate (CHR_max) and the cache "
                "segmentation penalty CSP = 1 - CHR / CHR_max of runs, from their access traces"};
+  app.set_version_flag("--version", dmhnsw::version_line("csp-report"));
   std::vector<std::string> dirs;
   std::string json_path, png_path, x = "num_cns";
   app.add_option("dirs", dirs, "one directory per run, holding the *.trace files of all its computenodes")->required();

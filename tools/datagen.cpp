@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "common/version.hpp"
 #include "common/dataset.hpp"
 #include "common/progress.hpp"
 #include "common/workload.hpp"
@@ -85,6 +86,7 @@ std::string human_bytes(std::uintmax_t b) {
 
 int main(int argc, char** argv) {
   CLI::App app{"datagen: Gaussian-mixture base vectors and a query pool from the same mixture"};
+  app.set_version_flag("--version", dmhnsw::version_line("datagen"));
   std::size_t n = 0, d = 0, clusters = 16, queries = 1000;
   double spread = 0.5;
   std::uint64_t seed = 1;

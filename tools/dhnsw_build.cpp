@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "common/version.hpp"
 #include "common/dataset.hpp"
 #include "common/json_file.hpp"
 #include "common/distance.hpp"
@@ -55,6 +56,7 @@ int main(int argc, char** argv) {
       "dhnsw-build: build a d-HNSW index (balanced partitions, sub-HNSWs, meta-HNSW) into region images.\n"
       "With --memnodes 1 the image is --out; with N > 1, memnode i's image is --out.i (serve it with\n"
       "`memnode --load IMAGE --id i`)."};
+  app.set_version_flag("--version", dmhnsw::version_line("dhnsw-build"));
   dhnsw::BuildOptions o;
   std::string data_path, out_path, json_path, metric_text = "l2";
   size_t max_vectors = 0;

@@ -12,6 +12,7 @@
 #include <sstream>
 #include <tuple>
 
+#include "common/version.hpp"
 #include "common/fabric/cluster.hpp"
 #include "common/fabric/wire.hpp"
 #include "common/json_file.hpp"
@@ -109,6 +110,7 @@ int main(int argc, char** argv) {
   CLI::App app{"fabric-bench: READ latency (64 B .. 4 MiB), 512 B WRITE, FETCH_ADD and COMPARE_SWAP latency, READ "
                "throughput with 1, 8 and 32 in flight and with doorbell batches, and the memnode's process CPU over "
                "the run, against the scratch area of a live memnode"};
+  app.set_version_flag("--version", dmhnsw::version_line("fabric-bench"));
   std::string memnodes, provider = "shm", token_file, json_out, max_size = "4MiB";
   double seconds = 0.5;
   size_t iters = 20000;

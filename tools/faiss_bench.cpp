@@ -63,6 +63,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/version.hpp"
 #include "common/dataset.hpp"
 #include "common/distance.hpp"
 #include "common/json_file.hpp"
@@ -343,6 +344,7 @@ int main(int argc, char** argv) {
   CLI::App app{
       "faiss-bench: build a Faiss HNSW index (flat, SQ8 or PQ codes, optionally re-ranked) on one machine and "
       "measure recall@k, QPS and latency per efSearch (the reference for dmhnsw's --codes and --rerank)"};
+  app.set_version_flag("--version", dmhnsw::version_line("faiss-bench"));
   Flags f;
   f.add(app);
   if (const auto code = f.parse(app, argc, argv)) return *code;

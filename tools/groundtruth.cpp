@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "common/version.hpp"
 #include "common/dataset.hpp"
 #include "common/distance.hpp"
 #include "common/progress.hpp"
@@ -39,6 +40,7 @@ const float* block(const dmhnsw::FloatMatrix& m, std::size_t begin, std::size_t 
 
 int main(int argc, char** argv) {
   CLI::App app{"groundtruth: exact top-k neighbours with a Faiss flat index"};
+  app.set_version_flag("--version", dmhnsw::version_line("groundtruth"));
   std::string base_path, query_path, out_path, metric_text = "l2";
   std::size_t k = 100, batch = 4096;
   int threads = 0;

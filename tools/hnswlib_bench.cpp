@@ -49,6 +49,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/version.hpp"
 #include "common/timing.hpp"
 #include "common/dataset.hpp"
 #include "common/distance.hpp"
@@ -385,6 +386,7 @@ int main(int argc, char** argv) {
   CLI::App app{
       "hnswlib-bench: build an hnswlib 0.6.2 HNSW index on one machine and measure recall@k, "
       "QPS and latency per efSearch (the reference for dmhnsw's shine mode)"};
+  app.set_version_flag("--version", dmhnsw::version_line("hnswlib-bench"));
   Flags f;
   f.add(app);
   if (const auto code = f.parse(app, argc, argv)) return *code;

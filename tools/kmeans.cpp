@@ -10,6 +10,7 @@
 #include <exception>
 #include <string>
 
+#include "common/version.hpp"
 #include "common/dataset.hpp"
 #include "common/distance.hpp"
 #include "router/partition.hpp"
@@ -17,6 +18,7 @@
 
 int main(int argc, char** argv) {
   CLI::App app{"kmeans: balanced k-means of a vector file (SHINE logical partitioning)"};
+  app.set_version_flag("--version", dmhnsw::version_line("kmeans"));
   std::string data_path, metric_text = "l2";
   uint32_t k = 0, iterations = dmhnsw::router::BalancedKMeansOptions{}.iterations;
   uint64_t seed = 1;

@@ -28,6 +28,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "common/version.hpp"
 #include "cache/node_cache.hpp"
 #include "cache/trace.hpp"
 #include "common/fabric/cluster.hpp"
@@ -239,6 +240,7 @@ int main(int argc, char** argv) {
   CLI::App app{"shine-route-sim: CHR, CHR_max and CSP of K computenode caches under each routing (none, nearest, "
                "balanced, and a bound with the queries' accesses known in advance), from one pass of a workload "
                "over a stored shine index"};
+  app.set_version_flag("--version", dmhnsw::version_line("shine-route-sim"));
   Flags f;
   f.add(app);
   CLI11_PARSE(app, argc, argv);

@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <fstream>
 
+#include "common/version.hpp"
 #include "common/dataset.hpp"
 #include "common/fabric/cluster.hpp"
 #include "common/json_file.hpp"
@@ -37,6 +38,7 @@ int main(int argc, char** argv) {
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
   CLI::App app{"shine-import: write an hnswlib index file (HierarchicalNSW::saveIndex, hnswlib 0.6) into empty "
                "memnodes as a shine index, queryable by `computenode --mode shine query` with hnswlib's recall"};
+  app.set_version_flag("--version", dmhnsw::version_line("shine-import"));
   app.set_config("--config", "", "read these options from a TOML/INI file (same names as the flags)");
   std::string file, data, metric = "l2", memnodes, provider = "shm", token_file, report, log_level = "info";
   uint32_t cn_id = 0;

@@ -8,11 +8,13 @@
 #include <filesystem>
 #include <string>
 
+#include "common/version.hpp"
 #include "common/dataset.hpp"
 #include "common/workload.hpp"
 
 int main(int argc, char** argv) {
   CLI::App app{"workload: generate a query workload file from a query pool and its ground truth"};
+  app.set_version_flag("--version", dmhnsw::version_line("workload"));
   std::string queries_path, gt_path, out_path, dist_text = "uniform";
   std::uint64_t count = 0, warmup = 0, seed = 1;
   std::size_t clusters = 0, gt_k = 0;

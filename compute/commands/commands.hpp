@@ -51,16 +51,22 @@ class IndexCommands {
   void add(CLI::App& app);
   /// The `--read-mode` flag of build and insert (registered after every subcommand's own flags).
   void add_read_mode(std::string& read_mode);
-  bool selected() const { return *build_ || *insert_ || *upsert_ || *delete_ || *consolidate_ || *rebuild_; }
+  bool selected() const {
+    return *build_ || *insert_ || *upsert_ || *delete_ || *consolidate_ || *rebuild_ || *snapshot_;
+  }
+  /// `snapshot` works on an index of either mode.
+  bool any_mode() const { return static_cast<bool>(*snapshot_); }
   bool wants_report() const { return !report_.empty(); }
   int run(RunEnv& env, shine::ReadMode rm);
 
  private:
   int run_rebuild(RunEnv& env);
+  int run_snapshot(RunEnv& env, const std::string& dir, int wait_s);
   int run_dhnsw(RunEnv& env);
   int run_shine(RunEnv& env, shine::ReadMode rm);
   CLI::App *build_ = nullptr, *insert_ = nullptr, *upsert_ = nullptr, *delete_ = nullptr, *rebuild_ = nullptr;
-  CLI::App* consolidate_ = nullptr;
+  CLI::App *consolidate_ = nullptr, *snapshot_ = nullptr;
+  int wait_s_ = 60;  // snapshot: --wait-seconds
   shine::BuildOptions bo_;
   shine::DeleteOptions del_;
   shine::ConsolidateOptions con_;

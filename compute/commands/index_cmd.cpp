@@ -75,7 +75,9 @@ void IndexCommands::add(CLI::App& app) {
                      "shine: codes log entries per memnode (0: twice the rows over the memnodes, at least 1024)")
       ->capture_default_str()
       ->check(CLI::Range(uint64_t{0}, uint64_t{1} << 40));
-  build_->add_option("--store-index", store_dir_, "after the build, every memnode writes its region to DIR/memnode-<id>.img");
+  build_->add_option("--store-index", store_dir_,
+                     "after the build, store the index as `snapshot --dir DIR` does: every memnode writes its region "
+                     "to DIR/memnode-<id>.img");
   // d-HNSW build (as tools/dhnsw-build) and insert options
   build_->add_option("--partitions", dbo_.build.partitions, "dhnsw: partitions / sub-HNSWs (0: round(sqrt(n)))")
       ->capture_default_str();
@@ -110,6 +112,16 @@ void IndexCommands::add(CLI::App& app) {
     sc->add_option("--end", bo_.end, "one past the last row (0 = all)")->capture_default_str();
   }
 
+  snapshot_ = app.add_subcommand("snapshot", "store the live index: every memnode writes its region to "
+                                             "DIR/memnode-<id>.img (memnode --load serves it) while writers pause "
+                                             "(searches go on); the images hold every write acknowledged before it "
+                                             "began (docs/operations.md, \"Snapshots\")");
+  snapshot_->add_option("--dir", store_dir_, "directory on each memnode's host, inside its --store-dir")->required();
+  snapshot_->add_option("--wait-seconds", wait_s_,
+                        "wait this long for every writing process to pause (a rebuild, delete or consolidation run "
+                        "pauses when it finishes)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 3600));
   rebuild_ = app.add_subcommand("rebuild", "dhnsw: an online rebuild now (paper section 4.5): re-partition "
                                            "and rebuild into a shadow area while others insert and query, publish "
                                            "the next epoch, merge the insert buffer");
@@ -129,6 +141,7 @@ void IndexCommands::add_read_mode(std::string& read_mode) {
 
 int IndexCommands::run(RunEnv& env, shine::ReadMode rm) {
   if (*rebuild_) return run_rebuild(env);
+  if (*snapshot_) return run_snapshot(env, store_dir_, wait_s_);
   if (env.flags.mode == "dhnsw" && *consolidate_)
     throw std::invalid_argument("consolidate: only --mode shine; d-HNSW's rebuild drops deleted vectors");
   if (env.flags.mode == "dhnsw") return run_dhnsw(env);
@@ -148,9 +161,22 @@ int IndexCommands::run(RunEnv& env, shine::ReadMode rm) {
   return run_shine(env, rm);
 }
 
+int IndexCommands::run_snapshot(RunEnv& env, const std::string& dir, int wait_s) {
+  const compute::SnapshotResult r = compute::snapshot_index(env.cluster, dir, wait_s * 1000);
+  uint64_t bytes = 0;
+  for (const auto& i : r.images) bytes += i.file_bytes;
+  std::printf("snapshot: %zu image(s), %llu bytes in %s; writers (%u) paused %.3f s to reach a pause, then %.2f s "
+              "while storing\n",
+              r.images.size(), static_cast<unsigned long long>(bytes), dir.c_str(), r.pause.writers - r.pause.dead,
+              r.pause.wait_s, r.store_seconds);
+  return 0;
+}
+
 int IndexCommands::run_rebuild(RunEnv& env) {
   if (env.flags.mode != "dhnsw") throw std::invalid_argument("rebuild: only --mode dhnsw has epochs");
   auto ep = env.cluster.make_endpoint(64u << 20);
+  compute::WriteGate gate(env.cluster);
+  compute::WriteGate::Pass pass(gate);  // a snapshot waits for the whole rebuild
   auto r = dhnsw::run_rebuild(env.cluster, *ep, env.flags.cn_id, dro_);
   if (r.contains("skipped")) {
     std::printf("dhnsw rebuild: another computenode is the rebuild master; nothing done\n");
@@ -217,10 +243,7 @@ int IndexCommands::run_dhnsw(RunEnv& env) {
                   static_cast<unsigned long long>(r["write"]["doorbells"].get<uint64_t>()),
                   r["write"]["seconds"].get<double>());
     env.write_report(path, r, true);
-    if (!store_dir_.empty() && cn_id == 0) {  // as shine's: each memnode writes its region image
-      auto ep = env.cluster.make_endpoint(8u << 20);
-      compute::store_index(env.cluster, *ep, store_dir_);
-    }
+    if (!store_dir_.empty() && cn_id == 0) run_snapshot(env, store_dir_, wait_s_);
     return 0;
   }
   dio_.data = bo_.data;
@@ -261,10 +284,7 @@ int IndexCommands::run_shine(RunEnv& env, shine::ReadMode rm) {
   auto r = shine::run_build(env.rc, bo_);
   if (env.flags.cn_id == 0) shine::print_build(r);
   env.write_report(report_, r);
-  if (!store_dir_.empty() && env.flags.cn_id == 0) {
-    auto ep = env.cluster.make_endpoint(8u << 20);
-    compute::store_index(env.cluster, *ep, store_dir_);
-  }
+  if (!store_dir_.empty() && env.flags.cn_id == 0) run_snapshot(env, store_dir_, wait_s_);
   return 0;
 }
 

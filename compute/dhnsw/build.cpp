@@ -70,6 +70,31 @@ uint32_t resolve_partitions(uint32_t partitions, size_t n) {
   return static_cast<uint32_t>(std::clamp<double>(r, 1.0, std::min<double>(static_cast<double>(n), 1 << 20)));
 }
 
+std::vector<uint64_t> estimate_region_bytes(size_t n, uint32_t dim, const BuildOptions& opts) {
+  const uint32_t P = resolve_partitions(opts.partitions, n);
+  uint32_t code_size = 0;
+  uint64_t codes_block = 0;
+  if (opts.codes.kind == compute::CodeKind::Sq8) code_size = dim, codes_block = 64 + 8ull * dim;
+  if (opts.codes.kind == compute::CodeKind::Pq) code_size = opts.codes.pq_m, codes_block = 64 + 1024ull * dim;
+  // A vector of Faiss's HNSW is above level 0 with probability 1/M: 2M + M / (M - 1) links.
+  auto links = [](uint64_t count, uint32_t m) {
+    return static_cast<uint64_t>(std::ceil(static_cast<double>(count) * (2.0 * m + m / (m - 1.0))));
+  };
+  std::vector<SubShape> shapes(P);
+  for (uint32_t p = 0; p < P; ++p) {
+    shapes[p].count = n / P + (p < n % P ? 1 : 0);  // balanced: at most ceil(n / P)
+    shapes[p].neighbor_entries = links(shapes[p].count, opts.m);
+    shapes[p].dim = dim;
+    shapes[p].code_size = code_size;
+  }
+  const uint64_t meta = 256 + uint64_t{P} * (4ull * dim + 16) + 4 * links(P, opts.meta_m);
+  const uint64_t id_capacity = opts.id_index ? 2 * n + 1024 : 0;
+  RegionPlan plan = plan_region(shapes, std::max<uint32_t>(opts.memnodes, 1), meta, opts.layout, opts.base_offset,
+                                id_capacity, codes_block);
+  plan.region_bytes[0] += align_up(opts.insert_buffer_bytes, 4096);
+  return plan.region_bytes;
+}
+
 namespace {
 
 void check_options(size_t n, uint32_t dim, const BuildOptions& opts) {

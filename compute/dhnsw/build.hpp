@@ -104,6 +104,12 @@ struct BuiltIndex {
 BuiltIndex build_index(const float* data, size_t n, uint32_t dim, Metric metric, const BuildOptions& opts,
                        const int64_t* labels = nullptr);
 
+/// Before building: each memnode's region bytes for an index of `n` vectors of `dim` with
+/// `opts`, estimated from the layout of balanced partitions (Faiss's expected links per vector)
+/// with one copy per vector, so at most what the build will need (boundary copies add more).
+/// The scratch area and, on memnode 0, the insert buffer are included.
+std::vector<uint64_t> estimate_region_bytes(size_t n, uint32_t dim, const BuildOptions& opts);
+
 /// Moves a built index (laid out at its metadata_offset) to region offset `base`: every offset in
 /// its metadata and its id index (a rebuild writes the next epoch beside the live one).
 void relocate(BuiltIndex& b, uint64_t base);

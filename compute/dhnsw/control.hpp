@@ -26,11 +26,13 @@
 #include <cstdint>
 #include <type_traits>
 #include "common/fabric/rejoin_layout.hpp"
+#include "common/write_gate.hpp"
 #include "common/fabric/transport.hpp"
 
 namespace dmhnsw::dhnsw {
 
 inline constexpr uint64_t kControlOffset = 2048;  // memnode 0, inside the header page
+static_assert(kControlOffset >= kWriteGateEnd);
 inline constexpr uint32_t kMaxBuckets = 64;
 inline constexpr uint32_t kMaxLshBits = 6;  // hyperplanes: 2^6 sign patterns = kMaxBuckets
 static_assert(uint32_t{1} << kMaxLshBits == kMaxBuckets);

@@ -19,7 +19,8 @@ Index load_index(fabric::Cluster& c, fabric::Endpoint& ep) {
   if (h0.mode != static_cast<uint8_t>(Mode::Dhnsw))
     throw std::runtime_error("memnode 0 holds no d-HNSW index (region mode " +
                              std::string(fabric::mode_name(static_cast<Mode>(h0.mode))) +
-                             "): start it with --load IMAGE written by tools/dhnsw-build");
+                             "): build one (`computenode --mode dhnsw build --data FILE`), or start the memnodes with --load "
+                             "IMAGE (written by `build --store-index`, `snapshot` or build/bin/dhnsw-build)");
   const uint64_t off = h0.mode_words[dhnsw_word::kMetadataOffset], len = h0.mode_words[dhnsw_word::kMetadataSize];
   if (len < sizeof(MetaHeader) || off > h0.region_size || len > h0.region_size - off)
     throw std::runtime_error("memnode 0: region header at offset " +

@@ -1,3 +1,4 @@
+#include "compute/write_gate.hpp"
 #include "compute/dhnsw/insert_run.hpp"
 
 #include <spdlog/spdlog.h>
@@ -44,6 +45,7 @@ nlohmann::json run_insert(const compute::RunContext& rc, const InsertOptions& o)
     if (i % o.share_count == o.share_index) mine.push_back(i);
   probe.reset();
   Inserter ins(c, *ep, rc.cn_id, o.tuning);
+  compute::WriteGate gate(c);  // each batch under a pass: a snapshot waits for it, and it for the snapshot
   const auto t0 = Clock::now();
   auto last = t0;
   std::vector<float> xs;
@@ -59,11 +61,12 @@ nlohmann::json run_insert(const compute::RunContext& rc, const InsertOptions& o)
       ids[j] = o.ids.empty() ? o.id_offset + static_cast<int64_t>(mine[at + j]) : o.ids[mine[at + j]];
     }
     const auto b0 = Clock::now();
+    compute::WriteGate::Pass pass(gate);
     ins.insert(xs.data(), ids.data(), n, o.upsert);
     batch_ms.push_back(seconds_since(b0) * 1e3);
     if (seconds_since(last) > 2) {
       last = Clock::now();
-      spdlog::info("dhnsw insert: {} / {} acknowledged ({:.0f} inserts/s)", at + n, mine.size(),
+      spdlog::info("dhnsw {}: {} / {} acknowledged ({:.0f}/s)", o.upsert ? "upsert" : "insert", at + n, mine.size(),
                    static_cast<double>(at + n) / seconds(last - t0));
     }
   }
@@ -88,9 +91,9 @@ nlohmann::json run_insert(const compute::RunContext& rc, const InsertOptions& o)
 
 void print_insert(const nlohmann::json& r) {
   const auto& i = r["insert"];
-  std::printf("dhnsw insert (computenode %u): %llu vectors in %.2f s (%.0f inserts/s), %llu commits; per insert "
+  std::printf("dhnsw %s (computenode %u): %llu vectors in %.2f s (%.0f inserts/s), %llu commits; per insert "
               "%.2f WRITEs, %.3f doorbells, %.0f bytes; lock waits %llu, takeovers %llu, repairs %llu\n",
-              r["cn_id"].get<unsigned>(), static_cast<unsigned long long>(i["inserted"].get<uint64_t>()),
+              r["kind"].get<std::string>().c_str(), r["cn_id"].get<unsigned>(), static_cast<unsigned long long>(i["inserted"].get<uint64_t>()),
               i["seconds"].get<double>(), i["inserts_per_s"].get<double>(),
               static_cast<unsigned long long>(i["commits"].get<uint64_t>()), i["per_insert"]["writes"].get<double>(),
               i["per_insert"]["doorbells"].get<double>(), i["per_insert"]["bytes_written"].get<double>(),
@@ -114,11 +117,13 @@ nlohmann::json run_delete(const compute::RunContext& rc, const DeleteOptions& o)
   std::vector<int64_t> mine;
   for (size_t j = rc.cn_id; j < o.ids.size(); j += std::max<uint32_t>(1, rc.num_cns)) mine.push_back(o.ids[j]);
   Inserter ins(c, *ep, rc.cn_id, o.tuning);
+  compute::WriteGate gate(c);
   const auto t0 = Clock::now();
   std::vector<int64_t> missing;
   const uint32_t B = std::max<uint32_t>(1, o.batch);
   for (size_t at = 0; at < mine.size(); at += B) {
     const size_t n = std::min<size_t>(B, mine.size() - at);
+    compute::WriteGate::Pass pass(gate);
     const std::vector<int64_t> m = ins.remove(mine.data() + at, n);
     missing.insert(missing.end(), m.begin(), m.end());
   }

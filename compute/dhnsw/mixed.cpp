@@ -1,3 +1,4 @@
+#include "compute/write_gate.hpp"
 #include "compute/dhnsw/mixed.hpp"
 
 #include <spdlog/spdlog.h>
@@ -101,6 +102,7 @@ nlohmann::json run_mixed(const RunContext& rc, const QueryOptions& q, const Mixe
   const FloatMatrix ins_data = load_insert_data(m);
   auto ep = c.make_endpoint(256u << 20);
   Inserter ins(c, *ep, rc.cn_id, m.tuning);
+  compute::WriteGate gate(c);
   const uint32_t dim = ins.index().header.dim, k = q.engine.k;
   if (wl.dim() != dim)
     throw std::invalid_argument("--workload " + q.workload + " has dimension " + std::to_string(wl.dim()) +
@@ -145,6 +147,7 @@ nlohmann::json run_mixed(const RunContext& rc, const QueryOptions& q, const Mixe
       ids[j] = m.id_offset + static_cast<int64_t>(rows[next_row + j]);
     }
     next_row += ni;
+    compute::WriteGate::Pass pass(gate);
     ins.insert(xi.data(), ids.data(), ni);
     const double bi = seconds_since(b0);
     // Searches of the batch.

@@ -11,6 +11,7 @@
 #include "common/presence.hpp"
 #include "common/region.hpp"
 #include "common/units.hpp"
+#include "common/write_gate.hpp"
 
 namespace dmhnsw::dhnsw {
 
@@ -57,6 +58,11 @@ void write_bytes(fabric::Endpoint& ep, uint16_t memnode, uint64_t offset, const 
   flush();
 }
 
+// A memnode holds one index: what to do when a build finds one.
+constexpr const char* kHeldIndexHint =
+    "`insert`, `upsert` and `delete` change it, `snapshot --dir DIR` stores it; a new index needs memnodes "
+    "with empty regions (restart them, without --load)";
+
 nlohmann::json write_index(fabric::Cluster& c, fabric::Endpoint& ep, const BuiltIndex& built) {
   const size_t n = c.memnodes().size();
   if (built.regions.size() != n)
@@ -66,8 +72,7 @@ nlohmann::json write_index(fabric::Cluster& c, fabric::Endpoint& ep, const Built
     const RegionHeader h = read_header(c, ep, m);
     if (h.mode != static_cast<uint8_t>(Mode::None))
       throw std::runtime_error(mn_name(c, m) + " already holds a " +
-                               std::string(fabric::mode_name(static_cast<Mode>(h.mode))) +
-                               " index; start it without --load to build a new one");
+                               std::string(fabric::mode_name(static_cast<Mode>(h.mode))) + " index: " + kHeldIndexHint);
     if (h.region_size < built.region_bytes[m])
       throw std::runtime_error(mn_name(c, m) + ": its region of " + format_bytes(h.region_size) +
                                " cannot hold its part of the index: " + std::to_string(built.region_bytes[m]) +
@@ -87,7 +92,9 @@ nlohmann::json write_index(fabric::Cluster& c, fabric::Endpoint& ep, const Built
   // is the memnode's; then groups and metadata.
   for (uint16_t m = 0; m < n; ++m) {
     const std::vector<char>& r = built.regions[m];
-    write_bytes(ep, m, sizeof(RegionHeader), r.data() + sizeof(RegionHeader), kPresenceOffset - sizeof(RegionHeader), ws);
+    // The write gate's words stay: a snapshot or a writer may hold them (common/write_gate.hpp).
+    write_bytes(ep, m, sizeof(RegionHeader), r.data() + sizeof(RegionHeader), kWriteGateOffset - sizeof(RegionHeader), ws);
+    write_bytes(ep, m, kWriteGateEnd, r.data() + kWriteGateEnd, kPresenceOffset - kWriteGateEnd, ws);
     write_bytes(ep, m, kHeaderPageBytes, r.data() + kHeaderPageBytes, r.size() - kHeaderPageBytes, ws);
   }
   fabric::Buffer buf = ep.alloc(sizeof(RegionHeader));
@@ -117,6 +124,28 @@ nlohmann::json write_index(fabric::Cluster& c, fabric::Endpoint& ep, const Built
           {"mb_per_s", s > 0 ? static_cast<double>(bytes) / s / 1e6 : 0.0}};
 }
 
+namespace {
+
+/// Fails at once, before minutes of building, where a region cannot hold even the estimate.
+void check_room(fabric::Cluster& c, size_t n, uint32_t dim, const BuildOptions& bo, bool copies) {
+  const std::vector<uint64_t> need = estimate_region_bytes(n, dim, bo);
+  const uint64_t most = *std::max_element(need.begin(), need.end());
+  for (uint16_t m = 0; m < need.size(); ++m) {
+    if (need[m] <= c.memnodes()[m].region_size) continue;
+    throw std::invalid_argument(
+        "build: " + mn_name(c, m) + " has a region of " + format_bytes(c.memnodes()[m].region_size) +
+        "; this d-HNSW index (" + std::to_string(n) + " vectors of dimension " + std::to_string(dim) + ", " +
+        std::to_string(resolve_partitions(bo.partitions, n)) + " partitions, M " + std::to_string(bo.m) + ", over " +
+        std::to_string(need.size()) + " memnode(s)) needs about " + format_bytes(need[m]) + " there" +
+        (copies ? " before boundary copies" : "") + ", its 64 MiB scratch area included. Start the memnodes with "
+        "--region " + suggested_region(most) + "; an online rebuild writes the next epoch beside the live one, so "
+        "--region " + suggested_region(2 * most - kScratchBytes) + " leaves room for rebuilds (docs/operations.md, "
+        "\"Sizing regions\"). Nothing was built.");
+  }
+}
+
+}  // namespace
+
 nlohmann::json run_online_build(const compute::RunContext& rc, const OnlineBuildOptions& o) {
   if (rc.cn_id != 0) {
     std::printf("dhnsw build: computenode 0 builds the index; nothing to do here\n");
@@ -139,7 +168,8 @@ nlohmann::json run_online_build(const compute::RunContext& rc, const OnlineBuild
   // Fail early, before minutes of building, on a memnode that holds an index already.
   for (uint16_t m = 0; m < c.memnodes().size(); ++m)
     if (read_header(c, *ep, m).mode != static_cast<uint8_t>(Mode::None))
-      throw std::runtime_error(mn_name(c, m) + " already holds an index; start it without --load to build a new one");
+      throw std::runtime_error(mn_name(c, m) + " already holds an index: " + kHeldIndexHint);
+  check_room(c, data.n(), static_cast<uint32_t>(data.d()), bo, bo.boundary.enabled());
   spdlog::info("dhnsw build: {}: {} x {}, building on this computenode", o.data, data.n(), data.d());
   if (!o.ids.empty() && o.ids.size() < data.n())
     throw std::invalid_argument("--ids holds " + std::to_string(o.ids.size()) + " ids, --data " + o.data + " " +

@@ -16,6 +16,7 @@ namespace dmhnsw::serve {
 struct ServeOptions {
   std::string mode;                     // "shine" or "dhnsw"
   std::string listen = "127.0.0.1:7700";
+  std::string ready_file;               // HOST:PORT written here (whole) once serving
   std::string metrics_listen;           // HOST:PORT of the Prometheus text exposition (GET /metrics); "": none
   std::string token;                    // the cluster token: every call must carry it (metadata dmhnsw-token)
   uint32_t max_k = 100;                 // dhnsw: also the k its engine searches with

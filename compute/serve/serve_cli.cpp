@@ -9,9 +9,11 @@ namespace dmhnsw::serve {
 CLI::App* add_serve_subcommand(CLI::App& app, ServeOptions& o) {
   auto* s = app.add_subcommand("serve", "answer applications' searches over gRPC (proto/dmhnsw.proto; the Python "
                                         "client in python/) until SIGTERM");
-  s->add_option("--listen", o.listen, "HOST:PORT of the gRPC service (port 0: any free port, printed); a "
-                                      "non-loopback host needs the cluster token")
+  s->add_option("--listen", o.listen, "HOST:PORT of the gRPC service (port 0: any free port, printed; a port in "
+                                      "use is refused); a non-loopback host needs the cluster token")
       ->capture_default_str();
+  s->add_option("--ready-file", o.ready_file,
+                "once serving, write the bound HOST:PORT to this file (written whole: scripts wait for it)");
   s->add_option("--metrics-listen", o.metrics_listen,
                 "HOST:PORT of the Prometheus metrics (GET /metrics; port 0: any free port, printed); with a "
                 "cluster token a scrape must send Authorization: Bearer TOKEN");

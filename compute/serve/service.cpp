@@ -6,14 +6,23 @@
 #include <openssl/crypto.h>
 #include <spdlog/spdlog.h>
 
+#include <netdb.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <atomic>
+#include <mutex>
+#include <cerrno>
 #include <csignal>
 #include <cstring>
 #include <optional>
 #include <thread>
 
 #include "common/fabric/transport.hpp"
+#include "common/json_file.hpp"
 #include "compute/serve/metrics.hpp"
+#include "compute/store.hpp"
+#include "compute/write_gate.hpp"
 #include "compute/serve/requests.hpp"
 #include "compute/serve/serve.hpp"
 #include "dmhnsw.grpc.pb.h"
@@ -77,8 +86,9 @@ Status answered(F&& f) {
 
 class Service final : public pb::Search::Service {
  public:
-  Service(Backend& b, const ServeOptions& o, Registry& r)
-      : b_(b), o_(o), info_(b.info()), r_(r), search_m_(r, "Search"), insert_m_(r, "Insert"), delete_m_(r, "Delete"), info_m_(r, "Info"),
+  Service(Backend& b, const ServeOptions& o, Registry& r, fabric::Cluster& c, compute::WriteGate& gate)
+      : b_(b), o_(o), info_(b.info()), r_(r), c_(c), gate_(gate), search_m_(r, "Search"), insert_m_(r, "Insert"),
+        delete_m_(r, "Delete"), info_m_(r, "Info"), snapshot_m_(r, "Snapshot"),
         inflight_(r.gauge("dmhnsw_requests_in_flight", "gRPC calls being answered")) {}
 
   Status Search(ServerContext* ctx, const pb::SearchRequest* req, pb::SearchResponse* resp) override {
@@ -92,6 +102,9 @@ class Service final : public pb::Search::Service {
   }
   Status Info(ServerContext* ctx, const pb::InfoRequest* req, pb::InfoResponse* resp) override {
     return counted(info_m_, [&] { return info(ctx, req, resp); });
+  }
+  Status Snapshot(ServerContext* ctx, const pb::SnapshotRequest* req, pb::SnapshotResponse* resp) override {
+    return counted(snapshot_m_, [&] { return snapshot(ctx, req, resp); });
   }
 
  private:
@@ -138,6 +151,7 @@ class Service final : public pb::Search::Service {
     std::vector<float> x(n * info_.dim);
     std::memcpy(x.data(), req->vectors().data(), x.size() * sizeof(float));
     uint64_t replaced = 0;
+    compute::WriteGate::Pass pass(gate_);  // a snapshot waits for this write, or it for the snapshot
     if (Status s = answered([&] { replaced = b_.insert(x.data(), req->ids().data(), n, req->upsert()); }); !s.ok())
       return s;
     resp->set_inserted(static_cast<uint32_t>(n));
@@ -150,6 +164,7 @@ class Service final : public pb::Search::Service {
     if (auto why = check_delete(*req, limits())) return bad(*why);
     const size_t n = static_cast<size_t>(req->ids_size());
     std::vector<uint8_t> found(n, 0);
+    compute::WriteGate::Pass pass(gate_);
     if (Status s = answered([&] { b_.remove(req->ids().data(), n, found.data()); }); !s.ok()) return s;
     uint32_t deleted = 0;
     for (size_t i = 0; i < n; ++i) {
@@ -187,6 +202,27 @@ class Service final : public pb::Search::Service {
     return Status::OK;
   }
 
+  Status snapshot(ServerContext* ctx, const pb::SnapshotRequest* req, pb::SnapshotResponse* resp) {
+    if (auto s = authorize(ctx); !s.ok()) return s;
+    if (req->dir().empty()) return bad("dir: empty; the memnodes' directory for the images (inside --store-dir)");
+    if (req->wait_seconds() > 3600) return bad("wait_seconds: " + std::to_string(req->wait_seconds()) + ", at most 3600");
+    const int wait_ms = 1000 * static_cast<int>(req->wait_seconds() == 0 ? 60 : req->wait_seconds());
+    compute::SnapshotResult r;
+    // One snapshot at a time from this service; others are refused by the freeze word.
+    std::lock_guard g(snapshot_mu_);
+    if (Status s = answered([&] { r = compute::snapshot_index(c_, req->dir(), wait_ms); }); !s.ok()) return s;
+    for (const auto& i : r.images) {
+      auto* out = resp->add_images();
+      out->set_memnode(i.memnode_id);
+      out->set_path(i.path);
+      out->set_file_bytes(i.file_bytes);
+      out->set_checksum(i.checksum);
+    }
+    resp->set_pause_seconds(r.pause.wait_s + r.store_seconds);
+    resp->set_writers(r.pause.writers - r.pause.dead);
+    return Status::OK;
+  }
+
   RequestLimits limits() const {
     return RequestLimits{info_.dim, o_.max_k, o_.max_batch, info_.partitions, info_.mode == "shine"};
   }
@@ -206,7 +242,10 @@ class Service final : public pb::Search::Service {
   const ServeOptions& o_;
   IndexInfo info_;
   Registry& r_;
-  MethodMetrics search_m_, insert_m_, delete_m_, info_m_;
+  fabric::Cluster& c_;
+  compute::WriteGate& gate_;
+  std::mutex snapshot_mu_;
+  MethodMetrics search_m_, insert_m_, delete_m_, info_m_, snapshot_m_;
   Gauge& inflight_;
 };
 
@@ -223,6 +262,25 @@ std::pair<std::string, int> split_listen(const std::string& flag, const std::str
   }
   if (port < 0 || port > 65535) throw std::invalid_argument(flag + " " + v + ": the port is not a number 0 .. 65535");
   return {v.substr(0, colon), port};
+}
+
+/// Whether something listens on HOST:PORT: a plain bind there fails with EADDRINUSE.
+bool port_in_use(const std::string& host, int port) {
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_NUMERICSERV;
+  std::string h = host;
+  if (h.size() > 2 && h.front() == '[' && h.back() == ']') h = h.substr(1, h.size() - 2);
+  addrinfo* res = nullptr;
+  if (getaddrinfo(h.c_str(), std::to_string(port).c_str(), &hints, &res) != 0 || res == nullptr) return false;
+  const int fd = socket(res->ai_family, SOCK_STREAM, 0);
+  bool in_use = false;
+  if (fd >= 0) {
+    in_use = bind(fd, res->ai_addr, res->ai_addrlen) != 0 && errno == EADDRINUSE;
+    close(fd);
+  }
+  freeaddrinfo(res);
+  return in_use;
 }
 
 bool loopback(const std::string& host) {
@@ -287,7 +345,8 @@ int run_serve(const compute::RunContext& rc, const ServeOptions& o) {
   } else {
     throw std::invalid_argument("--mode " + o.mode + ": serve needs shine or dhnsw");
   }
-  Service service(*backend, o, registry);
+  compute::WriteGate gate(*rc.cluster);  // this process writes (Insert, Delete): a snapshot pauses it
+  Service service(*backend, o, registry, *rc.cluster, gate);
   std::unique_ptr<MetricsServer> metrics;
   if (metrics_at) {
     metrics = std::make_unique<MetricsServer>(registry, metrics_at->first, metrics_at->second, o.token);
@@ -297,15 +356,27 @@ int run_serve(const compute::RunContext& rc, const ServeOptions& o) {
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
   int port = 0;
+  // gRPC binds with SO_REUSEPORT by default: a second serve on a used port would start and
+  // share the clients with the first, whatever index each serves.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.AddListeningPort(o.listen, grpc::InsecureServerCredentials(), &port);
   builder.SetMaxReceiveMessageSize(static_cast<int>(o.max_message_bytes));
   builder.SetMaxSendMessageSize(static_cast<int>(o.max_message_bytes));
   builder.RegisterService(&service);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  if (!server || port == 0) throw std::runtime_error("--listen " + o.listen + ": could not listen there");
+  if (!server || port == 0) {
+    const int asked = split_listen("--listen", o.listen).second;
+    if (asked != 0 && port_in_use(host, asked))
+      throw std::runtime_error("--listen " + o.listen + ": port " + std::to_string(asked) +
+                               " is in use (another serve, or another program, listens there); stop it or choose "
+                               "another port (port 0 picks a free one)");
+    throw std::runtime_error("--listen " + o.listen + ": could not listen there (is " + host +
+                             " an address of this host?)");
+  }
   server->GetHealthCheckService()->SetServingStatus(true);
   std::printf("serving %s on %s:%d\n", o.mode.c_str(), host.c_str(), port);
   std::fflush(stdout);
+  if (!o.ready_file.empty()) write_text_file(o.ready_file, host + ":" + std::to_string(port) + "\n", "--ready-file");
   spdlog::info("serving {} on {}:{}", o.mode, host, port);
 
   std::signal(SIGTERM, on_signal);

@@ -12,6 +12,7 @@
 #include <unordered_set>
 
 #include "common/progress.hpp"
+#include "compute/write_gate.hpp"
 #include "compute/board.hpp"
 #include "compute/shine/engine.hpp"
 #include "compute/shine/graph.hpp"
@@ -161,6 +162,9 @@ json run_consolidate(const RunContext& rc, const ConsolidateOptions& o) {
   const GraphParams p = format_or_attach(c, *control, nullptr, rc.cn_id);
   if (p.ids.buckets == 0)
     throw std::invalid_argument("consolidate: this shine index has no id index (it has no deletes either)");
+  // The whole run under one pass of the write gate: a snapshot waits until it is done.
+  compute::WriteGate gate(c);
+  compute::WriteGate::Pass pass(gate);
   Graph g(c, p);
   const auto t0 = Clock::now();
   std::vector<RemotePtr> all = live_nodes(*control, p.ids);

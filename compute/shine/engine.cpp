@@ -1,4 +1,5 @@
 #include "compute/shine/engine.hpp"
+#include "compute/write_gate.hpp"
 
 #include <algorithm>
 #include <atomic>
@@ -30,7 +31,8 @@ void check_no_index_yet(fabric::Cluster& c, fabric::Endpoint& control) {
   if (nodes > 0 || entry != 0)
     throw std::invalid_argument("build: the memnodes already hold a shine index of " + std::to_string(nodes) +
                                 " nodes (memnode 0 at " + c.memnodes()[0].address +
-                                "): add vectors with `insert --data FILE --begin ROW`, or start the memnodes afresh");
+                                "): add vectors with `insert --data FILE --begin ROW`, store it with `snapshot --dir DIR`, or "
+                                "start the memnodes afresh (without --load) for a new index");
 }
 
 /// What inserting this computenode's share did.
@@ -48,7 +50,7 @@ struct ShareStats {
 /// would only fail later).
 ShareStats insert_share(const RunContext& rc, const BuildOptions& o, Graph& g, const GraphParams& p,
                         compute::Board& board, const FloatMatrix& data, const std::vector<uint32_t>& mine,
-                        VectorCache* vcache) {
+                        VectorCache* vcache, compute::WriteGate& gate) {
   fabric::Cluster& c = *rc.cluster;
   std::atomic<size_t> next{0};
   std::atomic<bool> stop{false};
@@ -91,7 +93,7 @@ ShareStats insert_share(const RunContext& rc, const BuildOptions& o, Graph& g, c
       }
       auto loop = [&](OpContext& ctx) -> compute::Task<void> {
         for (;;) {
-          if (stop.load()) co_return;
+          if (stop.load() || gate.closing()) co_return;  // a snapshot: finish, release the pass
           size_t i = next.fetch_add(1);
           if (i >= mine.size()) co_return;
           uint32_t row = mine[i];
@@ -100,8 +102,12 @@ ShareStats insert_share(const RunContext& rc, const BuildOptions& o, Graph& g, c
           inserted.add();
         }
       };
-      for (auto& ctx : ctxs) s.spawn(loop(ctx));
-      s.run();
+      // The thread's inserts under one pass of the write gate, given up while a snapshot runs.
+      while (!stop.load() && next.load() < mine.size()) {
+        compute::WriteGate::Pass pass(gate);
+        for (auto& ctx : ctxs) s.spawn(loop(ctx));
+        s.run();
+      }
       std::lock_guard gd(mu);
       for (auto& x : ctxs) {
         for (size_t i = 0; i < x.allocated.size() && i < st.per_memnode.size(); ++i) st.per_memnode[i] += x.allocated[i];
@@ -186,6 +192,7 @@ json run_build(const RunContext& rc, const BuildOptions& o) {
     want.codes = compute::Quantizer::train_spread(o.codes, data.n(), want.dim, want.metric,
                                                   [&](size_t i) { return data.row(i); });
   }
+  if (o.format) check_room_for_build(c, want, data.n());
   auto control = c.make_endpoint(16u << 20);
   GraphParams p = format_or_attach(c, *control, o.format ? &want : nullptr, rc.cn_id);
   if (!o.format && p.dim != data.d())
@@ -218,7 +225,8 @@ json run_build(const RunContext& rc, const BuildOptions& o) {
   uint64_t reused = 0;
   control->read(RemotePtr(0, mode_word_offset(shine_word::kReused)), &reused, 8);
   vcache.set_applied(reused);
-  const ShareStats st = insert_share(rc, o, g, p, board, data, mine, &vcache);
+  compute::WriteGate gate(c);
+  const ShareStats st = insert_share(rc, o, g, p, board, data, mine, &vcache, gate);
   json mine_j = {{"cn_id", rc.cn_id}, {"inserted", mine.size()}, {"replaced", st.replaced}, {"seconds", st.seconds},
                  {"inserts_per_s", static_cast<double>(mine.size()) / st.seconds}, {"io", io_json(st.io)},
                  {"doorbells", st.counters.doorbells}, {"ops", st.counters.total_ops()},
@@ -251,6 +259,9 @@ json run_delete(const RunContext& rc, const DeleteOptions& o) {
   const GraphParams p = format_or_attach(c, *control, nullptr, rc.cn_id);
   if (p.ids.buckets == 0)
     throw std::invalid_argument("delete: this shine index has no id index (build it with --id-capacity N)");
+  // The whole run under one pass of the write gate: a snapshot waits until it is done.
+  compute::WriteGate gate(c);
+  compute::WriteGate::Pass pass(gate);
   Graph g(c, p);
   std::vector<uint64_t> mine;
   for (size_t i = rc.cn_id; i < o.ids.size(); i += rc.num_cns) mine.push_back(o.ids[i]);
@@ -335,8 +346,8 @@ void print_delete(const json& r) {
 
 void print_build(const json& r) {
   if (!r.contains("inserted")) return;
-  std::printf("shine build: %llu vectors (dim %u, M %u, efC %u) by %u computenode(s) x %u threads x %u coroutines\n",
-              static_cast<unsigned long long>(r["inserted"].get<uint64_t>()), r["dim"].get<unsigned>(),
+  std::printf("shine %s: %llu vectors (dim %u, M %u, efC %u) by %u computenode(s) x %u threads x %u coroutines\n",
+              r.value("kind", std::string("build")).c_str(), static_cast<unsigned long long>(r["inserted"].get<uint64_t>()), r["dim"].get<unsigned>(),
               r["m"].get<unsigned>(), r["ef_construction"].get<unsigned>(), r["num_cns"].get<unsigned>(),
               r["threads"].get<unsigned>(), r["coroutines"].get<unsigned>());
   if (r.value("replaced", uint64_t{0}) > 0)

@@ -3,10 +3,12 @@
 // claim_ids). The graph itself is graph.cpp.
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <thread>
 
 #include "common/presence.hpp"
+#include "common/units.hpp"
 #include "compute/shine/graph.hpp"
 #include "compute/shine/graph_detail.hpp"
 
@@ -56,6 +58,50 @@ IndexAreas plan_areas(uint64_t id_capacity, uint16_t memnodes, uint64_t first, u
     a.records = a.codes_log.offset + a.codes_log.bytes();
   }
   return a;
+}
+
+uint64_t estimate_record_bytes(uint32_t dim, uint32_t m, uint64_t nodes) {
+  // Levels are drawn as hnswlib draws them: a node reaches level l with probability M^-l, so
+  // it holds 1 / (M - 1) upper lists on average.
+  const NodeLayout l(dim, m);
+  const double per_node = static_cast<double>(l.node_bytes(0)) + static_cast<double>(l.list_bytes(1)) / (m - 1.0);
+  return static_cast<uint64_t>(std::ceil(per_node * static_cast<double>(nodes)));
+}
+
+void check_room_for_build(fabric::Cluster& c, const GraphParams& p, uint64_t rows) {
+  const auto n = static_cast<uint16_t>(c.memnodes().size());
+  std::vector<RegionHeader> hs;
+  uint64_t first = 0;
+  for (const auto& mn : c.memnodes()) {
+    hs.push_back(header_from_blob(mn.header, "memnode " + std::to_string(mn.id) + " (" + mn.address + ")"));
+    if (hs.back().mode != static_cast<uint8_t>(Mode::None)) return;  // attaching: format_or_attach says what holds
+    first = std::max(first, (hs.back().data_offset + 63) / 64 * 64);
+  }
+  CodesLog log;
+  if (p.codes) log = {0, std::max<uint64_t>(p.codes_capacity, 1), static_cast<uint32_t>(p.codes->code_size())};
+  const uint64_t block = p.codes ? p.codes->serialize().size() : 0;
+  const IndexAreas areas = plan_areas(p.id_capacity, n, first, block, log);
+  // Each node goes to a memnode drawn at random: a share plus three standard deviations.
+  const double share = static_cast<double>(rows) / n;
+  const auto nodes = static_cast<uint64_t>(std::ceil(share + 3.0 * std::sqrt(share)));
+  const uint64_t records = estimate_record_bytes(p.dim, p.m, nodes);
+  const uint64_t areas_bytes = areas.records - first;
+  for (uint16_t i = 0; i < n; ++i) {
+    const RegionHeader& h = hs[i];
+    const uint64_t need = areas.records + records;
+    const bool board_fits = i != 0 || h.scratch_size >= std::min<uint64_t>(64u << 20, kMinUsefulRegionBytes / 4);
+    if (need <= h.region_size && board_fits) continue;
+    // The header page, a scratch area of up to 64 MiB, then the index's areas and records.
+    const uint64_t whole = kHeaderPageBytes + (64ull << 20) + areas_bytes + records;
+    throw std::invalid_argument(
+        "build: memnode " + std::to_string(i) + " (" + c.memnodes()[i].address + ") has a region of " +
+        format_bytes(h.region_size) + "; this index (" + std::to_string(rows) + " vectors of dimension " +
+        std::to_string(p.dim) + ", M " + std::to_string(p.m) + ", over " + std::to_string(n) +
+        " memnode(s)) needs about " + format_bytes(whole) + " on each: node records " + format_bytes(records) +
+        ", id index, free stacks and codes " + format_bytes(areas_bytes) + ", scratch up to 64 MiB. Start the "
+        "memnodes with --region " + suggested_region(whole) + " (or use more memnodes; docs/operations.md, "
+        "\"Sizing regions\"). Nothing was written.");
+  }
 }
 
 namespace {

@@ -110,6 +110,14 @@ struct SearchStats {
 /// written while it formats so that others waiting fail at once if it leaves (-1: not said).
 GraphParams format_or_attach(fabric::Cluster& c, fabric::Endpoint& ep, const GraphParams* wanted, int64_t self = -1);
 
+/// Expected bytes of `nodes` node records of dimension `dim` and HNSW M `m`.
+uint64_t estimate_record_bytes(uint32_t dim, uint32_t m, uint64_t nodes);
+/// Before a build formats empty memnodes: throws std::invalid_argument naming the memnode, the
+/// bytes the index of `rows` vectors with `p` (its id index, codes and node records) needs on
+/// each, and the --region to use, when a region cannot hold its share or memnode 0's scratch
+/// area cannot hold the coordination board. Does nothing when the memnodes hold an index.
+void check_room_for_build(fabric::Cluster& c, const GraphParams& p, uint64_t rows);
+
 /// Raises memnode 0's id ceiling (shine_word::kIdCeiling) to at least `ceiling`.
 void raise_id_ceiling(fabric::Endpoint& ep, uint64_t ceiling);
 /// Claims labels [lo, hi) for new vectors: raises the ceiling to hi when it is at most lo and

@@ -1,7 +1,7 @@
 """Python client of the dmhnsw search service (``computenode serve``).
 
 >>> import numpy as np, dmhnsw
->>> with dmhnsw.Client("127.0.0.1:50051") as client:          # doctest: +SKIP
+>>> with dmhnsw.Client("127.0.0.1:7700") as client:          # doctest: +SKIP
 ...     info = client.info()
 ...     ids, distances = client.search(np.random.rand(4, info.dim), k=10)
 
@@ -13,12 +13,13 @@ from __future__ import annotations
 __version__ = "0.1.0"
 
 from ._convert import TOKEN_ENV, TOKEN_METADATA_KEY
-from .client import Client, Info
+from .client import Client, Info, SnapshotImage
 from .errors import DmhnswError, InvalidArgument, Unauthenticated, Unavailable
 
 __all__ = [
     "Client",
     "Info",
+    "SnapshotImage",
     "DmhnswError",
     "InvalidArgument",
     "Unauthenticated",

@@ -10,7 +10,7 @@ import numpy as np
 import numpy.typing as npt
 
 from . import _convert
-from .errors import DmhnswError, InvalidArgument, from_rpc_error
+from .errors import DmhnswError, InvalidArgument, Unavailable, from_rpc_error
 
 try:
     from ._proto import dmhnsw_pb2, dmhnsw_pb2_grpc
@@ -73,6 +73,17 @@ class Info:
     def from_proto(cls, message: Any) -> "Info":
         """An :class:`Info` from a ``dmhnsw.v1.InfoResponse``."""
         return cls(**{f.name: getattr(message, f.name) for f in dataclasses.fields(cls)})
+
+
+@dataclasses.dataclass(frozen=True)
+class SnapshotImage:
+    """One memnode's image written by :meth:`Client.snapshot` (``SnapshotImage``)."""
+
+    memnode: int
+    path: str
+    """Absolute path of the image on the memnode's host (``memnode --load PATH`` serves it)."""
+    file_bytes: int
+    checksum: int
 
 
 class Client:
@@ -243,6 +254,31 @@ class Client:
         response = self._call(self._stub.Delete, request, timeout)
         return np.asarray(response.not_found, dtype=np.int64)
 
+    def snapshot(
+        self, dir: str, *, wait_seconds: int = 0, timeout: Optional[float] = None
+    ) -> list:
+        """Stores the live index: every memnode writes its region to ``dir/memnode-<id>.img``.
+
+        Writes pause cluster-wide while the images are written (searches go on); the images
+        hold every insert, upsert and delete acknowledged before this call. ``dir`` is on each
+        memnode's host, inside its ``--store-dir``; ``memnode --load`` serves an image.
+
+        Args:
+            dir: the memnodes' directory for the images.
+            wait_seconds: how long the service waits for every writer to pause (0: 60).
+            timeout: deadline of this call in seconds (default: the client's).
+
+        Returns:
+            A list of :class:`SnapshotImage`, one per memnode.
+        """
+        if not dir:
+            raise InvalidArgument("dir: empty")
+        request = dmhnsw_pb2.SnapshotRequest(dir=dir, wait_seconds=int(wait_seconds))
+        response = self._call(self._stub.Snapshot, request, timeout)
+        return [
+            SnapshotImage(i.memnode, i.path, i.file_bytes, i.checksum) for i in response.images
+        ]
+
     def info(self, *, timeout: Optional[float] = None) -> Info:
         """What the service serves: mode, dim, metric, count, limits (see :class:`Info`)."""
         response = self._call(self._stub.Info, dmhnsw_pb2.InfoRequest(), timeout)
@@ -345,4 +381,13 @@ class Client:
                 metadata=self._metadata or None,
             )
         except grpc.RpcError as exc:
-            raise from_rpc_error(exc) from exc
+            error = from_rpc_error(exc)
+            if error.code == grpc.StatusCode.UNAVAILABLE and "HTTP/2" in error.details:
+                # What answers there is no gRPC server: a memnode's control port, most often.
+                error = Unavailable(
+                    f"{self.target} does not answer gRPC ({error.details}): is it a memnode's port? "
+                    "The client talks to `computenode serve`, at its --listen address "
+                    "(default 127.0.0.1:7700)",
+                    error.code,
+                )
+            raise error from exc

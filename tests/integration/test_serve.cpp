@@ -306,6 +306,16 @@ void check_service(const TempDir& dir, const std::string& mode, const std::strin
   CHECK(info.memnodes() == 2);
   CHECK(info.count() >= 3000);
   CHECK(info.provider() == "tcp");
+  {  // A second serve on the port this one holds is refused naming the port; this one goes on.
+    const std::string port = srv.address.substr(srv.address.rfind(':') + 1);
+    auto again = run(computenode_args(mode, "tcp", mns, 0, 1, {"serve", "--listen", srv.address}), dir,
+                     "serve-again-" + mode, seconds(60), {kToken});
+    INFO(again.output);
+    CHECK(again.code != 0);
+    CHECK_THAT(again.output, Catch::Contains("port " + port + " is in use"));
+    pb::InfoResponse still;
+    CHECK(cl.info(still).ok());
+  }
   const double recall = recall_at_10(cl, wl);
   INFO(mode << " recall@10 " << recall);
   CHECK(recall >= min_recall);
@@ -710,4 +720,155 @@ TEST_CASE("serve: dhnsw deletes, upserts and inserts under any 63-bit ids while 
           "[integration][serve][delete]") {
   for (std::string provider : {"tcp", "cxl"})
     DYNAMIC_SECTION(provider) { churn_through_service("dhnsw", provider); }
+}
+
+namespace {
+
+/// One acknowledged write of the snapshot test: an insert of `vec` under `id`, or a delete of `id`.
+struct Ack {
+  bool insert;
+  int64_t id;
+  std::vector<float> vec;
+};
+
+/// Inserts and deletes through the service from a thread while the service takes a snapshot;
+/// fresh memnodes loading the images then answer with every write acknowledged before the
+/// snapshot began, and hold between that many vectors and what was acknowledged by its end.
+void snapshot_during_writes(const std::string& mode, const std::string& provider) {
+  SmallData d(100, 1500);
+  const FloatMatrix base = load_vectors_as_float(d.base);
+  const uint32_t dim = static_cast<uint32_t>(base.d());
+  TempDir dir;
+  std::vector<Ack> acks;
+  size_t before = 0, after = 0;
+  uint64_t count_before = 0;
+  {
+    Memnode m0(dir, 0, provider, "127.0.0.1:0", {}, {}, {kToken}), m1(dir, 1, provider, "127.0.0.1:0", {}, {}, {kToken});
+    const std::string mns = m0.address + "," + m1.address;
+    std::vector<std::string> build{"build", "--data", d.base, "--m", "8", "--ef-construction", "60"};
+    if (mode == "dhnsw") build.insert(build.end(), {"--partitions", "4"});
+    auto b = run(computenode_args(mode, provider, mns, 0, 1, build), dir, "build", seconds(300), {kToken});
+    INFO(b.output);
+    REQUIRE(b.code == 0);
+    Server srv(dir, mode, mns, {"--ef-search", "64", "--probe", "4"}, 0, 1, provider);
+    Client cl(srv.address);
+    pb::InfoResponse info;
+    REQUIRE(cl.info(info).ok());
+    count_before = info.count();
+    std::mutex mu;
+    std::atomic<bool> stop{false};
+    std::string failed;
+    std::thread writer([&] {
+      for (int64_t i = 0; !stop.load() && i < 100000; ++i) {
+        Ack a{i % 3 != 2, i % 3 != 2 ? 5'000'000 + i : i, {}};
+        grpc::Status st;
+        if (a.insert) {
+          a.vec.assign(base.row(static_cast<size_t>(i) % base.n()), base.row(static_cast<size_t>(i) % base.n()) + dim);
+          a.vec[0] += 0.25f + 0.01f * static_cast<float>(i);
+          pb::InsertResponse r;
+          st = cl.insert(insert_request(a.vec.data(), 1, dim, {a.id}), r);
+        } else {
+          pb::DeleteRequest req;
+          req.add_ids(a.id);
+          pb::DeleteResponse r;
+          st = cl.remove(req, r);
+        }
+        std::lock_guard g(mu);
+        if (!st.ok()) {
+          failed = st.error_message();
+          return;
+        }
+        acks.push_back(std::move(a));
+      }
+    });
+    auto acked = [&] {
+      std::lock_guard g(mu);
+      return acks.size();
+    };
+    while (acked() < 60 && failed.empty()) std::this_thread::sleep_for(milliseconds(5));
+    before = acked();
+    pb::SnapshotRequest sreq;
+    sreq.set_dir("snap");
+    pb::SnapshotResponse sresp;
+    grpc::ClientContext ctx;
+    cl.prepare(ctx);
+    const grpc::Status st = cl.stub->Snapshot(&ctx, sreq, &sresp);
+    after = acked();
+    while (acked() < after + 20 && failed.empty()) std::this_thread::sleep_for(milliseconds(5));
+    stop.store(true);
+    writer.join();
+    INFO(failed);
+    REQUIRE(failed.empty());
+    INFO(st.error_message());
+    REQUIRE(st.ok());
+    REQUIRE(sresp.images_size() == 2);
+    for (const auto& i : sresp.images()) {
+      CHECK(i.file_bytes() > 0);
+      CHECK(i.path() == dir.file("snap/memnode-" + std::to_string(i.memnode()) + ".img"));
+    }
+    CHECK(sresp.writers() == 1);  // this serve
+    // Bad requests change nothing.
+    pb::SnapshotRequest empty;
+    pb::SnapshotResponse none;
+    grpc::ClientContext c2;
+    cl.prepare(c2);
+    const grpc::Status bad = cl.stub->Snapshot(&c2, empty, &none);
+    CHECK(bad.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
+    CHECK(bad.error_message().rfind("dir", 0) == 0);
+  }
+  INFO(mode << " over " << provider << ": " << before << " writes acknowledged before the snapshot, " << after
+            << " by its end");
+  CHECK(after > before);  // the writer kept writing while the snapshot ran (it paused, not stopped)
+  // Fresh memnodes serve the images (logs in a directory of their own).
+  TempDir again;
+  Memnode m0(again, 0, provider, "127.0.0.1:0", {"--load", dir.file("snap/memnode-0.img")}, {}, {kToken}),
+      m1(again, 1, provider, "127.0.0.1:0", {"--load", dir.file("snap/memnode-1.img")}, {}, {kToken});
+  const std::string mns = m0.address + "," + m1.address;
+  Server srv(again, mode, mns, {"--ef-search", "64", "--probe", "4"}, 0, 1, provider);
+  Client cl(srv.address);
+  pb::InfoResponse info;
+  const grpc::Status got = cl.info(info);
+  INFO(got.error_message());
+  REQUIRE(got.ok());
+  auto net = [&](size_t upto) {  // vectors in the index after the first `upto` acknowledged writes
+    int64_t c = static_cast<int64_t>(count_before);
+    for (size_t i = 0; i < upto; ++i) c += acks[i].insert ? 1 : -1;
+    return static_cast<uint64_t>(c);
+  };
+  // The writer sends one write at a time: the images hold a prefix of them, at least `before` long.
+  bool prefix = false;
+  for (size_t k = before; k <= after; ++k) prefix = prefix || info.count() == net(k);
+  INFO("count " << info.count() << ", " << net(before) << " after " << before << " writes, " << net(after) << " after "
+                << after);
+  CHECK(prefix);
+  for (size_t i = 0; i < before; ++i) {
+    const Ack& a = acks[i];
+    pb::SearchResponse resp;
+    const float* q = a.insert ? a.vec.data() : base.row(static_cast<size_t>(a.id));
+    REQUIRE(cl.search(request(q, 1, dim, 10), resp).ok());
+    REQUIRE(resp.ids_size() == 10);
+    if (a.insert) {
+      INFO("insert " << i << " of id " << a.id);
+      CHECK(resp.ids(0) == a.id);
+      CHECK(resp.distances(0) < 1e-3f);
+    } else {
+      INFO("delete " << i << " of id " << a.id);
+      for (int j = 0; j < 10; ++j) CHECK(resp.ids(j) != a.id);
+    }
+  }
+  // The command-line snapshot of the loaded index (no writer now).
+  auto snap = run(computenode_args(mode, provider, mns, 0, 1, {"snapshot", "--dir", "snap2"}), again, "snapshot-cli",
+                  seconds(60), {kToken});
+  INFO(snap.output);
+  CHECK(snap.code == 0);
+  CHECK_THAT(snap.output, Catch::Contains("snapshot: 2 image(s)"));
+  CHECK(std::filesystem::exists(again.file("snap2/memnode-1.img")));
+}
+
+}  // namespace
+
+TEST_CASE("serve: a snapshot taken during inserts and deletes loads into fresh memnodes with every acknowledged write",
+          "[integration][serve][snapshot]") {
+  SECTION("shine over tcp") { snapshot_during_writes("shine", "tcp"); }
+  SECTION("dhnsw over cxl") { snapshot_during_writes("dhnsw", "cxl"); }
 }

@@ -55,7 +55,7 @@ def read_vecs(path: str, dtype: str) -> np.ndarray:
     return rows[:, 1:].copy().view(dtype)
 
 
-README_ADDRESS = "127.0.0.1:50051"
+README_ADDRESS = "127.0.0.1:7700"
 
 
 def readme_example_code(readme: str) -> str:
@@ -272,14 +272,33 @@ def run_endpoint(mode: str, target: str, token: str, queries: np.ndarray, gt: np
     return {"mode": mode, "recall": recall, "qps": qps}
 
 
+def check_not_grpc(target: str, token: str) -> None:
+    """A client pointed at a memnode's control port is told it is no `computenode serve`."""
+    with dmhnsw.Client(target, token=token, timeout=10) as client:
+        try:
+            client.info()
+        except dmhnsw.Unavailable as e:
+            check("does not answer gRPC" in str(e) and "computenode serve" in str(e),
+                  f"a memnode's port ({target}): the message names neither: {e}")
+            print(f"a memnode's port: {e}", flush=True)
+            return
+        except dmhnsw.DmhnswError as e:
+            check(False, f"a memnode's port ({target}): {type(e).__name__} ({e.code}), not Unavailable: {e}")
+            return
+    check(False, f"a memnode's port ({target}) answered Info")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--token", required=True)
     ap.add_argument("--queries", required=True)
     ap.add_argument("--groundtruth", required=True)
     ap.add_argument("--readme", required=True, help="python/README.md: its example is run too")
+    ap.add_argument("--not-grpc", help="HOST:PORT of a memnode: the client must say it is no serve")
     ap.add_argument("endpoints", nargs="+", help="MODE=HOST:PORT")
     a = ap.parse_args()
+    if a.not_grpc:
+        check_not_grpc(a.not_grpc, a.token)
 
     queries = read_vecs(a.queries, "<f4")
     gt = read_vecs(a.groundtruth, "<i4")

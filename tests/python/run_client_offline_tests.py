@@ -26,6 +26,28 @@ from client_venv import VenvFailure, clean_env, make_venv
 UNITTEST_TIMEOUT_S = 120
 
 
+def bare_python_refused(repo: Path, tmp: Path) -> bool:
+    """An offline install into a venv that sees none of Debian's packages fails naming them.
+
+    Without grpcio, protobuf and numpy (and, with an older setuptools, wheel) pip would stop at
+    "invalid command 'bdist_wheel'" or at a requirement it cannot find; python/setup.py says
+    instead which packages the offline build needs and how to get them.
+    """
+    bare = tmp / "bare"
+    subprocess.run([sys.executable, "-m", "venv", str(bare)], check=True, timeout=120, env=clean_env())
+    r = subprocess.run([str(bare / "bin" / "python"), "-m", "pip", "install", "--isolated", "--no-input",
+                        "--disable-pip-version-check", "--no-build-isolation", "--no-index",
+                        str(tmp / "src" / "python")],
+                       capture_output=True, text=True, timeout=180, cwd=tmp, env=clean_env())
+    out = r.stdout + r.stderr
+    want = ("lacks python3-grpcio, python3-protobuf, python3-numpy", "--system-site-packages")
+    if r.returncode == 0 or not all(w in out for w in want):
+        print(f"FAIL: pip install into a bare venv: exit {r.returncode}, wanted {want} in:\n{out}")
+        return False
+    print("a bare venv's offline install is refused naming Debian's packages")
+    return True
+
+
 def main() -> int:
     if len(sys.argv) != 2:
         print(__doc__)
@@ -46,6 +68,7 @@ def main() -> int:
         ok = r.returncode == 0
         if not ok:
             print(f"FAIL: unittest exited {r.returncode}")
+        ok = bare_python_refused(repo, tmp) and ok
     except VenvFailure as e:
         print(f"FAIL: {e}")
         ok = False

@@ -233,7 +233,7 @@ def main() -> int:
         try:
             r = subprocess.run([str(py), str(client_script), "--token", TOKEN, "--queries", str(queries),
                                 "--groundtruth", str(groundtruth), "--readme", str(repo / "python" / "README.md"),
-                                f"shine={shine_addr}", f"dhnsw={dhnsw_addr}"],
+                                "--not-grpc", mns.split(",")[0], f"shine={shine_addr}", f"dhnsw={dhnsw_addr}"],
                                cwd=tmp, env=dict(clean_env(), DMHNSW_TOKEN=TOKEN),
                                timeout=remaining(CLIENT_TIMEOUT_S), preexec_fn=_child_setup)
         except subprocess.TimeoutExpired:

@@ -33,6 +33,7 @@
 #include <stdexcept>
 #include <thread>
 
+#include "common/version.hpp"
 #include "common/fabric/bootstrap.hpp"
 #include "common/json_file.hpp"
 #include "common/units.hpp"
@@ -328,6 +329,7 @@ int main(int argc, char** argv) {
                "with its own connection) spread round-robin over the targets, closed loop or at a fixed --rate (open "
                "loop); reports requests, queries, errors by status code, QPS, per-request latency p50/p99/p99.9/max "
                "and recall@k against the workload's ground truth"};
+  app.set_version_flag("--version", dmhnsw::version_line("serve-bench"));
   app.footer(
       "Queries: the workload's measured queries in order, --batch per request (cycled when --requests or --seconds "
       "asks for more than one pass); the warm-up requests take its warm-up queries. A closed-loop client waits 10 ms "
