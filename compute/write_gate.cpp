@@ -159,6 +159,7 @@ void WriteGate::monitor() {
         // gone on without it. Take a slot again.
         spdlog::error("write gate: slot {} was taken over while this process held it (a stall of over {} ms)",
                       slot_, t_.lease_ms);
+        open_.store(false);  // until the new slot is active (the next beat)
         claim_slot();
       }
     }

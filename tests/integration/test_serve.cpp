@@ -735,7 +735,7 @@ struct Ack {
 /// fresh memnodes loading the images then answer with every write acknowledged before the
 /// snapshot began, and hold between that many vectors and what was acknowledged by its end.
 void snapshot_during_writes(const std::string& mode, const std::string& provider) {
-  SmallData d(100, 1500);
+  SmallData d(100, 1000);
   const FloatMatrix base = load_vectors_as_float(d.base);
   const uint32_t dim = static_cast<uint32_t>(base.d());
   TempDir dir;
