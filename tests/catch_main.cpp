@@ -10,6 +10,10 @@
 #define CATCH_CONFIG_RUNNER
 #include <catch2/catch.hpp>
 
+#include <cstdio>
+
+#include "skip.hpp"
+
 #ifdef DMHNSW_SANITIZE
 #include <cstdio>
 #include <cstdlib>
@@ -66,7 +70,20 @@ class ChildReports {
 };
 #endif
 
+/// Counts the test cases that ran, so that a process whose every case skipped itself exits
+/// kSkipExitCode (tests/skip.hpp).
+struct CaseCounter : Catch::TestEventListenerBase {
+  using TestEventListenerBase::TestEventListenerBase;
+  static inline int started = 0;
+  void testCaseStarting(const Catch::TestCaseInfo& info) override {
+    ++started;
+    TestEventListenerBase::testCaseStarting(info);
+  }
+};
+
 }  // namespace
+
+CATCH_REGISTER_LISTENER(CaseCounter)
 
 int main(int argc, char* argv[]) {
 #ifdef DMHNSW_SANITIZE
@@ -79,5 +96,11 @@ int main(int argc, char* argv[]) {
     if (rc == 0) rc = 1;
   }
 #endif
+  const auto skipped = static_cast<int>(dmhnsw::testing::skipped_cases().size());
+  if (rc == 0 && skipped > 0) {
+    std::fprintf(stderr, "%d of %d test case(s) skipped: their precondition is missing on this machine\n", skipped,
+                 CaseCounter::started);
+    if (skipped == CaseCounter::started) return dmhnsw::testing::kSkipExitCode;
+  }
   return rc;
 }

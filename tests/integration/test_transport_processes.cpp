@@ -2,6 +2,8 @@
 // concurrent atomics with exact sums, refusals, a killed memnode, network namespaces, verbs.
 #include <catch2/catch.hpp>
 
+#include "../skip.hpp"
+
 #include <algorithm>
 #include <cstdlib>
 #include <sstream>
@@ -180,8 +182,7 @@ TEST_CASE("a memnode killed with SIGKILL fails the computenode within 5 s naming
 
 TEST_CASE("tcp between two network namespaces (and cxl refused across them)", "[integration][netns]") {
   if (::geteuid() != 0 || std::system("command -v ip >/dev/null 2>&1") != 0) {
-    WARN("SKIPPED: network namespaces need root and iproute2");
-    return;
+    DMHNSW_SKIP("network namespaces need root and iproute2");
   }
   std::string id = std::to_string(::getpid() % 100000);
   std::string a = "dmhA" + id, b = "dmhB" + id, va = "vA" + id, vb = "vB" + id;
@@ -195,8 +196,7 @@ TEST_CASE("tcp between two network namespaces (and cxl refused across them)", "[
   }};
   if (sh("ip netns add " + a) != 0 || sh("ip netns add " + b) != 0 ||
       sh("ip link add " + va + " type veth peer name " + vb) != 0) {
-    WARN("SKIPPED: cannot create network namespaces and veth pairs here (ip netns add / ip link add failed)");
-    return;
+    DMHNSW_SKIP("cannot create network namespaces and veth pairs here (ip netns add / ip link add failed)");
   }
   REQUIRE(sh("ip link set " + va + " netns " + a) == 0);
   REQUIRE(sh("ip link set " + vb + " netns " + b) == 0);
@@ -233,8 +233,7 @@ TEST_CASE("tcp between two network namespaces (and cxl refused across them)", "[
 
 TEST_CASE("verbs provider without an RDMA device: both binaries fail at start and name shm and tcp", "[integration]") {
   if (std::filesystem::exists("/sys/class/infiniband") && !std::filesystem::is_empty("/sys/class/infiniband")) {
-    WARN("SKIPPED: this machine has an RDMA device");
-    return;
+    DMHNSW_SKIP("this machine has an RDMA device");
   }
   TempDir dir;
   auto m = run({bin("memnode"), "--provider", "verbs", "--listen", "127.0.0.1:0"}, dir, "mn", seconds(20));
@@ -266,8 +265,7 @@ TEST_CASE("cxl on hugepages the test reserves: a memnode takes them unasked and 
           "[integration][pages]") {
   dmhnsw::test::ReservedHugepages reserved(70);  // 140 MiB: one 128 MiB region and its margin
   if (!reserved.ok()) {
-    WARN("cannot reserve hugepages on this host (/proc/sys/vm/nr_hugepages): not run");
-    return;
+    DMHNSW_SKIP("cannot reserve hugepages on this host (/proc/sys/vm/nr_hugepages, needs root)");
   }
   TempDir dir;
   Memnode m(dir, 0, "cxl");

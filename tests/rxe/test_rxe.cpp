@@ -4,6 +4,8 @@
 // Skipped, with the reason, only where QEMU cannot run at all.
 #include <catch2/catch.hpp>
 
+#include "../skip.hpp"
+
 #include <nlohmann/json.hpp>
 
 #include <optional>
@@ -26,10 +28,9 @@ std::optional<std::string> cannot_boot() {
   return r.output;
 }
 
-#define REQUIRE_GUEST()                      \
-  if (auto why = cannot_boot()) {            \
-    WARN("SKIPPED: no QEMU guest: " << *why); \
-    return;                                  \
+#define REQUIRE_GUEST()                        \
+  if (auto why = cannot_boot()) {              \
+    DMHNSW_SKIP("no QEMU guest: " << *why);    \
   }
 
 // Runs `guest.sh CASE BIN DIR ARGS...` in one guest, DIR shared read-write.
