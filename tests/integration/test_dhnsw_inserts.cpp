@@ -77,7 +77,7 @@ TEST_CASE("dhnsw inserts: online build then two computenodes insert 20 % while o
                       {"query", "--workload", d.wl, "--k", "10", "--batch", "16", "--probe", "3", "--ef-search", "64",
                        "--arrival-qps", "150", "--max-wait-us", "20000"}),
              dir.file("during.log"));
-      wait_for_output(q, "d-HNSW index", seconds(30));
+      REQUIRE(wait_for_output(q, "d-HNSW index", seconds(30)));
       auto ins = start_inserters(provider, mns, d, dir);
       uint64_t inserted = 0, commits = 0;
       for (int i = 0; i < 2; ++i) {
@@ -100,8 +100,11 @@ TEST_CASE("dhnsw inserts: online build then two computenodes insert 20 % while o
       CHECK_THAT(q.output(), !Contains("sanitized copy"));
 
       // Every inserted vector, queried by itself, is its own nearest neighbour.
-      const auto self = query(provider, mns, dir, self_workload(d, dir, kBuilt, 3000), "self");
-      CHECK(self["recall_at_1"].get<double>() >= 0.99);
+      const std::string own = self_workload(d, dir, kBuilt, 3000);
+      const auto self = query(provider, mns, dir, own, "self");
+      CHECK(self["recall_at_1"].get<double>() >= 0.99);  // the search's recall at probe 3
+      // Every insert is in the index: every partition, efSearch above a partition's size.
+      CHECK(query(provider, mns, dir, own, "all", "8", "400")["recall_at_1"].get<double>() == 1.0);
       const double after = query(provider, mns, dir, d.wl, "after")["recall"].get<double>();
       CHECK(after > before + 0.05);  // the ground truth covers all 3000 rows
 
@@ -156,8 +159,10 @@ TEST_CASE("dhnsw inserts: a writer killed inside a commit blocks its group for o
   CHECK(r["insert"]["repairs"].get<uint64_t>() >= 1);
   CHECK(secs < 30);
   // Consistent again: every vector it inserted is found, from clean (unsanitized) copies.
-  const auto self = query("shm", mns, dir, self_workload(d, dir, kBuilt, 3000), "self");
+  const std::string own = self_workload(d, dir, kBuilt, 3000);
+  const auto self = query("shm", mns, dir, own, "self");
   CHECK(self["recall_at_1"].get<double>() >= 0.99);
+  CHECK(query("shm", mns, dir, own, "all", "8", "400")["recall_at_1"].get<double>() == 1.0);  // none lost
 }
 
 TEST_CASE("dhnsw inserts: tiny gaps force online rebuilds while two computenodes insert and one queries",
@@ -171,7 +176,7 @@ TEST_CASE("dhnsw inserts: tiny gaps force online rebuilds while two computenodes
                   {"query", "--workload", d.wl, "--k", "10", "--batch", "16", "--probe", "3", "--ef-search", "64",
                    "--arrival-qps", "150", "--max-wait-us", "20000"}),
          dir.file("during.log"));
-  wait_for_output(q, "d-HNSW index", seconds(30));
+  REQUIRE(wait_for_output(q, "d-HNSW index", seconds(30)));
   auto ins = start_inserters("shm", mns, d, dir);
   uint64_t inserted = 0, rebuilds = 0, buffered = 0;
   for (int i = 0; i < 2; ++i) {

@@ -328,7 +328,7 @@ TEST_CASE("replica sets: a copy SIGKILLed under serve-bench searches and inserts
       s.at(1, 0).proc->signal(SIGKILL);  // memnode 1's primary
       const int code = bench.wait(seconds(60));
       INFO(bench.output() << srv.output());
-      REQUIRE((code == 0 || code == 2));  // 2: an insert failed or was not found (checked below)
+      CHECK(code == 0);  // 2 would be an insert that failed or was not found (the counts below say which)
       const auto j = load_json(dir.file("bench.json"));
       CHECK(j["requests"].get<uint64_t>() > 100);
       CHECK(j["errors"] == 0);
@@ -339,10 +339,13 @@ TEST_CASE("replica sets: a copy SIGKILLed under serve-bench searches and inserts
       const auto& ins = j["inserts"];
       CHECK(ins["errors"] == 0);
       CHECK(ins["rows_acknowledged"].get<uint64_t>() >= 100);
-      // Searched by itself, an inserted row is found unless the graph left it unreachable (no
-      // in-edges: pruned from every list by later inserts); over gRPC that cannot be told from a
-      // lost row, so a few are allowed: 300 of 300 found in 4 of 5 runs, 299 once, under load.
-      CHECK(ins["verify"]["missing"].get<uint64_t>() <= 3);
+      // Searched by itself, every acknowledged row answers its own id: a row the first search
+      // misses is searched again exhaustively, and one not found then is told apart as held but
+      // unreachable or lost (serve-bench's verify); either is a failure.
+      INFO("verify: " << ins["verify"].dump());
+      CHECK(ins["verify"]["lost"] == 0);
+      CHECK(ins["verify"]["unreachable"] == 0);
+      CHECK(ins["verify"]["missing"] == 0);
       WARN(provider << ": " << j["requests"] << " requests, 0 failed, p99 " << j["latency_us"]["p99"]
                     << " us, max " << j["latency_us"]["max"] << " us through the kill; " << ins["rows_acknowledged"]
                     << " rows inserted, " << ins["verify"]["found"] << " found by themselves");
@@ -399,6 +402,11 @@ TEST_CASE("replica sets: a new memnode rejoins twice while d-HNSW inserts go on,
       INFO(rj.output);
       REQUIRE(rj.code == 0);
       const auto rep = load_json(dir.file("rejoin.json.cn3"));  // computenode i > 0 writes REPORT.cn<i>
+      // The whole region was copied, and the inserts' changes during the copy were marked and
+      // copied again (in passes, or while frozen when few were left).
+      CHECK(rep["first_pass_bytes"].get<uint64_t>() + 4096 >= rep["region_bytes"].get<uint64_t>());
+      CHECK(rep["recopied_bytes"].get<uint64_t>() + rep["final_bytes"].get<uint64_t>() > 0);
+      CHECK(rep["recopied_bytes"].get<uint64_t>() >= rep["passes"].get<uint64_t>() * rep["chunk_bytes"].get<uint64_t>());
       WARN(provider << ": rejoin copied " << rep["first_pass_bytes"] << " bytes at " << rep["first_pass_gbytes_per_s"]
                     << " GB/s, " << rep["passes"] << " pass(es) over " << rep["recopied_bytes"]
                     << " changed bytes, frozen " << rep["frozen_ms"] << " ms");

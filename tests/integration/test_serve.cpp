@@ -446,7 +446,7 @@ TEST_CASE("serve: shine routes live queries to the serving computenode whose par
   CHECK(to_peer > 50);
   CHECK(to_self > 50);
   CHECK(series(t1, "dmhnsw_routed_in_total") == to_peer);
-  CHECK(series(t0, "dmhnsw_route_fallbacks_total{why=\"timeout\"}") <= 0);
+  CHECK(series(t0, "dmhnsw_route_fallbacks_total{why=\"timeout\"}") == 0);  // registered at start: -1 is absent
   // A request's rerank travels with the queries routed to the peer (the index has codes): the
   // peer traverses them on its codes, with the recall of the full vectors.
   CHECK(series(t1, "dmhnsw_coded_nodes_total{mode=\"shine\"}") == 0);
@@ -546,7 +546,8 @@ void churn_through_service(const std::string& mode, const std::string& provider)
           upserted_at(n, steady_clock::time_point::max());
       std::vector<Asked> asked;
       std::atomic<bool> stop{false};
-      std::atomic<size_t> answered{0};
+      std::atomic<size_t> answered{0}, failed{0};
+      std::string failure;  // the first failed search's status, written by the querier
       std::thread querier([&] {
         Client qc(srv.address);
         std::mt19937_64 r(7);
@@ -559,7 +560,11 @@ void churn_through_service(const std::string& mode, const std::string& provider)
           }
           pb::SearchResponse resp;
           a.sent = steady_clock::now();
-          if (!qc.search(request(q.data(), a.rows.size(), static_cast<uint32_t>(dim), 10), resp).ok()) continue;
+          if (const auto st = qc.search(request(q.data(), a.rows.size(), static_cast<uint32_t>(dim), 10), resp);
+              !st.ok()) {
+            if (failed.fetch_add(1) == 0) failure = st.error_message();
+            continue;
+          }
           a.ids.assign(resp.ids().begin(), resp.ids().end());
           a.dist.assign(resp.distances().begin(), resp.distances().end());
           asked.push_back(std::move(a));
@@ -664,6 +669,8 @@ void churn_through_service(const std::string& mode, const std::string& provider)
       INFO(asked.size() << " searches by the querier over "
                         << duration<double>(asked.back().sent - asked.front().sent).count() << " s, " << during
                         << " of them while the ids changed");
+      INFO(failed.load() << " searches failed; the first: " << failure);
+      CHECK(failed.load() == 0);  // a search during deletes, upserts, inserts and rebuilds is answered
       CHECK(during >= 3);
       CHECK(deleted_seen == 0);
       CHECK(stale == 0);
@@ -680,14 +687,42 @@ void churn_through_service(const std::string& mode, const std::string& provider)
       q.insert(q.end(), fresh.begin(), fresh.end());
       want.insert(want.end(), fresh_ids.begin(), fresh_ids.end());
       size_t found = 0;
+      std::vector<size_t> missed;
       for (size_t at = 0; at < want.size(); at += 500) {
         const size_t m = std::min(want.size(), at + 500) - at;
         pb::SearchResponse resp;
         REQUIRE(cl.search(request(q.data() + at * dim, m, static_cast<uint32_t>(dim), 1), resp).ok());
-        for (size_t j = 0; j < m; ++j) found += resp.ids(static_cast<int>(j)) == want[at + j];
+        for (size_t j = 0; j < m; ++j) {
+          const bool hit = resp.ids(static_cast<int>(j)) == want[at + j];
+          found += hit;
+          if (!hit) missed.push_back(at + j);
+        }
       }
-      INFO(found << " of " << want.size() << " live ids found by their own vector");
-      CHECK(found >= want.size() * 99 / 100);
+      // A search that misses one is asked again exhaustively (efSearch above the index's size,
+      // every partition): found then, it was a search miss. Not found, the id index tells a live
+      // id it still holds (an insert of the id is refused: unreachable by search) from a lost one.
+      size_t lost = 0, unreachable = 0;
+      for (size_t i : missed) {
+        auto r = request(q.data() + i * dim, 1, static_cast<uint32_t>(dim), 10);
+        r.set_ef_search(static_cast<uint32_t>(4 * n));
+        if (mode == "dhnsw") r.set_probe(4);
+        pb::SearchResponse resp;
+        REQUIRE(cl.search(r, resp).ok());
+        if (resp.ids(0) == want[i]) continue;
+        pb::InsertResponse ir;
+        const auto st = cl.insert(insert_request(q.data() + i * dim, 1, static_cast<uint32_t>(dim), {want[i]}), ir);
+        const bool held = st.error_code() == grpc::StatusCode::INVALID_ARGUMENT &&
+                          st.error_message().find("already in the index") != std::string::npos;
+        (held ? unreachable : lost) += 1;
+      }
+      INFO(found << " of " << want.size() << " live ids found by their own vector; of the " << missed.size()
+                 << " missed, " << unreachable << " held but unreachable by search, " << lost << " lost");
+      CHECK(found >= want.size() * 99 / 100);  // the search's own recall of a vector by itself
+      CHECK(lost == 0);
+      // Deleted records reused by inserts repair the lists that name them only where a search
+      // finds them (docs/architecture.md), so a live node can lose its last in-edge: the name
+      // allows a few of those (1 of 900 seen), never a lost id.
+      CHECK(unreachable <= want.size() / 100);
       REQUIRE(cl.info(info).ok());
       CHECK(info.count() == n - del.size() + 200);
       if (mode == "shine") {
@@ -710,13 +745,15 @@ void churn_through_service(const std::string& mode, const std::string& provider)
 
 // Each provider in one of the two modes: shine over shm and cxl, d-HNSW over tcp and cxl (the
 // churn's logic is the service's; each provider's data path is tested on its own elsewhere).
-TEST_CASE("serve: shine deletes, upserts and inserts under any 63-bit ids while a querier runs (shm, cxl)",
+TEST_CASE("serve: shine deletes, upserts and inserts under any 63-bit ids while a querier runs, losing no live id and "
+          "leaving at most 1 % unreachable (shm, cxl)",
           "[integration][serve][delete]") {
   for (std::string provider : {"shm", "cxl"})
     DYNAMIC_SECTION(provider) { churn_through_service("shine", provider); }
 }
 
-TEST_CASE("serve: dhnsw deletes, upserts and inserts under any 63-bit ids while a querier runs (tcp, cxl)",
+TEST_CASE("serve: dhnsw deletes, upserts and inserts under any 63-bit ids while a querier runs, losing no live id and "
+          "leaving at most 1 % unreachable (tcp, cxl)",
           "[integration][serve][delete]") {
   for (std::string provider : {"tcp", "cxl"})
     DYNAMIC_SECTION(provider) { churn_through_service("dhnsw", provider); }

@@ -566,8 +566,10 @@ TEST_CASE("shine: under steady churn deleted records are reused, the region stay
   INFO("recall@10 before " << before << ", after 5 rounds of 30 % churn " << after << " (cached " << after_cached
                            << "), fresh build " << fresh);
   CHECK(gone == 0);
-  CHECK(after >= fresh - 0.03);
-  CHECK(after_cached >= after - 0.02);
+  // Recall holds: within 5 of the 1,000 results of a fresh build of the same live set (the run is
+  // deterministic: 0.996 against 0.997), with a node cache as without.
+  CHECK(after >= fresh - 0.005);
+  CHECK(after_cached >= after - 0.005);
   CHECK(cached.search.stale + nc.stats().evictions > 0);  // the cache did see reused records go
 }
 

@@ -367,13 +367,17 @@ int main(int argc, char** argv) {
       report["inserts"] = inserter->report();
       insert_failures = inserter->error_count() + inserter->missing();
       const json& r = report["inserts"];
-      std::printf("inserts: %llu requests, %llu rows acknowledged, %llu failed; searched by themselves: %llu found, "
-                  "%llu missing\n",
+      const json& v = r["verify"];
+      std::printf("inserts: %llu requests, %llu rows acknowledged, %llu failed; searched by themselves: %llu found "
+                  "(%llu only by an exhaustive search), %llu missing (%llu unreachable, %llu lost)\n",
                   static_cast<unsigned long long>(r["requests"].get<uint64_t>()),
                   static_cast<unsigned long long>(r["rows_acknowledged"].get<uint64_t>()),
                   static_cast<unsigned long long>(r["errors"].get<uint64_t>()),
-                  static_cast<unsigned long long>(r["verify"]["found"].get<uint64_t>()),
-                  static_cast<unsigned long long>(r["verify"]["missing"].get<uint64_t>()));
+                  static_cast<unsigned long long>(v["found"].get<uint64_t>()),
+                  static_cast<unsigned long long>(v["search_misses"].get<uint64_t>()),
+                  static_cast<unsigned long long>(v["missing"].get<uint64_t>()),
+                  static_cast<unsigned long long>(v["unreachable"].get<uint64_t>()),
+                  static_cast<unsigned long long>(v["lost"].get<uint64_t>()));
       for (const auto& [code, e] : r["errors_by_code"].items())
         spdlog::warn("inserts: {} x {}, first: {}", e["count"].get<uint64_t>(), code,
                      e["first_message"].get<std::string>());

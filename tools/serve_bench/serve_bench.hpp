@@ -136,7 +136,9 @@ class Inserter {
   /// Rows --insert-begin.. in order, --insert-batch per request with ids --insert-first-id +
   /// row, closed loop or --insert-rate requests/s, until the rows, the time or the searches end.
   void run(Clock::time_point t0, Clock::time_point stop_at, const std::atomic<bool>& searches_done);
-  /// Searches every acknowledged row (k 1): each must answer its own id.
+  /// Searches every acknowledged row (k 1): each must answer its own id. A row the search misses
+  /// is searched again exhaustively (found then: a search miss); not found, it is unreachable if
+  /// the index still holds its id (an insert of it is refused), else lost (and inserted again).
   void verify();
   uint64_t error_count() const;
   uint64_t missing() const { return verified_ ? acked_.size() - found_ : 0; }
@@ -149,7 +151,9 @@ class Inserter {
   std::vector<uint64_t> acked_;  // rows the service acknowledged
   std::vector<double> latency_us_;
   std::map<std::string, ErrorInfo> errors_;
-  uint64_t requests_ = 0, found_ = 0;
+  void recheck(uint64_t row, int64_t id);
+  static constexpr uint32_t kExhaustiveEf = 100000;  // compute/serve/requests.hpp kMaxEfSearch
+  uint64_t requests_ = 0, found_ = 0, search_misses_ = 0, unreachable_ = 0, lost_ = 0;
   std::vector<int64_t> missing_ids_;  // the first few
   bool verified_ = false;
 };
