@@ -33,9 +33,11 @@ run_ctest() {
   skipped=$(grep -E '^[[:space:]]*[0-9]+ - .* \(Skipped\)$' "$log" | sed -E 's/^[[:space:]]*[0-9]+ - //' || true)
   rm -f "$log"
   if [[ -n $skipped ]]; then
-    echo "tools/test.sh: $(wc -l <<<"$skipped") test(s) skipped, their precondition missing on this machine" \
-         "(why: $build/Testing/Temporary/LastTest.log):"
+    echo "tools/test.sh: $(wc -l <<<"$skipped") test(s) skipped, their precondition missing on this machine:"
     sed 's/^/  /' <<<"$skipped"
+    echo "tools/test.sh: why (their own words, from $build/Testing/Temporary/LastTest.log):"
+    grep -ohE '(SKIPPED: .*|python3 not found.*)' "$build/Testing/Temporary/LastTest.log" 2>/dev/null | sort -u |
+      sed 's/^/  /' || true
     if [[ ${DMHNSW_ALLOW_SKIPS:-0} != 1 && $rc == 0 ]]; then
       echo "tools/test.sh: failing: CI's machines have every precondition (DMHNSW_ALLOW_SKIPS=1 accepts skips)"
       rc=1
