@@ -24,6 +24,7 @@
 #include "common/region.hpp"
 #include "common/units.hpp"
 #include "memory/admin_service.hpp"
+#include "memory/health.hpp"
 #include "memory/image.hpp"
 #include "memory/region_memory.hpp"
 #include "memory/relay.hpp"
@@ -34,7 +35,7 @@ namespace {
 
 struct Flags {
   std::string listen = "127.0.0.1:7000", provider = "shm", region = "256MiB", token_file, ready_file,
-              log_level = "info", load, dax, store_dir;
+              log_level = "info", load, dax, store_dir, health_listen;
   int id = 0, numa_node = -1, relay_timeout_ms = 10000, rma_lanes = -1, replicas = 1, copy = 0;
   bool hugepages = false, no_hugepages = false, rejoin = false;
   CLI::Option* region_opt = nullptr;
@@ -78,6 +79,10 @@ struct Flags {
                    "computenodes' store requests (`build --store-index DIR`) may write region images only inside "
                    "this directory (a relative DIR is taken from here; files mode 0600); without it they are refused");
     app.add_option("--ready-file", ready_file, "write the bound HOST:PORT to this file once serving");
+    app.add_option("--health-listen", health_listen,
+                   "HOST:PORT of a plain HTTP endpoint for probes, no token needed (port 0: any free one, logged): "
+                   "GET /ready answers 200 once the region is registered and the control port serves (503 "
+                   "before), GET /live 200 while the fabric progress thread comes round; nothing else is served");
     app.add_option("--relay-timeout-ms", relay_timeout_ms,
                    "query relay: a computenode silent this long is gone (reported to the others)")
         ->capture_default_str()
@@ -255,6 +260,19 @@ int main(int argc, char** argv) {
     auto [host, port] = fabric::parse_host_port(f.listen, "--listen");
     (void)port;
 
+    // Probes first: they see "starting" (503) until the region serves.
+    std::atomic<const fabric::RegionServer*> serving{nullptr};
+    std::unique_ptr<memory::HealthServer> health;
+    if (!f.health_listen.empty()) {
+      health = std::make_unique<memory::HealthServer>(f.health_listen, [&serving] {
+        const fabric::RegionServer* s = serving.load();
+        return s == nullptr || s->progress_stalled_seconds() < 5.0;
+      });
+      spdlog::info("health on {}:{} (GET /ready, /live)", fabric::parse_host_port(f.health_listen, "--health-listen").first,
+                   health->port());
+    }
+    if (const char* ms = std::getenv("DMHNSW_TEST_DELAY_REGION_MS"))  // tests: a slow region allocation
+      std::this_thread::sleep_for(std::chrono::milliseconds(std::atoi(ms)));
     const uint64_t bytes = region_bytes(f);
     if (bytes < kMinUsefulRegionBytes)
       spdlog::warn("--region {}: below {}, computenodes can run self-tests and benchmarks here but no build or "
@@ -307,8 +325,11 @@ int main(int argc, char** argv) {
     spdlog::info("serving region {} ({}) on {} over {}, {} RMA lane(s)", mem.describe(), describe(hdr),
                  control.bound(), server.describe(), lanes);
     write_ready_file(f.ready_file, control.bound());
+    serving.store(&server);
+    if (health) health->set_ready();
     const int sig = wait_for_stop(sigs, server, f.id, f.provider);
     spdlog::info("got {}, stopping", sig == SIGINT ? "SIGINT" : "SIGTERM");
+    serving.store(nullptr);
     control.stop();
     stop.store(true);
     ctl.join();

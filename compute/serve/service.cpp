@@ -381,7 +381,22 @@ int run_serve(const compute::RunContext& rc, const ServeOptions& o) {
 
   std::signal(SIGTERM, on_signal);
   std::signal(SIGINT, on_signal);
-  while (g_signal.load() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  // grpc.health.v1 says NOT_SERVING while a memnode id has no live copy left (its set is gone:
+  // searches fail), SERVING again should it come back; load balancers and probes read it.
+  bool serving = true;
+  while (g_signal.load() == 0) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    std::string gone;
+    for (const auto& mn : rc.cluster->memnodes())
+      if (!rc.cluster->alive(mn.id)) gone = "memnode " + std::to_string(mn.id) + " (" + rc.cluster->dead_reason(mn.id) + ")";
+    if (gone.empty() == serving) continue;
+    serving = gone.empty();
+    server->GetHealthCheckService()->SetServingStatus(serving);
+    if (serving)
+      spdlog::info("health: SERVING again: every memnode answers");
+    else
+      spdlog::warn("health: NOT_SERVING: {} has no live copy", gone);
+  }
   spdlog::info("signal {}: no new calls; in-flight calls get {} s", g_signal.load(), o.grace_s);
   server->GetHealthCheckService()->SetServingStatus(false);
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(o.grace_s));

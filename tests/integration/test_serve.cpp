@@ -122,6 +122,35 @@ double recall_at_10(const Client& cl, const Workload& wl, uint32_t rerank = 0) {
   return hits / (10.0 * static_cast<double>(asked));
 }
 
+/// The service's grpc.health.v1 status: 1 SERVING, 2 NOT_SERVING; -1 when the call failed.
+int health(const Client& cl) {
+  grpc::GenericStub generic(cl.ch);
+  grpc::ClientContext c;
+  c.set_deadline(system_clock::now() + seconds(10));
+  // grpc.health.v1.HealthCheckRequest{service: ""} is the empty message; the status is field 1.
+  grpc::ByteBuffer out;
+  grpc::Slice empty("");
+  grpc::ByteBuffer in(&empty, 1);
+  grpc::Status st;
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;
+  generic.UnaryCall(&c, "/grpc.health.v1.Health/Check", grpc::StubOptions(), &in, &out, [&](grpc::Status s) {
+    std::lock_guard g(mu);
+    st = s;
+    done = true;
+    cv.notify_all();
+  });
+  std::unique_lock g(mu);
+  cv.wait_for(g, seconds(10), [&] { return done; });
+  if (!done || !st.ok()) return -1;
+  std::vector<grpc::Slice> slices;
+  if (!out.Dump(&slices).ok()) return -1;
+  std::string bytes;
+  for (auto& sl : slices) bytes.append(reinterpret_cast<const char*>(sl.begin()), sl.size());
+  return bytes.size() == 2 && bytes[0] == '\x08' ? bytes[1] : -1;
+}
+
 /// Every malformed request is refused naming its field, and a good one is answered after it.
 /// `rerank_ok`: a request's rerank 20 is served (else it is refused).
 void check_bad_requests(const Client& cl, const Workload& wl, uint32_t max_k, bool rerank_ok) {
@@ -348,33 +377,7 @@ void check_service(const TempDir& dir, const std::string& mode, const std::strin
     CHECK(resp.ids_size() == 0);
   }
   // Standard health service.
-  {
-    grpc::GenericStub generic(cl.ch);
-    grpc::ClientContext c;
-    c.set_deadline(system_clock::now() + seconds(10));
-    // grpc.health.v1.HealthCheckRequest{service: ""} is the empty message; SERVING is field 1 = 1.
-    grpc::ByteBuffer out;
-    grpc::Slice empty("");
-    grpc::ByteBuffer in(&empty, 1);
-    grpc::Status st;
-    std::mutex mu;
-    std::condition_variable cv;
-    bool done = false;
-    generic.UnaryCall(&c, "/grpc.health.v1.Health/Check", grpc::StubOptions(), &in, &out, [&](grpc::Status s) {
-      std::lock_guard g(mu);
-      st = s;
-      done = true;
-      cv.notify_all();
-    });
-    std::unique_lock g(mu);
-    cv.wait_for(g, seconds(10), [&] { return done; });
-    CHECK(st.ok());
-    std::vector<grpc::Slice> slices;
-    REQUIRE(out.Dump(&slices).ok());
-    std::string bytes;
-    for (auto& s : slices) bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
-    CHECK(bytes == std::string("\x08\x01", 2));
-  }
+  CHECK(health(cl) == 1);
   check_metrics(srv.metrics_port, mode);
   // SIGTERM: a clean exit.
   srv.proc->signal(SIGTERM);
@@ -908,4 +911,32 @@ TEST_CASE("serve: a snapshot taken during inserts and deletes loads into fresh m
           "[integration][serve][snapshot]") {
   SECTION("shine over tcp") { snapshot_during_writes("shine", "tcp"); }
   SECTION("dhnsw over cxl") { snapshot_during_writes("dhnsw", "cxl"); }
+}
+
+TEST_CASE("serve: health is SERVING while every memnode answers and NOT_SERVING once one has no live copy",
+          "[integration][serve][health]") {
+  SmallData d(100, 1000);
+  TempDir dir;
+  Memnode a(dir, 0, "tcp", "127.0.0.1:0", {}, {}, {kToken}), b(dir, 1, "tcp", "127.0.0.1:0", {}, {}, {kToken});
+  const std::string mns = a.address + "," + b.address;
+  auto bl = run(computenode_args("shine", "tcp", mns, 0, 1, {"build", "--data", d.base, "--m", "8", "--ef-construction", "40"}),
+                dir, "build", seconds(120), {kToken});
+  INFO(bl.output);
+  REQUIRE(bl.code == 0);
+  Server srv(dir, "shine", mns, {}, 0, 1, "tcp");
+  Client cl(srv.address);
+  CHECK(health(cl) == 1);
+  const Workload wl = read_workload(d.wl);
+  pb::SearchResponse resp;
+  for (int i = 0; i < 20; ++i) REQUIRE(cl.search(request(wl.queries.row(i), 1, static_cast<uint32_t>(wl.dim()), 10), resp).ok());
+  CHECK(health(cl) == 1);  // answering: SERVING (replica sets that lose a copy go on: test_replicas)
+  // Memnode 1, a set of one, dies: NOT_SERVING within seconds (heartbeats), the log naming it.
+  b.proc->signal(SIGKILL);
+  const auto deadline = steady_clock::now() + seconds(15);
+  int h = 1;
+  while ((h = health(cl)) == 1 && steady_clock::now() < deadline) std::this_thread::sleep_for(milliseconds(100));
+  CHECK(h == 2);
+  CHECK_THAT(srv.proc->output(), Catch::Contains("health: NOT_SERVING: memnode 1"));
+  srv.proc->signal(SIGTERM);
+  CHECK(srv.proc->wait(seconds(20)) == 0);
 }
