@@ -37,6 +37,7 @@ PKGS=(
   gdb  # tests append the stacks of a process that misses a deadline to its log
   linux-perf  # profiles of the search and build paths (experiments/vs_hnswlib)
   nftables  # experiments/chaos: packet loss between network namespaces (this kernel has no netem)
+  slurmctld slurmd slurm-client  # tools/slurm-local.sh: a one-host Slurm for deploy/slurm/'s tests (auth/none; munge comes along unused)
 )
 if ((with_rxe)); then
   PKGS+=(
