@@ -1,8 +1,8 @@
 #pragma once
-// Compressed vectors (issue 31): a quantizer trained with Faiss (SQ8: faiss::ScalarQuantizer
-// QT_8bit; PQ: faiss::ProductQuantizer, M sub-quantizers of 8 bits) and the block that stores it
-// with the index in a memnode's region, so that every computenode encodes and compares with the
-// same one. The block (docs/formats.md "codes block"):
+// Compressed vectors, so that a search reads fewer bytes per node: a quantizer trained with
+// Faiss (SQ8: faiss::ScalarQuantizer QT_8bit; PQ: faiss::ProductQuantizer, M sub-quantizers of
+// 8 bits) and the block that stores it with the index in a memnode's region, so that every
+// computenode encodes and compares with the same one. The block (docs/formats.md "codes block"):
 //
 //   [CodesHeader: magic "DMCODES1", version, kind, dim, code_size, payload bytes, checksum]
 //   [payload: the quantizer as Faiss writes an empty IndexScalarQuantizer / IndexPQ]

@@ -1,6 +1,7 @@
 #pragma once
-// What a computenode holds of a shine index's codes (issue 31): every node's code read from the
-// memnodes' codes logs (compute/shine/layout.hpp CodesLog), by node. A node whose entry is
+// What a computenode holds of a shine index's codes, so that its searches compare nodes without
+// reading their vectors: every node's code read from the memnodes' codes logs
+// (compute/shine/layout.hpp CodesLog), by node. A node whose entry is
 // missing (never written, or past a full log) has none here: searches read its vector.
 #include <cstdint>
 #include <cstring>

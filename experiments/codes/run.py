@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Compressed vectors (issue 31) against the float index, in the same run, either mode.
+"""Compressed vectors against the float index, in the same run, either mode.
 
 One index per --codes kind is built into 2 memnodes (one computenode, T threads); every query
 run uses the same index: --rerank 0 reads full vectors throughout (the float index's search),

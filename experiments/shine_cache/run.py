@@ -7,7 +7,7 @@ computenode, no routing) and Shine-Cached-Aqr (the same cache, logical partition
 routing), each a query run of K computenodes against 2 memnodes serving a stored index. The
 cached runs record node-cache access traces; csp-report replays them into one shared cache of
 the summed capacity (CHR_max) and gives CSP = 1 - CHR / CHR_max. Prints and writes CHR,
-CHR_max, CSP, QPS and recall@10, then checks the issue's criteria:
+CHR_max, CSP, QPS and recall@10, then checks the SHINE paper's cache claims:
   CSP(adaptive) <= 0.6 x CSP(none)       for uniform and zipf:1.0
   CHR(adaptive) >= 1.5 x CHR(none)       for uniform
   recall unchanged (max - min <= 0.005) across the three variants
@@ -88,7 +88,7 @@ for name, s in results["sets"].items():
             rows.append([dist, LABEL[v], dmh.pct(r["chr"]) if v != "baseline" else "—", dmh.pct(r.get("chr_max")),
                          dmh.pct(r.get("csp")), f"{r['qps']:.0f}", f"{r['recall']:.4f}"])
     md.append(dmh.md_table(["workload", "variant", "CHR", "CHR_max", "CSP", "QPS", "recall@10"], rows))
-md.append("\nCriteria (issue 4):\n\n")
+md.append("\nCriteria (the SHINE paper's cache claims):\n\n")
 md += [f"- {c['set']} {c['dist']}: {c['what']}: {c['value']} — **{'yes' if c['ok'] else 'NO'}**\n" for c in checks]
 md.append("\n![CHR, CSP and QPS per variant](shine_cache.png)\n")
 md = "".join(md)

@@ -1,4 +1,4 @@
-// Compressed vectors (issue 31): the quantizer and its block (compute/codes.hpp), and a shine
+// Compressed vectors: the quantizer and its block (compute/codes.hpp), and a shine
 // index built with codes on LocalFabric: every inserted node's code in its memnode's log.
 #include <catch2/catch.hpp>
 
