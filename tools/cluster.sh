@@ -28,31 +28,17 @@ MEMNODES="" TOKEN_FILE="" SERVE="" CLUSTER_BIN=""
 say() { echo "$me: $*"; }
 usage() { sed -n '2,/^set -euo/{/^set/d;s/^# \{0,1\}//;p}' "$0"; exit 0; }
 die() { echo "$me: $1" >&2; exit "${2:-2}"; }
+# shellcheck source=tools/pids.sh
+source "$(dirname "${BASH_SOURCE[0]}")/pids.sh"  # running, stop
 
-# running PID: the process exists and is no zombie. ours PID: also one of this cluster's
+# ours PID: a running process (tools/pids.sh) that is one of this cluster's
 # memnodes or computenodes (its command line names DIR), so a reused pid is never signalled.
-running() {
-  local s
-  [[ $1 =~ ^[0-9]+$ ]] && s=$(cat "/proc/$1/stat" 2>/dev/null) || return 1
-  s=${s##*) }
-  [[ ${s%% *} != Z ]]
-}
 ours() {
   local cmd
   running "$1" && cmd=$(tr '\0' ' ' 2>/dev/null <"/proc/$1/cmdline") || return 1
   [[ ($cmd == *memnode* || $cmd == *computenode*) && $cmd == *"$DIR/"* ]]
 }
 
-# stop PID...: SIGTERM to each of ours, then up to 10 s each before SIGKILL.
-stop() {
-  local pid t
-  for pid in "$@"; do if ours "$pid"; then kill -TERM "$pid" 2>/dev/null || true; fi; done
-  for pid in "$@"; do
-    for ((t = 0; t < 100; t++)); do ours "$pid" || continue 2; sleep 0.1; done
-    say "pid $pid did not stop within 10 s after SIGTERM: SIGKILL" >&2
-    kill -KILL "$pid" 2>/dev/null || true
-  done
-}
 
 write_file() {  # write_file NAME < content: whole or not at all (temporary file, then rename)
   cat >"$DIR/.$1.tmp"

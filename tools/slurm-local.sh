@@ -29,13 +29,9 @@ MARK=DMHNSW_SLURM_LOCAL  # in the daemons' environment, which their slurmstepd p
 say() { echo "$me: $*"; }
 usage() { sed -n '2,/^set -euo/{/^set/d;s/^# \{0,1\}//;p}' "$0"; exit 0; }
 die() { echo "$me: $1" >&2; exit "${2:-2}"; }
+# shellcheck source=tools/pids.sh
+source "$(dirname "${BASH_SOURCE[0]}")/pids.sh"  # running, stop
 
-running() {  # running PID: exists and is no zombie
-  local s
-  [[ $1 =~ ^[0-9]+$ ]] && s=$(cat "/proc/$1/stat" 2>/dev/null) || return 1
-  s=${s##*) }
-  [[ ${s%% *} != Z ]]
-}
 # ours PID: a running process that carries this cluster's mark in its environment (a daemon
 # started by `up`, or a slurmstepd one of them forked): a reused pid is never signalled.
 ours() {
@@ -203,16 +199,6 @@ cmd_status() {
   exit "$all"
 }
 
-# stop PID...: SIGTERM to each of ours, then up to 10 s each before SIGKILL.
-stop() {
-  local pid t
-  for pid in "$@"; do if ours "$pid"; then kill -TERM "$pid" 2>/dev/null || true; fi; done
-  for pid in "$@"; do
-    for ((t = 0; t < 100; t++)); do ours "$pid" || continue 2; sleep 0.1; done
-    say "pid $pid did not stop within 10 s after SIGTERM: SIGKILL" >&2
-    kill -KILL "$pid" 2>/dev/null || true
-  done
-}
 
 cmd_down() {
   local line jobs i ctl="" slurmds=() left

@@ -21,8 +21,8 @@ Usage:
     readme_blocks.py --run TAG --bin BIN_DIR [--set VAR=VALUE ...] [--timeout S] [--isolate] [--keep]
         Concatenates TAG's blocks in README order and runs them with bash (set -euo pipefail) in a
         fresh temporary directory laid out like the repository root: build/bin is a symbolic link
-        to BIN_DIR, python/ and proto/ are copies (pip builds inside python/), and so is
-        tools/cluster.sh. --set VAR=VALUE
+        to BIN_DIR, python/ and proto/ are copies (pip builds inside python/), and so are
+        tools/cluster.sh and the tools/pids.sh it sources. --set VAR=VALUE
         replaces the README's assignment `VAR=...` (a line of its own) in TAG's blocks; a VAR that
         TAG's blocks never assign is an error. The script runs in a process group of its own,
         which is killed at the end whatever happened (SIGTERM, then SIGKILL), so background
@@ -247,7 +247,8 @@ def preamble(bin_dir: Path, repo: Path, tag: str, readme: Path) -> list[str]:
         f"ln -sfn {shlex.quote(str(bin_dir))} build/bin",
         f"for __rb_src in {copies}; do rm -rf \"./${{__rb_src##*/}}\"; cp -r \"$__rb_src\" .; done",
         "rm -rf python/build python/*.egg-info; find python -name '*_pb2*.py*' -o -name __pycache__ | xargs rm -rf",
-        f"mkdir -p tools && cp {shlex.quote(str(repo / 'tools' / 'cluster.sh'))} tools/",
+        f"mkdir -p tools && cp {shlex.quote(str(repo / 'tools' / 'cluster.sh'))} "
+        f"{shlex.quote(str(repo / 'tools' / 'pids.sh'))} tools/",
     ]
 
 
